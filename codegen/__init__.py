@@ -1,0 +1,15 @@
+"""mhakit's code generator: catalogue -> specs -> rendered sources -> ninja build.
+
+Each module is one stage of the data flow in DESIGN.md and consumes only the stage above it:
+
+    catalogue.py   read the per-backend catalogue (data: families, tiles, arches)
+    spec.py        KernelSpec (signature + algorithm) and its deterministic name
+    rules.py       explicit validity rules for specs
+    profiles.py    enumerate specs from the catalogue, narrowed by a named profile and a name filter
+    render.py      Jinja: one source per instance and one dispatch table per API
+    toolchain.py   the compiler (nvcc; hipcc later): flags, arch, version
+    ninja.py       write build.ninja
+    build.py       the one build path shared by compile.py, build_mha.sh and the Python JIT
+"""
+
+__all__ = ["build", "catalogue", "profiles", "render", "rules", "spec", "toolchain", "ninja"]

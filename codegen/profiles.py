@@ -1,0 +1,103 @@
+"""Enumerate kernel specs from the catalogue and narrow them by a named profile and a name filter."""
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from . import catalogue as catalogue_mod
+from .rules import violations
+from .spec import Algorithm, KernelSpec, Signature
+
+PROFILES_FILE = Path(__file__).resolve().parent / "profiles.toml"
+PROFILE_KEYS = ("dtype", "hdim", "mode", "mask", "family")
+
+# The public API names that compile.py accepts. *_v3 builds the same library from the arch-specialised
+# families only (catalogue `v3 = true`), as aiter's fwd_v3/bwd_v3 builds keep only its hand-tuned kernels.
+APIS = {"fwd": ("fwd", False), "fwd_v3": ("fwd", True), "bwd": ("bwd", False), "bwd_v3": ("bwd", True)}
+
+
+class SelectionError(ValueError):
+    """The request selects nothing or names something unknown; the message says what and what exists."""
+
+
+@lru_cache(maxsize=None)
+def load_profiles() -> dict[str, dict]:
+    with open(PROFILES_FILE, "rb") as f:
+        profiles = tomllib.load(f)
+    for name, body in profiles.items():
+        unknown = set(body) - set(PROFILE_KEYS) - {"description"}
+        if unknown:
+            raise SelectionError(f"profiles.toml: profile '{name}' has unknown keys {sorted(unknown)}")
+    return profiles
+
+
+@dataclass
+class Selection:
+    specs: list[KernelSpec]
+    rejected: list[tuple[str, list[str]]] = field(default_factory=list)  # (name, reasons) dropped by rules
+
+
+def enumerate_specs(api: str, arch: str, backend: str = "cuda") -> Selection:
+    """Every spec the catalogue describes for this API and arch, split into valid and rejected-by-rules."""
+    if api not in APIS:
+        raise SelectionError(f"unknown api '{api}' (choose from {', '.join(APIS)})")
+    base_api, v3_only = APIS[api]
+    cat = catalogue_mod.load(backend)
+    arch_rec = cat.arch(arch)
+    selection = Selection(specs=[])
+    for fam_name in arch_rec.families:
+        fam = cat.families[fam_name]
+        if fam.api != base_api or (v3_only and not fam.v3):
+            continue
+        for tile in fam.tiles:
+            for dtype in fam.dtypes:
+                for mode in fam.modes:
+                    for mask in fam.masks:
+                        spec = KernelSpec(
+                            signature=Signature(base_api, dtype, tile.hdim_q, tile.hdim_v, mode, mask),
+                            algorithm=Algorithm(fam.name, arch, tile.params),
+                            priority=fam.priority,
+                            template=fam.template,
+                        )
+                        reasons = violations(spec)
+                        if reasons:
+                            selection.rejected.append((spec.name, reasons))
+                        else:
+                            selection.specs.append(spec)
+    return selection
+
+
+def _profile_admits(profile: dict, spec: KernelSpec) -> bool:
+    s = spec.signature
+    values = {
+        "dtype": s.dtype,
+        "hdim": f"{s.hdim_q}x{s.hdim_v}",
+        "mode": s.mode,
+        "mask": s.mask,
+        "family": spec.algorithm.family,
+    }
+    return all(values[key] in profile[key] for key in PROFILE_KEYS if key in profile)
+
+
+def select(api: str, arch: str, profile: str = "default", name_filter: str | None = None,
+           backend: str = "cuda") -> Selection:
+    """The specs to build. name_filter holds comma-separated globs matched anywhere in an instance's name (a bare
+    word is a substring match); a spec is kept when any pattern matches."""
+    profiles = load_profiles()
+    if profile not in profiles:
+        raise SelectionError(f"unknown profile '{profile}' (choose from {', '.join(profiles)})")
+    selection = enumerate_specs(api, arch, backend)
+    if not selection.specs and not selection.rejected:
+        raise SelectionError(f"the {backend} catalogue has no kernel family for api '{api}' on {arch} yet")
+    specs = [s for s in selection.specs if _profile_admits(profiles[profile], s)]
+    if name_filter:
+        patterns = [f"*{p}*" for p in name_filter.split(",") if p]
+        specs = [s for s in specs if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+    if not specs:
+        what = f"profile '{profile}'" + (f" with filter '{name_filter}'" if name_filter else "")
+        raise SelectionError(f"{what} selects no {api} instance for {arch}; try `--list` to see the names")
+    specs.sort(key=lambda s: s.name)
+    return Selection(specs, selection.rejected)

@@ -1,0 +1,70 @@
+"""A kernel spec: what an instance computes (its signature) and how (its algorithm), plus its deterministic name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# C++ spellings used by the templates.
+DTYPE_ENUM = {"fp16": "MHAKIT_DTYPE_FP16", "bf16": "MHAKIT_DTYPE_BF16"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The traits the runtime matches against a call. Runtime properties (GQA, LSE, strides, window sizes) are
+    not part of it: every instance serves all of them, so they cost no instances."""
+
+    api: str      # "fwd"
+    dtype: str    # "fp16" | "bf16"
+    hdim_q: int   # compiled head-dim bucket of q/k
+    hdim_v: int   # compiled head-dim bucket of v/o
+    mode: str     # "batch" | "group"
+    mask: str     # "nmask" (no mask) | "mask" (any mask kind: causal, windows, generic)
+
+    @property
+    def hdim_token(self) -> str:
+        return f"d{self.hdim_q}" if self.hdim_q == self.hdim_v else f"d{self.hdim_q}x{self.hdim_v}"
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    family: str                          # catalogue family ("hopper", "generic")
+    arch: str                            # target arch ("sm_90a")
+    tile: tuple[tuple[str, int], ...]    # the family's tile parameters
+
+    @property
+    def tile_token(self) -> str:
+        values = dict(self.tile)
+        token = f"b{values['block_m']}x{values['block_n']}"
+        if "warps" in values:
+            token += f"w{values['warps']}"
+        return token
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    signature: Signature
+    algorithm: Algorithm
+    priority: int
+    template: str
+
+    @property
+    def name(self) -> str:
+        """Readable and deterministic: fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128."""
+        s, a = self.signature, self.algorithm
+        arch = a.arch.replace("_", "")
+        return f"{s.api}_{s.hdim_token}_{s.dtype}_{s.mode}_{s.mask}_{arch}_{a.family}_{a.tile_token}"
+
+    def template_context(self) -> dict:
+        s, a = self.signature, self.algorithm
+        return {
+            "name": self.name,
+            "dtype": s.dtype,
+            "dtype_enum": DTYPE_ENUM[s.dtype],
+            "hdim_q": s.hdim_q,
+            "hdim_v": s.hdim_v,
+            "group_mode": "true" if s.mode == "group" else "false",
+            "masked": "true" if s.mask == "mask" else "false",
+            "family": a.family,
+            "arch": a.arch,
+            "tile": dict(a.tile),
+            "priority": self.priority,
+        }

@@ -1,0 +1,141 @@
+"""Compilers as objects: where the compiler is, its version, its flags, and the arch it targets.
+
+The catalogue and spec layers never see a compiler flag; everything compiler-specific lives here, so the ROCm
+backend arrives as another Toolchain (hipcc, --offload-arch=gfx...), not as a rewrite."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CSRC = REPO_ROOT / "csrc"
+CUTLASS_PIN = "nvidia-cutlass==4.2.0.0"
+
+
+class ToolchainError(RuntimeError):
+    """The build cannot start: a missing compiler, an unknown arch, missing headers. One line, says what to do."""
+
+
+# nvidia-smi's compute capability -> the arch we build for it (Hopper gets the arch-specific sm_90a target).
+_CC_TO_ARCH = {"8.0": "sm_80", "8.6": "sm_86", "8.7": "sm_86", "8.9": "sm_89", "9.0": "sm_90a",
+               "10.0": "sm_100", "12.0": "sm_120"}
+DEFAULT_ARCH = "sm_90a"
+
+
+def detect_arch() -> str:
+    """The arch of GPU 0 when one is visible, else sm_90a (the H100/H200 this project targets first)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            out = []
+        if out and out[0] in _CC_TO_ARCH:
+            return _CC_TO_ARCH[out[0]]
+    return DEFAULT_ARCH
+
+
+def backend_of_arch(arch: str) -> str:
+    if arch.startswith("gfx"):
+        return "rocm"
+    if re.fullmatch(r"sm_\d+a?", arch):
+        return "cuda"
+    raise ToolchainError(f"unknown arch '{arch}': use an NVIDIA target such as sm_90a or sm_80 "
+                         "(or an AMD gfx target once the ROCm backend exists)")
+
+
+def find_cutlass() -> Path:
+    """The CUTLASS source tree shipped inside the nvidia-cutlass wheel (headers, tools/util, examples).
+    MHAKIT_CUTLASS_DIR overrides it. The module is located without importing it: its Python package pulls in
+    dependencies that header-only use does not need."""
+    override = os.environ.get("MHAKIT_CUTLASS_DIR")
+    candidates = [Path(override)] if override else []
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec and spec.submodule_search_locations:
+        candidates += [Path(p) / "source" for p in spec.submodule_search_locations]
+    for root in candidates:
+        if (root / "include" / "cute" / "tensor.hpp").is_file():
+            return root
+    raise ToolchainError(f"CUTLASS/CuTe headers not found: `python3 -m pip install {CUTLASS_PIN}` "
+                         "(or set MHAKIT_CUTLASS_DIR to a CUTLASS source tree)")
+
+
+@dataclass
+class Nvcc:
+    """nvcc for one target arch. Flags are the same for every translation unit of a build."""
+
+    arch: str
+    gencode: str
+    path: str = field(default="")
+    version: str = field(default="")
+    cutlass: Path | None = None
+
+    @classmethod
+    def create(cls, arch: str, gencode: str, need_cutlass: bool = True) -> "Nvcc":
+        path = os.environ.get("NVCC") or ""
+        if not path:
+            cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+            if cuda_home and (Path(cuda_home) / "bin" / "nvcc").is_file():
+                path = str(Path(cuda_home) / "bin" / "nvcc")
+            else:
+                path = shutil.which("nvcc") or ""
+        if not path:
+            raise ToolchainError("nvcc not found: install the CUDA toolkit, put nvcc on PATH or set CUDA_HOME / NVCC")
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+        except OSError as exc:
+            raise ToolchainError(f"nvcc at {path} does not run: {exc}") from exc
+        match = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
+        if not match:
+            raise ToolchainError(f"cannot read the version of nvcc at {path}")
+        return cls(arch=arch, gencode=gencode, path=path, version=match.group(2),
+                   cutlass=find_cutlass() if need_cutlass else None)
+
+    @property
+    def cuda_home(self) -> Path:
+        return Path(os.path.realpath(self.path)).parent.parent
+
+    def include_dirs(self) -> list[Path]:
+        dirs = [CSRC, CSRC / "include"]
+        if self.cutlass is not None:
+            dirs += [self.cutlass / "include", self.cutlass / "tools" / "util" / "include", self.cutlass / "examples"]
+        cccl = self.cuda_home / "include" / "cccl"
+        if cccl.is_dir():  # CUDA >= 13 moved the CCCL headers here
+            dirs.append(cccl)
+        return dirs
+
+    def compile_flags(self) -> list[str]:
+        flags = ["-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden",
+                 "--expt-relaxed-constexpr", "--expt-extended-lambda", "-lineinfo",
+                 f"-gencode={self.gencode}"]
+        return flags + [f"-I{d}" for d in self.include_dirs()]
+
+    def host_flags(self) -> list[str]:
+        """Host-only C++ (runtime, benchmark): no device code generation needed."""
+        return ["-std=c++17", "-O2", "-DNDEBUG", "-Xcompiler=-fPIC"] + [f"-I{d}" for d in (CSRC, CSRC / "include")]
+
+    def fingerprint(self) -> str:
+        """What makes objects incompatible: compiler identity and version, flags, arch."""
+        text = "\n".join([self.path, self.version, self.arch, *self.compile_flags()])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def require_available_backend(arch: str) -> str:
+    """The backend of `arch`, or one clear line saying why it cannot be built by this version."""
+    backend = backend_of_arch(arch)
+    if backend == "rocm":
+        raise ToolchainError(f"--arch {arch}: the ROCm backend (hipcc, CK-tile) is not built yet; "
+                             "this version builds NVIDIA targets only (e.g. --arch sm_90a)")
+    return backend
+
+
+def make_toolchain(arch: str, gencode: str, need_cutlass: bool = True) -> Nvcc:
+    require_available_backend(arch)
+    return Nvcc.create(arch, gencode, need_cutlass)

@@ -1,0 +1,62 @@
+// mhakit — types shared by the forward and backward APIs.
+//
+// Everything here is plain C so that one struct layout serves both the C++ API (namespace mhakit) and the
+// extern "C" entry points used by FFI callers (ctypes, cffi, Rust, ...). No STL types and no exceptions cross
+// the library boundary.
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Element type of q, k, v, o (and of the gradients in the backward pass). LSE is always fp32.
+typedef enum mhakit_dtype {
+    MHAKIT_DTYPE_FP16 = 0,
+    MHAKIT_DTYPE_BF16 = 1,
+} mhakit_dtype;
+
+// Mask kinds, numbered as CK / aiter number them so that existing scripts keep their meaning.
+//   NONE          no mask (keys past seqlen_k are never visible, of course).
+//   TOP_LEFT      window anchored at the top-left corner:     i - left <= j <= i + right.
+//   BOTTOM_RIGHT  window anchored at the bottom-right corner: i + (sk - sq) - left <= j <= i + (sk - sq) + right.
+//                 For both: left < 0 means unbounded to the left, right < 0 unbounded to the right;
+//                 (left, right) = (-1, 0) is causal.
+//   GENERIC       CK's raw generic coordinate: window_size_left = y, window_size_right = x, and row i sees
+//                 keys j with i - y + 1 <= j < min(i + x, sk).
+typedef enum mhakit_mask_type {
+    MHAKIT_MASK_NONE = 0,
+    MHAKIT_MASK_TOP_LEFT = 1,
+    MHAKIT_MASK_BOTTOM_RIGHT = 2,
+    MHAKIT_MASK_GENERIC = 3,
+} mhakit_mask_type;
+
+// Return codes of mha_fwd / mha_bwd. A non-negative value is the kernel time in ms (0 when not timing).
+enum {
+    MHAKIT_ERROR_UNSUPPORTED = -1,   // arguments are valid, but no built kernel serves these traits
+    MHAKIT_ERROR_INVALID_ARGS = -2,  // arguments are inconsistent or out of range; nothing was launched
+    MHAKIT_ERROR_CUDA = -3,          // the CUDA runtime reported an error during launch or timing
+};
+
+// How to run: which stream, and whether to time. Mirrors ck_tile::stream_config as aiter uses it.
+typedef struct mhakit_stream_config {
+    void* stream;        // cudaStream_t; NULL is the legacy default stream
+    int time_kernel;     // non-zero: run warmup + repeat times and return the mean time per call in ms
+    int log_level;       // > 0: print the name of the chosen kernel instance to stdout
+    int warmup;          // untimed runs before timing (used only when time_kernel)
+    int repeat;          // timed runs (used only when time_kernel); values < 1 are treated as 1
+    int gpu_timer;       // non-zero: CUDA events; zero: host clock around a synchronised loop
+} mhakit_stream_config;
+
+// One sentence describing the last failure on the calling thread ("" when the last call succeeded).
+const char* mhakit_last_error(void);
+
+#ifdef __cplusplus
+}  // extern "C"
+
+namespace mhakit {
+using stream_config = ::mhakit_stream_config;
+inline const char* last_error() { return ::mhakit_last_error(); }
+}  // namespace mhakit
+#endif

@@ -1,0 +1,79 @@
+// mhakit — fused multi-head attention, forward pass.
+//
+//   O = softmax(scale_s · Q·Kᵀ + mask) · V        (per batch, per query head; fp32 accumulation)
+//   LSE[i] = log Σ_j exp(scale_s · q_i·k_j)       (natural log, over the keys row i may see)
+//
+// Layout is described entirely by element strides, so b·s·h·d, b·h·s·d, packed b·s·3·h·d and any other strided
+// view work without copies. Head dimension is always contiguous (stride 1).
+//
+// Batch mode: batch sequences of seqlen_q queries and seqlen_k keys each; element (b, h, i, :) of Q lives at
+//   q_ptr + b·batch_stride_q + h·nhead_stride_q + i·stride_q.
+// Group mode (variable lengths): sequences are packed along the token dimension. seqstart_q_ptr / seqstart_k_ptr
+//   are device arrays of batch+1 cumulative offsets (int32); sequence b has seqstart[b+1] - seqstart[b] tokens and
+//   its token i lives at row seqstart[b] + i, i.e. q_ptr + h·nhead_stride_q + (seqstart_q[b] + i)·stride_q.
+//   batch_stride_* are ignored, seqlen_q / seqlen_k are ignored, and max_seqlen_q must be >= every sequence's
+//   query length (it sizes the launch). LSE in group mode is indexed [h, seqstart_q[b] + i].
+// GQA / MQA: nhead_q must be a multiple of nhead_k; query head h reads key/value head h / (nhead_q / nhead_k).
+// Rows that see no key at all (seqlen_k = 0, or a window that excludes every key) get O = 0 and LSE = -inf.
+#pragma once
+
+#include "mha_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mhakit_fwd_args {
+    mhakit_dtype data_type;  // q, k, v, o element type
+    int is_group_mode;       // 0: batch mode, 1: group mode (see above)
+    int has_lse;             // non-zero: write LSE (fp32) to lse_ptr
+
+    const void* q_ptr;
+    const void* k_ptr;
+    const void* v_ptr;
+    void* o_ptr;
+    void* lse_ptr;  // float*, used only when has_lse
+
+    const int32_t* seqstart_q_ptr;  // group mode only: device array [batch + 1]
+    const int32_t* seqstart_k_ptr;  // group mode only: device array [batch + 1]
+
+    int seqlen_q;      // batch mode
+    int seqlen_k;      // batch mode
+    int batch;
+    int max_seqlen_q;  // group mode: upper bound of the per-sequence query lengths (batch mode: ignored)
+    int hdim_q;        // head dim of q and k
+    int hdim_v;        // head dim of v and o
+    int nhead_q;
+    int nhead_k;
+
+    float scale_s;  // softmax scale, finite and > 0 (typically 1/sqrt(hdim_q))
+
+    // Element strides. stride_*: between consecutive tokens; nhead_stride_*: between heads;
+    // batch_stride_*: between sequences (batch mode only).
+    int64_t stride_q, stride_k, stride_v, stride_o;
+    int64_t nhead_stride_q, nhead_stride_k, nhead_stride_v, nhead_stride_o, nhead_stride_lse;
+    int64_t batch_stride_q, batch_stride_k, batch_stride_v, batch_stride_o, batch_stride_lse;
+
+    int mask_type;          // mhakit_mask_type
+    int window_size_left;   // see mhakit_mask_type; ignored for MHAKIT_MASK_NONE
+    int window_size_right;  // see mhakit_mask_type; ignored for MHAKIT_MASK_NONE
+} mhakit_fwd_args;
+
+// Runs the forward pass. Returns the mean kernel time in ms when stream_config.time_kernel is set, 0 otherwise,
+// or a negative MHAKIT_ERROR_* code (then mhakit_last_error() says what was wrong and nothing was launched,
+// except for MHAKIT_ERROR_CUDA).
+float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_stream_config* config);
+
+// Name of the kernel instance mhakit_mha_fwd would choose for these arguments, or NULL (with last_error set)
+// when the arguments are invalid or unsupported. Launches nothing.
+const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* args);
+
+#ifdef __cplusplus
+}  // extern "C"
+
+namespace mhakit {
+using mha_fwd_args = ::mhakit_fwd_args;
+inline float mha_fwd(const mha_fwd_args& args, const stream_config& config) { return ::mhakit_mha_fwd(&args, &config); }
+inline const char* mha_fwd_kernel_name(const mha_fwd_args& args) { return ::mhakit_mha_fwd_kernel_name(&args); }
+}  // namespace mhakit
+#endif

@@ -1,0 +1,69 @@
+"""Shared fixtures: where the repo is, whether nvcc / a GPU exist, and one minimal-profile build per session."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+COMPILE_PY = REPO / "compile.py"
+
+
+def have_nvcc() -> bool:
+    return bool(os.environ.get("NVCC") or shutil.which("nvcc") or
+                (os.environ.get("CUDA_HOME") and (Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc").is_file()))
+
+
+def have_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        return subprocess.run([smi, "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
+    skip_nvcc = pytest.mark.skip(reason="nvcc not found")
+    gpu, nvcc = have_gpu(), have_nvcc()
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(skip_gpu)
+        if "compile" in item.keywords and not nvcc:
+            item.add_marker(skip_nvcc)
+
+
+def run_compile(args: list[str], cwd: Path, timeout: int = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(COMPILE_PY), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def build_root(tmp_path_factory) -> Path:
+    """One build directory for the whole session, so builds share objects. MHAKIT_TEST_BUILD_DIR reuses one across
+    sessions (the GPU machine sets it to keep a default-profile build)."""
+    override = os.environ.get("MHAKIT_TEST_BUILD_DIR")
+    if override:
+        path = Path(override)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("mhakit_build")
+
+
+@pytest.fixture(scope="session")
+def minimal_fwd_build(build_root) -> Path:
+    """libmha_fwd.so of the minimal profile (+ benchmark), built once; returns the directory holding both."""
+    if not have_nvcc():
+        pytest.skip("nvcc not found")
+    out = build_root / "minimal"
+    out.mkdir(exist_ok=True)
+    proc = run_compile(["--api", "fwd", "--profile", "minimal", "--arch", "sm_90a", "--benchmark",
+                        "--build-dir", str(build_root / "objects")], cwd=out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out

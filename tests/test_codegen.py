@@ -1,0 +1,162 @@
+"""Catalogue, spec rules, names, profiles, rendering and the ninja file: the code generator without a compiler."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from codegen import catalogue, profiles, render, rules
+from codegen.ninja import Compile, NinjaFile
+from codegen.spec import Algorithm, KernelSpec, Signature
+
+
+def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mode="batch", mask="nmask"):
+    tile = (("block_m", 64), ("block_n", 64), ("warps", 4))
+    return KernelSpec(Signature("fwd", dtype, hq, hv, mode, mask), Algorithm(family, arch, tile), 1,
+                      f"fwd_instance_{family}.cu.j2")
+
+
+class TestCatalogue:
+    def test_cuda_catalogue_loads_with_both_families(self):
+        cat = catalogue.load("cuda")
+        assert set(cat.families) == {"hopper", "generic"}
+        assert cat.arch("sm_90a").families == ("hopper", "generic")
+        assert cat.arch("sm_90a").gencode == "arch=compute_90a,code=sm_90a"
+
+    def test_every_arch_lists_known_families_only(self):
+        cat = catalogue.load("cuda")
+        for arch in cat.arches.values():
+            assert set(arch.families) <= set(cat.families)
+
+    def test_generic_covers_the_required_head_dims(self):
+        tiles = catalogue.load("cuda").families["generic"].tiles
+        assert {(t.hdim_q, t.hdim_v) for t in tiles} == {(32, 32), (64, 64), (128, 128), (192, 128), (256, 256)}
+
+    def test_unknown_arch_names_the_known_ones(self):
+        with pytest.raises(catalogue.CatalogueError, match="unknown arch 'sm_75'.*sm_90a"):
+            catalogue.load("cuda").arch("sm_75")
+
+    def test_unknown_backend(self):
+        with pytest.raises(catalogue.CatalogueError, match="no catalogue for backend 'nope'"):
+            catalogue.load("nope")
+
+
+class TestRules:
+    def test_valid_generic_spec_passes(self):
+        assert rules.violations(make_spec()) == []
+
+    @pytest.mark.parametrize("kwargs, reason", [
+        (dict(family="hopper", hq=192, hv=128), "hdim_q == hdim_v"),
+        (dict(family="hopper", mode="group"), "group mode"),
+        (dict(family="hopper", arch="sm_80"), "sm_90a"),
+        (dict(hq=100), "multiple of 8"),
+        (dict(hv=264), "up to 256"),
+    ])
+    def test_invalid_specs_are_rejected_with_a_reason(self, kwargs, reason):
+        reasons = rules.violations(make_spec(**kwargs))
+        assert any(reason in r for r in reasons), reasons
+
+
+class TestNames:
+    def test_name_is_readable_and_deterministic(self):
+        assert make_spec().name == "fwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4"
+        assert make_spec(hq=192, hv=128, mode="group", mask="mask", dtype="fp16").name == \
+            "fwd_d192x128_fp16_group_mask_sm90a_generic_b64x64w4"
+
+    def test_default_names_are_unique_and_tokenised(self):
+        specs = profiles.select("fwd", "sm_90a", "default").specs
+        names = [s.name for s in specs]
+        assert len(names) == len(set(names))
+        pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16)_(batch|group)_(n?mask)_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
+        assert all(pattern.match(n) for n in names), [n for n in names if not pattern.match(n)]
+
+
+class TestProfiles:
+    def test_counts(self):
+        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4
+        # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x batch x 2 masks
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12
+        assert len(profiles.select("fwd", "sm_80", "default").specs) == 40
+
+    def test_v3_keeps_only_the_hopper_family(self):
+        specs = profiles.select("fwd_v3", "sm_90a", "default").specs
+        assert specs and all(s.algorithm.family == "hopper" for s in specs)
+
+    def test_filter_glob_substring_and_list(self):
+        sel = profiles.select("fwd", "sm_90a", "default", "d64_fp16")
+        assert sel.specs and all("d64_fp16" in s.name for s in sel.specs)
+        glob = profiles.select("fwd", "sm_90a", "default", "*hopper*")
+        assert {s.algorithm.family for s in glob.specs} == {"hopper"}
+        both = profiles.select("fwd", "sm_90a", "default", "d64_fp16_batch_nmask*generic*,d256_bf16_group_mask")
+        assert len(both.specs) == 2
+
+    def test_errors_are_one_clear_sentence(self):
+        with pytest.raises(profiles.SelectionError, match="unknown profile 'huge'"):
+            profiles.select("fwd", "sm_90a", "huge")
+        with pytest.raises(profiles.SelectionError, match="selects no fwd instance"):
+            profiles.select("fwd", "sm_90a", "default", "no_such_kernel")
+        with pytest.raises(profiles.SelectionError, match="no kernel family for api 'bwd'"):
+            profiles.select("bwd", "sm_90a")
+        with pytest.raises(profiles.SelectionError, match="unknown api"):
+            profiles.select("fwdx", "sm_90a")
+
+
+class TestRendering:
+    def test_instance_source_instantiates_the_family_template(self):
+        generic = render.render_instance(make_spec(hq=192, hv=128, mode="group", mask="mask", dtype="fp16"))
+        assert "generic::FwdKernel<MHAKIT_DTYPE_FP16, 192, 128, /*group_mode=*/true,\n" in generic
+        assert "/*masked=*/true, 64, 64, 4>" in generic
+        spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
+        hopper = render.render_instance(spec)
+        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, /*masked=*/true, 128, 64>" in hopper
+        assert f"bool {spec.name}_supports(" in hopper and f"cudaError_t {spec.name}_run(" in hopper
+
+    def test_dispatch_lists_every_instance_with_its_traits(self):
+        specs = profiles.select("fwd", "sm_90a", "minimal").specs
+        text = render.render_dispatch("fwd", "sm_90a", specs)
+        assert f"const int kNumFwdInstances = {len(specs)};" in text
+        assert 'const char* const kFwdBuiltArch = "sm_90a";' in text
+        for s in specs:
+            assert f'{{"{s.name}", MHAKIT_DTYPE_BF16, 128, 128, /*group_mode=*/false' in text
+
+    def test_write_if_changed_keeps_mtime_of_identical_content(self, tmp_path):
+        path = tmp_path / "a.cu"
+        assert render.write_if_changed(path, "x")
+        before = path.stat().st_mtime_ns
+        time.sleep(0.01)
+        assert not render.write_if_changed(path, "x")
+        assert path.stat().st_mtime_ns == before
+        assert render.write_if_changed(path, "y") and path.read_text() == "y"
+
+    def test_render_all_is_stable(self, tmp_path):
+        specs = profiles.select("fwd", "sm_90a", "minimal").specs
+        first = render.render_all("fwd", "sm_90a", specs, tmp_path)
+        mtimes = {p: p.stat().st_mtime_ns for p in first[0] + [first[1]]}
+        second = render.render_all("fwd", "sm_90a", specs, tmp_path)
+        assert first == second
+        assert all(p.stat().st_mtime_ns == m for p, m in mtimes.items())
+
+
+class TestNinjaFile:
+    def make(self, tmp_path):
+        compiles = [Compile(tmp_path / "a.cu", tmp_path / "obj/a.o", True),
+                    Compile(tmp_path / "rt.cpp", tmp_path / "obj/rt.o", False),
+                    Compile(tmp_path / "bench.cpp", tmp_path / "obj/bench.o", False)]
+        return NinjaFile("/usr/bin/nvcc", ["-O3", "-gencode=arch=compute_90a,code=sm_90a"], ["-O2"], compiles,
+                         tmp_path / "out/libmha_fwd.so", [(tmp_path / "out/benchmark_mha_fwd", [tmp_path / "obj/bench.o"])])
+
+    def test_rules_and_targets(self, tmp_path):
+        text = self.make(tmp_path).text()
+        assert "device_flags = -O3 -gencode=arch=compute_90a,code=sm_90a" in text
+        assert f"build {tmp_path}/obj/a.o: compile_device {tmp_path}/a.cu" in text
+        assert f"build {tmp_path}/obj/rt.o: compile_host {tmp_path}/rt.cpp" in text
+        # the library links the kernel and runtime objects, not the benchmark's
+        assert f"build {tmp_path}/out/libmha_fwd.so: link_shared {tmp_path}/obj/a.o {tmp_path}/obj/rt.o\n" in text
+        assert "-Xlinker -rpath='$$ORIGIN'" in text
+        assert "  libname = mha_fwd" in text
+        assert text.rstrip().splitlines()[-1].startswith("default ")
+
+    def test_depfiles_make_header_edits_rebuild(self, tmp_path):
+        text = self.make(tmp_path).text()
+        assert text.count("depfile = $out.d") == 2 and "-MD -MF $out.d" in text
