@@ -1,0 +1,269 @@
+"""ctypes mirror of the C API in csrc/include/mha_common.h and csrc/include/mha_fwd.h.
+
+This is the thin layer that the Python front end and bench/ stand on: the two argument structs, the constants,
+a loader for libmha_fwd.so and a helper that fills ``mhakit_fwd_args`` from sizes, element strides and raw device
+pointers (integers, e.g. ``tensor.data_ptr()`` or ``cupy_array.data.ptr``). Nothing here imports a GPU library.
+
+The structs hold raw addresses only: the caller keeps the arrays they point to alive while the call runs.
+tests/test_capi_layout.py checks field offsets and sizes against the C header with the system C compiler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+from typing import Dict, Optional, Sequence, Union
+
+__all__ = [
+    "DTYPE_FP16", "DTYPE_BF16",
+    "MASK_NONE", "MASK_TOP_LEFT", "MASK_BOTTOM_RIGHT", "MASK_GENERIC",
+    "ERROR_UNSUPPORTED", "ERROR_INVALID_ARGS", "ERROR_CUDA",
+    "MhakitStreamConfig", "MhakitFwdArgs", "MhakitError",
+    "FwdLibrary", "load_library", "dtype_code", "make_fwd_args", "make_stream_config",
+]
+
+# mhakit_dtype
+DTYPE_FP16 = 0
+DTYPE_BF16 = 1
+# mhakit_mask_type
+MASK_NONE = 0
+MASK_TOP_LEFT = 1
+MASK_BOTTOM_RIGHT = 2
+MASK_GENERIC = 3
+# Negative return codes of mhakit_mha_fwd
+ERROR_UNSUPPORTED = -1
+ERROR_INVALID_ARGS = -2
+ERROR_CUDA = -3
+_ERROR_NAMES = {ERROR_UNSUPPORTED: "unsupported", ERROR_INVALID_ARGS: "invalid arguments", ERROR_CUDA: "CUDA error"}
+
+_DTYPE_NAMES: Dict[str, int] = {
+    "fp16": DTYPE_FP16, "float16": DTYPE_FP16, "half": DTYPE_FP16,
+    "bf16": DTYPE_BF16, "bfloat16": DTYPE_BF16,
+}
+
+
+class MhakitStreamConfig(ctypes.Structure):
+    """``mhakit_stream_config`` (mha_common.h)."""
+
+    _fields_ = [
+        ("stream", ctypes.c_void_p),   # cudaStream_t; None = legacy default stream
+        ("time_kernel", ctypes.c_int),
+        ("log_level", ctypes.c_int),
+        ("warmup", ctypes.c_int),
+        ("repeat", ctypes.c_int),
+        ("gpu_timer", ctypes.c_int),
+    ]
+
+
+class MhakitFwdArgs(ctypes.Structure):
+    """``mhakit_fwd_args`` (mha_fwd.h). ``data_type`` is the C enum ``mhakit_dtype`` (an int)."""
+
+    _fields_ = [
+        ("data_type", ctypes.c_int),
+        ("is_group_mode", ctypes.c_int),
+        ("has_lse", ctypes.c_int),
+        ("q_ptr", ctypes.c_void_p),
+        ("k_ptr", ctypes.c_void_p),
+        ("v_ptr", ctypes.c_void_p),
+        ("o_ptr", ctypes.c_void_p),
+        ("lse_ptr", ctypes.c_void_p),
+        ("seqstart_q_ptr", ctypes.c_void_p),
+        ("seqstart_k_ptr", ctypes.c_void_p),
+        ("seqlen_q", ctypes.c_int),
+        ("seqlen_k", ctypes.c_int),
+        ("batch", ctypes.c_int),
+        ("max_seqlen_q", ctypes.c_int),
+        ("hdim_q", ctypes.c_int),
+        ("hdim_v", ctypes.c_int),
+        ("nhead_q", ctypes.c_int),
+        ("nhead_k", ctypes.c_int),
+        ("scale_s", ctypes.c_float),
+        ("stride_q", ctypes.c_int64),
+        ("stride_k", ctypes.c_int64),
+        ("stride_v", ctypes.c_int64),
+        ("stride_o", ctypes.c_int64),
+        ("nhead_stride_q", ctypes.c_int64),
+        ("nhead_stride_k", ctypes.c_int64),
+        ("nhead_stride_v", ctypes.c_int64),
+        ("nhead_stride_o", ctypes.c_int64),
+        ("nhead_stride_lse", ctypes.c_int64),
+        ("batch_stride_q", ctypes.c_int64),
+        ("batch_stride_k", ctypes.c_int64),
+        ("batch_stride_v", ctypes.c_int64),
+        ("batch_stride_o", ctypes.c_int64),
+        ("batch_stride_lse", ctypes.c_int64),
+        ("mask_type", ctypes.c_int),
+        ("window_size_left", ctypes.c_int),
+        ("window_size_right", ctypes.c_int),
+    ]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields_)
+        return f"MhakitFwdArgs({fields})"
+
+
+class MhakitError(RuntimeError):
+    """A negative return code of the library, with ``mhakit_last_error()``'s sentence."""
+
+    def __init__(self, code: int, message: str):
+        self.code = int(code)
+        self.message = message
+        super().__init__(f"mhakit error {self.code} ({_ERROR_NAMES.get(self.code, 'unknown')}): {message}")
+
+
+def _check_int32(name: str, value: int) -> int:
+    value = int(value)
+    if not -(1 << 31) <= value < (1 << 31):
+        raise OverflowError(f"{name}={value} does not fit in a C int")
+    return value
+
+
+def dtype_code(dtype: Union[int, str]) -> int:
+    """mhakit_dtype code from an int or a name: fp16/float16/half, bf16/bfloat16 (``torch.bfloat16`` etc. too)."""
+    if isinstance(dtype, int):
+        if dtype not in (DTYPE_FP16, DTYPE_BF16):
+            raise ValueError(f"unknown mhakit_dtype code {dtype}")
+        return dtype
+    name = str(dtype).rsplit(".", 1)[-1].lower()  # "torch.bfloat16" -> "bfloat16"
+    if name not in _DTYPE_NAMES:
+        raise ValueError(f"unsupported dtype {dtype!r}; mhakit takes fp16 or bf16")
+    return _DTYPE_NAMES[name]
+
+
+def _strides3(name: str, strides: Sequence[int]):
+    if len(strides) != 3:
+        raise ValueError(f"{name}: expected (batch_stride, nhead_stride, row_stride) in elements, got {strides}")
+    return tuple(int(s) for s in strides)
+
+
+def make_fwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int,
+                  batch: int, nhead_q: int, nhead_k: int, hdim_q: int, hdim_v: int,
+                  q_strides: Sequence[int], k_strides: Sequence[int], v_strides: Sequence[int],
+                  o_strides: Sequence[int],
+                  seqlen_q: int = 0, seqlen_k: int = 0,
+                  lse_ptr: Optional[int] = None, lse_strides: Sequence[int] = (0, 0),
+                  seqstart_q_ptr: Optional[int] = None, seqstart_k_ptr: Optional[int] = None,
+                  max_seqlen_q: Optional[int] = None, scale: Optional[float] = None,
+                  mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1) -> MhakitFwdArgs:
+    """Fill an ``MhakitFwdArgs``.
+
+    Strides are element strides ``(batch_stride, nhead_stride, row_stride)`` per tensor (head dim contiguous);
+    for a torch tensor in b·h·s·d that is ``(t.stride(0), t.stride(1), t.stride(2))``, in b·s·h·d
+    ``(t.stride(0), t.stride(2), t.stride(1))``. lse_strides is ``(batch_stride_lse, nhead_stride_lse)``.
+    Group mode is selected by passing both seqstart pointers (device int32 arrays of batch + 1 offsets); then the
+    batch strides are ignored by the library and ``max_seqlen_q`` is required. ``lse_ptr`` given => has_lse = 1.
+    ``scale`` defaults to 1/sqrt(hdim_q).
+    """
+    group = seqstart_q_ptr is not None or seqstart_k_ptr is not None
+    if group and (seqstart_q_ptr is None or seqstart_k_ptr is None):
+        raise ValueError("group mode needs both seqstart_q_ptr and seqstart_k_ptr")
+    if group and max_seqlen_q is None:
+        raise ValueError("group mode needs max_seqlen_q")
+    if scale is None:
+        scale = 1.0 / math.sqrt(hdim_q) if hdim_q > 0 else 0.0
+
+    qb, qh, qs = _strides3("q_strides", q_strides)
+    kb, kh, ks = _strides3("k_strides", k_strides)
+    vb, vh, vs = _strides3("v_strides", v_strides)
+    ob, oh, os_ = _strides3("o_strides", o_strides)
+    if len(lse_strides) != 2:
+        raise ValueError(f"lse_strides: expected (batch_stride_lse, nhead_stride_lse), got {lse_strides}")
+    lb, lh = (int(s) for s in lse_strides)
+
+    a = MhakitFwdArgs()
+    a.data_type = dtype_code(dtype)
+    a.is_group_mode = 1 if group else 0
+    a.has_lse = 0 if lse_ptr is None else 1
+    a.q_ptr, a.k_ptr, a.v_ptr, a.o_ptr = q_ptr, k_ptr, v_ptr, o_ptr
+    a.lse_ptr = lse_ptr
+    a.seqstart_q_ptr = seqstart_q_ptr
+    a.seqstart_k_ptr = seqstart_k_ptr
+    a.seqlen_q = _check_int32("seqlen_q", seqlen_q)
+    a.seqlen_k = _check_int32("seqlen_k", seqlen_k)
+    a.batch = _check_int32("batch", batch)
+    a.max_seqlen_q = _check_int32("max_seqlen_q", max_seqlen_q if max_seqlen_q is not None else seqlen_q)
+    a.hdim_q = _check_int32("hdim_q", hdim_q)
+    a.hdim_v = _check_int32("hdim_v", hdim_v)
+    a.nhead_q = _check_int32("nhead_q", nhead_q)
+    a.nhead_k = _check_int32("nhead_k", nhead_k)
+    a.scale_s = float(scale)
+    a.stride_q, a.stride_k, a.stride_v, a.stride_o = qs, ks, vs, os_
+    a.nhead_stride_q, a.nhead_stride_k, a.nhead_stride_v, a.nhead_stride_o = qh, kh, vh, oh
+    a.nhead_stride_lse = lh
+    a.batch_stride_q, a.batch_stride_k, a.batch_stride_v, a.batch_stride_o = qb, kb, vb, ob
+    a.batch_stride_lse = lb
+    a.mask_type = _check_int32("mask_type", mask_type)
+    a.window_size_left = _check_int32("window_left", window_left)
+    a.window_size_right = _check_int32("window_right", window_right)
+    return a
+
+
+def make_stream_config(stream: Optional[int] = None, *, time_kernel: bool = False, log_level: int = 0,
+                       warmup: int = 5, repeat: int = 20, gpu_timer: bool = True) -> MhakitStreamConfig:
+    """``mhakit_stream_config``; ``stream`` is a raw cudaStream_t (e.g. ``torch.cuda.current_stream().cuda_stream``)."""
+    c = MhakitStreamConfig()
+    c.stream = stream or None
+    c.time_kernel = 1 if time_kernel else 0
+    c.log_level = int(log_level)
+    c.warmup = int(warmup)
+    c.repeat = int(repeat)
+    c.gpu_timer = 1 if gpu_timer else 0
+    return c
+
+
+class FwdLibrary:
+    """A loaded libmha_fwd.so with typed entry points. ``cdll`` is the raw ctypes handle."""
+
+    def __init__(self, cdll: ctypes.CDLL, path: str):
+        self.cdll = cdll
+        self.path = path
+        cdll.mhakit_mha_fwd.argtypes = [ctypes.POINTER(MhakitFwdArgs), ctypes.POINTER(MhakitStreamConfig)]
+        cdll.mhakit_mha_fwd.restype = ctypes.c_float
+        cdll.mhakit_mha_fwd_kernel_name.argtypes = [ctypes.POINTER(MhakitFwdArgs)]
+        cdll.mhakit_mha_fwd_kernel_name.restype = ctypes.c_char_p
+        cdll.mhakit_last_error.argtypes = []
+        cdll.mhakit_last_error.restype = ctypes.c_char_p
+
+    def last_error(self) -> str:
+        msg = self.cdll.mhakit_last_error()
+        return msg.decode("utf-8", "replace") if msg else ""
+
+    def mha_fwd_raw(self, args: MhakitFwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
+        """The C return value as is: time in ms (>= 0) or a negative MHAKIT_ERROR_* code."""
+        if config is None:
+            config = make_stream_config()
+        return float(self.cdll.mhakit_mha_fwd(ctypes.byref(args), ctypes.byref(config)))
+
+    def mha_fwd(self, args: MhakitFwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
+        """Run the forward pass; returns the kernel time in ms (0 when not timing); raises MhakitError on failure."""
+        ret = self.mha_fwd_raw(args, config)
+        if ret < 0:
+            raise MhakitError(int(round(ret)), self.last_error())
+        return ret
+
+    def kernel_name(self, args: MhakitFwdArgs) -> Optional[str]:
+        """Name of the instance the library would launch for ``args``, or None (see last_error())."""
+        name = self.cdll.mhakit_mha_fwd_kernel_name(ctypes.byref(args))
+        return name.decode("utf-8", "replace") if name else None
+
+    def __repr__(self) -> str:
+        return f"FwdLibrary({self.path!r})"
+
+
+_LOADED: Dict[str, FwdLibrary] = {}
+_LOCK = threading.Lock()
+
+
+def load_library(path: Union[str, os.PathLike] = "./libmha_fwd.so") -> FwdLibrary:
+    """Load libmha_fwd.so (cached per resolved path) and set argtypes / restypes of its extern "C" entry points."""
+    resolved = os.path.realpath(os.fspath(path))
+    if not os.path.isfile(resolved):
+        raise FileNotFoundError(f"mhakit library not found: {path}")
+    with _LOCK:
+        lib = _LOADED.get(resolved)
+        if lib is None:
+            lib = FwdLibrary(ctypes.CDLL(resolved), resolved)
+            _LOADED[resolved] = lib
+        return lib

@@ -1,0 +1,377 @@
+"""NumPy reference of the mhakit forward pass (CPU, no GPU, no torch).
+
+Semantics are those of csrc/include/mha_fwd.h:
+
+    O      = softmax(scale * Q K^T, restricted to the visible keys) V        (accumulated in float64 by default)
+    LSE[i] = log(sum_j exp(scale * q_i . k_j))  over the keys row i may see  (natural log)
+
+* GQA / MQA: query head h reads key/value head h // (nhead_q // nhead_k).
+* Masks follow CK's generic coordinate (csrc/kernels/common/mask.h, ``make_mask_coord``), computed per sequence:
+  row i sees key j iff ``i - y + 1 <= j < min(i + x, seqlen_k)``.
+* Rows that see no key (seqlen_k == 0, or a window that excludes every key) give O = 0 and LSE = -inf.
+
+Inputs may be float16, float32 (e.g. bf16 values widened to float32) or float64; outputs are float32.
+The module also holds the helpers every test and bench shares: ``mask_coord``, ``visible_mask``, ``parse_mask``
+(the CLI mask strings of CK / aiter), ``check_close`` (CK's pass rule) and ``flops_fwd`` (FlashAttention's count).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+
+__all__ = [
+    "MASK_NONE",
+    "MASK_TOP_LEFT",
+    "MASK_BOTTOM_RIGHT",
+    "MASK_GENERIC",
+    "MaskCoord",
+    "MaskSpec",
+    "CloseResult",
+    "mask_coord",
+    "visible_mask",
+    "parse_mask",
+    "attention_fwd",
+    "attention_varlen_fwd",
+    "check_close",
+    "tolerances",
+    "flops_fwd",
+]
+
+# Same numbers as mhakit_mask_type in csrc/include/mha_common.h (and CK / aiter).
+MASK_NONE = 0
+MASK_TOP_LEFT = 1
+MASK_BOTTOM_RIGHT = 2
+MASK_GENERIC = 3
+_MASK_TYPES = (MASK_NONE, MASK_TOP_LEFT, MASK_BOTTOM_RIGHT, MASK_GENERIC)
+
+# Rows x keys of one score block; bounds the reference's temporary memory (2^22 float64 = 32 MiB per array).
+_BLOCK_ELEMS = 1 << 22
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Masks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class MaskCoord(NamedTuple):
+    """CK's generic mask coordinate: row i sees keys j with ``i - y + 1 <= j < min(i + x, seqlen_k)``."""
+
+    y: int
+    x: int
+
+
+class MaskSpec(NamedTuple):
+    """A mask as the API takes it: ``mhakit_fwd_args.mask_type / window_size_left / window_size_right``."""
+
+    mask_type: int
+    left: int
+    right: int
+
+
+def mask_coord(mask_type: int, left: int, right: int, seqlen_q: int, seqlen_k: int) -> MaskCoord:
+    """(y, x) of one sequence, exactly as ``mhakit::make_mask_coord`` in csrc/kernels/common/mask.h."""
+    mask_type, left, right, seqlen_q, seqlen_k = (int(mask_type), int(left), int(right), int(seqlen_q),
+                                                  int(seqlen_k))
+    if mask_type not in _MASK_TYPES:
+        raise ValueError(f"mask_type must be one of {_MASK_TYPES}, got {mask_type}")
+    if mask_type == MASK_NONE:
+        return MaskCoord(seqlen_q, seqlen_k)
+    if mask_type == MASK_GENERIC:
+        return MaskCoord(left, right)
+    top_left = mask_type == MASK_TOP_LEFT
+    if left < 0:
+        left = seqlen_q - 1 if top_left else seqlen_k - 1
+    if right < 0:
+        right = seqlen_k - 1 if top_left else seqlen_q - 1
+    x = 1 + right + (0 if top_left else seqlen_k - seqlen_q)
+    y = 1 + left + (0 if top_left else seqlen_q - seqlen_k)
+    return MaskCoord(y, x)
+
+
+def visible_mask(mask_type: int, left: int, right: int, seqlen_q: int, seqlen_k: int) -> np.ndarray:
+    """Boolean [seqlen_q, seqlen_k] matrix: True where query row i may see key j."""
+    c = mask_coord(mask_type, left, right, seqlen_q, seqlen_k)
+    return _visible_rows(c, 0, seqlen_q, seqlen_k)
+
+
+def _visible_rows(c: MaskCoord, row_begin: int, row_end: int, seqlen_k: int) -> np.ndarray:
+    i = np.arange(row_begin, row_end, dtype=np.int64)[:, None]
+    j = np.arange(seqlen_k, dtype=np.int64)[None, :]
+    # j < seqlen_k holds by construction, so min(i + x, seqlen_k) reduces to i + x.
+    return (j >= i - c.y + 1) & (j < i + c.x)
+
+
+def _parse_ints(text: str, count: int, what: str) -> Tuple[int, ...]:
+    parts = text.split(",")
+    if len(parts) != count:
+        if len(parts) == count + 1:
+            raise ValueError(f"mask {what!r}: attention sinks are not supported")
+        raise ValueError(f"mask {what!r}: expected {count} comma-separated integer(s)")
+    try:
+        return tuple(int(p.strip()) for p in parts)
+    except ValueError:
+        raise ValueError(f"mask {what!r}: expected integers") from None
+
+
+def parse_mask(text: str) -> MaskSpec:
+    """Decode a CLI mask string (the grammar of CK's / aiter's ``mask_info::decode``).
+
+    ``0`` none; ``1``/``t`` causal top-left; ``2``/``b`` causal bottom-right; ``t:l,r`` / ``b:l,r`` sliding window
+    anchored top-left / bottom-right (FA style, -1 = unbounded); ``g:y,x`` raw generic coordinate;
+    ``xt:w`` / ``xb:w`` xformers window of w keys (w > 0: left = w // 2, right = w - 1 - left; w <= 0: causal).
+    """
+    s = str(text).strip()
+    if s == "0":
+        return MaskSpec(MASK_NONE, -1, -1)
+    if s in ("1", "t"):
+        return MaskSpec(MASK_TOP_LEFT, -1, 0)
+    if s in ("2", "b"):
+        return MaskSpec(MASK_BOTTOM_RIGHT, -1, 0)
+    head, sep, rest = s.partition(":")
+    if sep:
+        if head in ("t", "b"):
+            left, right = _parse_ints(rest, 2, s)
+            return MaskSpec(MASK_TOP_LEFT if head == "t" else MASK_BOTTOM_RIGHT, left, right)
+        if head == "g":
+            y, x = _parse_ints(rest, 2, s)
+            return MaskSpec(MASK_GENERIC, y, x)
+        if head in ("xt", "xb"):
+            (w,) = _parse_ints(rest, 1, s)
+            mtype = MASK_TOP_LEFT if head == "xt" else MASK_BOTTOM_RIGHT
+            if w > 0:
+                left = w // 2
+                return MaskSpec(mtype, left, w - 1 - left)
+            return MaskSpec(mtype, -1, 0)
+    raise ValueError(
+        f"invalid mask string {text!r}; expected 0, 1/t, 2/b, t:l,r, b:l,r, g:y,x, xt:w or xb:w")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Forward reference
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_compute_dtype(compute_dtype) -> np.dtype:
+    dt = np.dtype(compute_dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"compute_dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+def _as_float(a, dt: np.dtype, name: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "fiu" and arr.dtype.name != "bfloat16":
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    return arr.astype(dt, copy=False)
+
+
+def _default_scale(scale: Optional[float], hdim_q: int) -> float:
+    if scale is None:
+        if hdim_q <= 0:
+            raise ValueError("scale=None needs hdim_q > 0")
+        return 1.0 / math.sqrt(hdim_q)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"scale must be finite and > 0, got {scale}")
+    return scale
+
+
+def _attend_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, c: MaskCoord,
+                     o_out: np.ndarray, lse_out: np.ndarray) -> None:
+    """One (sequence, query head): q [sq, d], k [sk, d], v [sk, dv] -> o_out [sq, dv], lse_out [sq] (float32)."""
+    sq, sk = q.shape[0], k.shape[0]
+    if sq == 0:
+        return
+    if sk == 0:
+        o_out[...] = 0.0
+        lse_out[...] = -np.inf
+        return
+    rows = max(1, _BLOCK_ELEMS // sk)
+    kt = k.T
+    for r0 in range(0, sq, rows):
+        r1 = min(sq, r0 + rows)
+        vis = _visible_rows(c, r0, r1, sk)
+        any_vis = vis.any(axis=1)
+        s = (q[r0:r1] @ kt) * q.dtype.type(scale)
+        s = np.where(vis, s, -np.inf)
+        m = np.where(any_vis, s.max(axis=1), 0.0).astype(s.dtype)
+        p = np.exp(s - m[:, None])  # masked entries: exp(-inf) = 0
+        l = p.sum(axis=1)
+        l_safe = np.where(any_vis, l, 1.0)
+        o = (p @ v) / l_safe[:, None]
+        o[~any_vis] = 0.0
+        with np.errstate(divide="ignore"):
+            lse = np.where(any_vis, m + np.log(l_safe), -np.inf)
+        o_out[r0:r1] = o
+        lse_out[r0:r1] = lse
+
+
+def _kv_group(nhead_q: int, nhead_k: int) -> int:
+    if nhead_k <= 0 or nhead_q % nhead_k != 0:
+        raise ValueError(f"nhead_q ({nhead_q}) must be a positive multiple of nhead_k ({nhead_k})")
+    return nhead_q // nhead_k
+
+
+def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MASK_NONE, window_left: int = -1,
+                  window_right: int = -1, return_lse: bool = False, layout: str = "bhsd",
+                  compute_dtype=np.float64):
+    """Batch-mode forward over arrays in [b, h, s, d] (``layout="bhsd"``, default) or [b, s, h, d] ("bshd").
+
+    q: [b, h_q, s_q, d], k: [b, h_k, s_k, d], v: [b, h_k, s_k, d_v] with h_q % h_k == 0 (h_k is read from k).
+    scale: softmax scale (default 1/sqrt(d)). mask_type / window_left / window_right as in mhakit_fwd_args.
+    Returns O as float32 in the input layout ([b, h_q, s_q, d_v] for bhsd), and with ``return_lse`` also
+    LSE as float32 [b, h_q, s_q] (natural log; -inf for rows that see no key).
+    """
+    dt = _check_compute_dtype(compute_dtype)
+    q, k, v = _as_float(q, dt, "q"), _as_float(k, dt, "k"), _as_float(v, dt, "v")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError("q, k, v must be 4-D arrays")
+    if layout == "bshd":
+        q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
+    elif layout != "bhsd":
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    b, hq, sq, d = q.shape
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    hk, sk = k.shape[1], k.shape[2]
+    if k.shape[3] != d:
+        raise ValueError(f"k head dim {k.shape[3]} != q head dim {d}")
+    if v.shape[1] != hk or v.shape[2] != sk:
+        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in heads / seqlen")
+    dv = v.shape[3]
+    group = _kv_group(hq, hk)
+    scale = _default_scale(scale, d)
+    c = mask_coord(mask_type, window_left, window_right, sq, sk)
+
+    o = np.zeros((b, hq, sq, dv), dtype=np.float32)
+    lse = np.full((b, hq, sq), -np.inf, dtype=np.float32)
+    for bi in range(b):
+        for h in range(hq):
+            kh = h // group
+            _attend_one_head(q[bi, h], k[bi, kh], v[bi, kh], scale, c, o[bi, h], lse[bi, h])
+    if layout == "bshd":
+        o = np.ascontiguousarray(o.transpose(0, 2, 1, 3))
+    return (o, lse) if return_lse else o
+
+
+def _check_seqstarts(cu, total: int, name: str) -> np.ndarray:
+    arr = np.asarray(cu)
+    if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be a 1-D integer array of batch + 1 offsets")
+    arr = arr.astype(np.int64)
+    if np.any(np.diff(arr) < 0) or arr[0] < 0 or arr[-1] > total:
+        raise ValueError(f"{name} must be non-decreasing offsets within [0, {total}], got {arr.tolist()}")
+    return arr
+
+
+def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,
+                         mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1,
+                         return_lse: bool = False, compute_dtype=np.float64):
+    """Group-mode (variable length) forward over packed arrays.
+
+    q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v]; cu_seqlens_q / cu_seqlens_k: batch + 1
+    cumulative offsets (sequence b owns rows [cu[b], cu[b+1])). Masks use each sequence's own lengths.
+    Returns O float32 [total_q, h_q, d_v] and, with ``return_lse``, LSE float32 [h_q, total_q] (the layout of the
+    C API's group-mode LSE). Rows outside every sequence are left at O = 0, LSE = -inf.
+    """
+    dt = _check_compute_dtype(compute_dtype)
+    q, k, v = _as_float(q, dt, "q"), _as_float(k, dt, "k"), _as_float(v, dt, "v")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError("q, k, v must be 3-D packed arrays [total, h, d]")
+    total_q, hq, d = q.shape
+    total_k, hk = k.shape[0], k.shape[1]
+    if k.shape[2] != d:
+        raise ValueError(f"k head dim {k.shape[2]} != q head dim {d}")
+    if v.shape[0] != total_k or v.shape[1] != hk:
+        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in tokens / heads")
+    dv = v.shape[2]
+    group = _kv_group(hq, hk)
+    scale = _default_scale(scale, d)
+    cq = _check_seqstarts(cu_seqlens_q, total_q, "cu_seqlens_q")
+    ck = _check_seqstarts(cu_seqlens_k, total_k, "cu_seqlens_k")
+    if cq.shape != ck.shape:
+        raise ValueError(f"cu_seqlens_q has {cq.shape[0]} entries, cu_seqlens_k {ck.shape[0]}")
+
+    o = np.zeros((total_q, hq, dv), dtype=np.float32)
+    lse = np.full((hq, total_q), -np.inf, dtype=np.float32)
+    for bi in range(cq.shape[0] - 1):
+        q0, q1, k0, k1 = int(cq[bi]), int(cq[bi + 1]), int(ck[bi]), int(ck[bi + 1])
+        c = mask_coord(mask_type, window_left, window_right, q1 - q0, k1 - k0)
+        for h in range(hq):
+            kh = h // group
+            # o[q0:q1, h] is a strided view: write through a contiguous buffer.
+            buf = np.empty((q1 - q0, dv), dtype=np.float32)
+            _attend_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], scale, c, buf, lse[h, q0:q1])
+            o[q0:q1, h] = buf
+    return (o, lse) if return_lse else o
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Comparison and FLOPs
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class CloseResult(NamedTuple):
+    """Outcome of ``check_close``; truthy exactly when every element passed."""
+
+    ok: bool
+    max_abs_err: float   # over the elements where both values are finite (0.0 when there are none)
+    num_bad: int         # elements failing the rule
+    num_total: int
+    first_bad: Optional[Tuple[int, ...]]  # index of the first failing element, or None
+
+    def __bool__(self) -> bool:
+        return bool(self.ok)
+
+    def __str__(self) -> str:
+        status = "pass" if self.ok else f"FAIL ({self.num_bad}/{self.num_total} bad, first at {self.first_bad})"
+        return f"{status}, max abs err {self.max_abs_err:.3g}"
+
+
+# CK's per-dtype tolerances for the forward pass (rtol, atol).
+_TOLERANCES = {"fp16": (1e-3, 1e-3), "bf16": (1e-2, 1e-2), "fp32": (1e-5, 1e-5)}
+_DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
+
+
+def tolerances(dtype: str) -> Tuple[float, float]:
+    """(rtol, atol) that CK uses for this element type: fp16 1e-3/1e-3, bf16 1e-2/1e-2."""
+    key = _DTYPE_ALIASES.get(str(dtype), str(dtype))
+    if key not in _TOLERANCES:
+        raise ValueError(f"no tolerance for dtype {dtype!r}; known: {sorted(_TOLERANCES)}")
+    return _TOLERANCES[key]
+
+
+def check_close(out, ref, rtol: float, atol: float) -> CloseResult:
+    """CK's rule, elementwise: |out - ref| <= atol + rtol * |ref|.
+
+    NaN never passes (not even against NaN); an infinity passes only against the same infinity (so an LSE of
+    -inf matches -inf); a finite value never matches an infinite one. Shapes must be equal.
+    """
+    o = np.asarray(out, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    if o.shape != r.shape:
+        raise ValueError(f"shape mismatch: out {o.shape} vs ref {r.shape}")
+    both_finite = np.isfinite(o) & np.isfinite(r)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(both_finite, np.abs(o - r), 0.0)
+        finite_ok = both_finite & (diff <= atol + rtol * np.abs(np.where(both_finite, r, 0.0)))
+    same_inf = np.isinf(o) & np.isinf(r) & (np.sign(o) == np.sign(r))
+    ok = finite_ok | same_inf
+    num_bad = int(ok.size - np.count_nonzero(ok))
+    first_bad = None
+    if num_bad:
+        first_bad = tuple(int(i) for i in np.unravel_index(int(np.argmin(ok.ravel())), ok.shape))
+    max_abs = float(diff.max()) if diff.size else 0.0
+    return CloseResult(num_bad == 0, max_abs, num_bad, int(ok.size), first_bad)
+
+
+def flops_fwd(b: int, h: int, sq: int, sk: int, d: int, dv: Optional[int] = None, causal: bool = False) -> float:
+    """Forward FLOPs, FlashAttention convention: 2*b*h*sq*sk*(d + dv) (= 4*b*h*sq*sk*d when d == dv),
+    halved when causal (regardless of the exact masked area)."""
+    if dv is None:
+        dv = d
+    f = 2.0 * b * h * sq * sk * (d + dv)
+    return f / 2.0 if causal else f
