@@ -58,7 +58,7 @@ class NinjaFile:
             "",
             "rule link_exe",
             # $ORIGIN: the executable finds the library installed beside it.
-            "  command = $nvcc $in -o $out -L$libdir -l$libname -Xlinker -rpath='$$ORIGIN'",
+            "  command = $nvcc $in -o $out -Xcompiler=-pthread -L$libdir -l$libname -Xlinker -rpath='$$ORIGIN'",
             "  description = link $out",
             "",
         ]

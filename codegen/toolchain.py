@@ -119,7 +119,8 @@ class Nvcc:
 
     def host_flags(self) -> list[str]:
         """Host-only C++ (runtime, benchmark): no device code generation needed."""
-        return ["-std=c++17", "-O2", "-DNDEBUG", "-Xcompiler=-fPIC"] + [f"-I{d}" for d in (CSRC, CSRC / "include")]
+        # -O3: the host reference in the benchmark runs about twice as fast as at -O2.
+        return ["-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-Xcompiler=-pthread"] + [f"-I{d}" for d in (CSRC, CSRC / "include")]
 
     def fingerprint(self) -> str:
         """What makes objects incompatible: compiler identity and version, flags, arch."""

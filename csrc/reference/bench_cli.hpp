@@ -1,0 +1,452 @@
+// mhakit — command-line pieces shared by the benchmark executables (benchmark_mha_fwd, later benchmark_mha_bwd).
+//
+// Header-only, plain C++17, no CUDA. Follows the CLI conventions of aiter's / CK's fmha benchmarks:
+//   * ArgParser: "-key=value" arguments with defaults and help text; "-?" / "-help" / "--help" ask for help; unknown
+//     keys are errors; keys aiter knows but mhakit does not implement can be registered as "accepted only at their
+//     default" and are rejected by name otherwise;
+//   * parse_mask: the mask strings 0, 1|t, 2|b, t:l,r, b:l,r, g:y,x, xt:w, xb:w -> mhakit_mask_type + window sizes;
+//   * decode_seqlens: -s / -s_k, including per-batch comma lists in group mode, generating missing lengths from the
+//     seed around the last given value (the total is kept: lengths move between sequences one unit at a time);
+//   * fill_tensor: the -init methods (ui/0, ni, uf/1, nf, tf/2) into fp16/bf16 host buffers.
+#pragma once
+
+#include <stdint.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "host_attention.hpp"
+
+namespace mhakit {
+namespace bench {
+
+// ------------------------------------------------------------------------------------------------------------------
+// Strict number parsing
+// ------------------------------------------------------------------------------------------------------------------
+
+inline bool parse_int(const std::string& s, int* out) {
+    if (s.empty()) return false;
+    errno = 0;
+    char* end = nullptr;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (errno != 0 || end == s.c_str() || *end != '\0' || v < -2147483647L - 1 || v > 2147483647L) return false;
+    *out = int(v);
+    return true;
+}
+
+inline bool parse_uint32(const std::string& s, uint32_t* out) {
+    if (s.empty() || s[0] == '-') return false;
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+    if (errno != 0 || end == s.c_str() || *end != '\0' || v > 0xFFFFFFFFull) return false;
+    *out = uint32_t(v);
+    return true;
+}
+
+inline bool parse_float(const std::string& s, float* out) {
+    if (s.empty()) return false;
+    errno = 0;
+    char* end = nullptr;
+    const float v = std::strtof(s.c_str(), &end);
+    if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+    *out = v;
+    return true;
+}
+
+inline bool parse_bool(const std::string& s, bool* out) {
+    if (s == "1" || s == "true" || s == "t" || s == "y" || s == "yes" || s == "on") {
+        *out = true;
+        return true;
+    }
+    if (s == "0" || s == "false" || s == "f" || s == "n" || s == "no" || s == "off") {
+        *out = false;
+        return true;
+    }
+    return false;
+}
+
+// Splits "a,b,c" into its fields (an empty string gives one empty field).
+inline std::vector<std::string> split_commas(const std::string& s) {
+    std::vector<std::string> out;
+    size_t pos = 0;
+    for (;;) {
+        const size_t c = s.find(',', pos);
+        out.push_back(s.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
+        if (c == std::string::npos) break;
+        pos = c + 1;
+    }
+    return out;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// ArgParser
+// ------------------------------------------------------------------------------------------------------------------
+
+class ArgParser {
+public:
+    // A supported argument.
+    ArgParser& add(const std::string& name, const std::string& def, const std::string& help) {
+        opts_.push_back({name, def, help, def, false, nullptr, std::string()});
+        return *this;
+    }
+    // An argument aiter knows that we do not implement: accepted only when is_default(value) holds; `what` says
+    // which values are accepted (e.g. "n or 0").
+    ArgParser& add_unsupported(const std::string& name, const std::string& def, const std::string& what,
+                               std::function<bool(const std::string&)> is_default) {
+        opts_.push_back({name, def, std::string(), def, false, std::move(is_default), what});
+        return *this;
+    }
+
+    // Returns 0 on success, 1 when help was requested (printed to stdout), -1 on error (message in *err).
+    int parse(int argc, char** argv, std::string* err) {
+        for (int i = 1; i < argc; ++i) {
+            const std::string arg = argv[i];
+            if (arg == "-?" || arg == "-help" || arg == "--help") {
+                print_help(stdout, argc > 0 ? argv[0] : "benchmark");
+                return 1;
+            }
+            if (arg.size() < 2 || arg[0] != '-') {
+                *err = "malformed argument '" + arg + "' (expected -key=value; -? lists the arguments)";
+                return -1;
+            }
+            const size_t eq = arg.find('=');
+            if (eq == std::string::npos) {
+                *err = "argument '" + arg + "' has no value (expected " + arg + "=<value>; -? lists the arguments)";
+                return -1;
+            }
+            const std::string key = arg.substr(1, eq - 1);
+            const std::string val = arg.substr(eq + 1);
+            Opt* o = find(key);
+            if (o == nullptr) {
+                *err = "unknown argument -" + key + " (-? lists the arguments)";
+                return -1;
+            }
+            if (o->is_default) {
+                if (!o->is_default(val)) {
+                    *err = "-" + key + "=" + val + " is not supported by mhakit yet (accepted: -" + key + "=" + o->what +
+                           ", the default)";
+                    return -1;
+                }
+            }
+            o->value = val;
+            o->given = true;
+        }
+        return 0;
+    }
+
+    const std::string& str(const std::string& name) const { return get(name).value; }
+    bool given(const std::string& name) const { return get(name).given; }
+
+    bool get_int(const std::string& name, int* out, std::string* err) const {
+        if (parse_int(str(name), out)) return true;
+        *err = "-" + name + "=" + str(name) + ": expected an integer";
+        return false;
+    }
+    bool get_uint32(const std::string& name, uint32_t* out, std::string* err) const {
+        if (parse_uint32(str(name), out)) return true;
+        *err = "-" + name + "=" + str(name) + ": expected a non-negative integer";
+        return false;
+    }
+    bool get_float(const std::string& name, float* out, std::string* err) const {
+        if (parse_float(str(name), out)) return true;
+        *err = "-" + name + "=" + str(name) + ": expected a number";
+        return false;
+    }
+    bool get_bool(const std::string& name, bool* out, std::string* err) const {
+        if (parse_bool(str(name), out)) return true;
+        *err = "-" + name + "=" + str(name) + ": expected 0 or 1";
+        return false;
+    }
+
+    void print_help(FILE* f, const char* prog) const {
+        std::fprintf(f, "usage: %s [-key=value ...]\nargs:\n", prog);
+        for (const auto& o : opts_) {
+            if (o.is_default) continue;
+            // first help line next to the key, continuation lines indented under it
+            const std::vector<std::string> lines = split_lines(o.help);
+            for (size_t i = 0; i < lines.size(); ++i) {
+                if (i == 0)
+                    std::fprintf(f, "%20s  %s%s\n", ("-" + o.name).c_str(), lines[i].c_str(),
+                                 lines.size() == 1 ? (" (default:" + o.def + ")").c_str() : "");
+                else
+                    std::fprintf(f, "%20s  %s%s\n", "", lines[i].c_str(),
+                                 i + 1 == lines.size() ? (" (default:" + o.def + ")").c_str() : "");
+            }
+        }
+        bool any = false;
+        for (const auto& o : opts_)
+            if (o.is_default) {
+                if (!any) std::fprintf(f, "accepted only at their default (not supported by mhakit yet):\n");
+                any = true;
+                std::fprintf(f, "%20s  =%s\n", ("-" + o.name).c_str(), o.what.c_str());
+            }
+    }
+
+private:
+    struct Opt {
+        std::string name, def, help, value;
+        bool given;
+        std::function<bool(const std::string&)> is_default;  // set for unsupported arguments
+        std::string what;
+    };
+    std::vector<Opt> opts_;
+
+    Opt* find(const std::string& name) {
+        for (auto& o : opts_)
+            if (o.name == name) return &o;
+        return nullptr;
+    }
+    const Opt& get(const std::string& name) const {
+        for (const auto& o : opts_)
+            if (o.name == name) return o;
+        std::fprintf(stderr, "internal error: argument -%s was never registered\n", name.c_str());
+        std::abort();
+    }
+    static std::vector<std::string> split_lines(const std::string& s) {
+        std::vector<std::string> out;
+        size_t pos = 0;
+        for (;;) {
+            const size_t nl = s.find('\n', pos);
+            out.push_back(s.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos));
+            if (nl == std::string::npos) break;
+            pos = nl + 1;
+        }
+        return out;
+    }
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// Mask strings
+// ------------------------------------------------------------------------------------------------------------------
+
+struct MaskSpec {
+    int type = MHAKIT_MASK_NONE;  // mhakit_mask_type
+    int left = -1;                // window_size_left  (generic: y)
+    int right = -1;               // window_size_right (generic: x)
+
+    // aiter's / CK's printed form: n, t(l:r), b(l:r), g(y:x)
+    std::string str() const {
+        switch (type) {
+            case MHAKIT_MASK_NONE: return "n";
+            case MHAKIT_MASK_TOP_LEFT: return "t(" + std::to_string(left) + ":" + std::to_string(right) + ")";
+            case MHAKIT_MASK_BOTTOM_RIGHT: return "b(" + std::to_string(left) + ":" + std::to_string(right) + ")";
+            default: return "g(" + std::to_string(left) + ":" + std::to_string(right) + ")";
+        }
+    }
+};
+
+// 0                 no mask
+// 1 | t             causal, top-left      (left -1, right 0)
+// 2 | b             causal, bottom-right  (left -1, right 0)
+// t:l,r | b:l,r     sliding window, FA-style left/right sizes (negative = unbounded on that side)
+// xt:w | xb:w       xformers-style window: w > 0 gives left = w/2, right = w-1-left; w <= 0 is causal
+// g:y,x             CK's generic coordinate, passed raw (MHAKIT_MASK_GENERIC)
+inline bool parse_mask(const std::string& s, MaskSpec* out, std::string* err) {
+    MaskSpec m;
+    const auto bad = [&](const char* why) {
+        *err = "invalid -mask=" + s + ": " + why +
+               " (expected 0, 1, 2, t, b, t:l,r, b:l,r, g:y,x, xt:w or xb:w)";
+        return false;
+    };
+    const size_t colon = s.find(':');
+    if (colon == std::string::npos) {
+        if (s == "0") {
+            m.type = MHAKIT_MASK_NONE;
+        } else if (s == "1" || s == "t") {
+            m.type = MHAKIT_MASK_TOP_LEFT;
+            m.left = -1;
+            m.right = 0;
+        } else if (s == "2" || s == "b") {
+            m.type = MHAKIT_MASK_BOTTOM_RIGHT;
+            m.left = -1;
+            m.right = 0;
+        } else {
+            return bad("unknown mask");
+        }
+        *out = m;
+        return true;
+    }
+    const std::string kind = s.substr(0, colon), val = s.substr(colon + 1);
+    if (kind == "xt" || kind == "xb") {
+        int w;
+        if (!parse_int(val, &w)) return bad("the window size must be one integer");
+        m.type = kind == "xt" ? MHAKIT_MASK_TOP_LEFT : MHAKIT_MASK_BOTTOM_RIGHT;
+        if (w > 0) {
+            m.left = w / 2;
+            m.right = w - 1 - m.left;
+        } else {
+            m.left = -1;
+            m.right = 0;
+        }
+        *out = m;
+        return true;
+    }
+    if (kind == "t" || kind == "b" || kind == "g") {
+        const std::vector<std::string> f = split_commas(val);
+        if (f.size() != 2) return bad(f.size() > 2 ? "sink sizes are not supported; give exactly two integers"
+                                                   : "expected two comma-separated integers");
+        int v0, v1;
+        if (!parse_int(f[0], &v0) || !parse_int(f[1], &v1)) return bad("expected two comma-separated integers");
+        m.type = kind == "t" ? MHAKIT_MASK_TOP_LEFT : kind == "b" ? MHAKIT_MASK_BOTTOM_RIGHT : MHAKIT_MASK_GENERIC;
+        m.left = v0;
+        m.right = v1;
+        *out = m;
+        return true;
+    }
+    return bad("unknown mask kind");
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Sequence lengths
+// ------------------------------------------------------------------------------------------------------------------
+
+// `count` lengths averaging `avg`: all start at clamp(avg, max(min_len, 1), max_len) (max_len <= 0: unbounded), then,
+// in group mode with count > 1, avg·(count/2) random single-unit moves from one sequence to another that keep every
+// length within [min, max] (so the total is kept). Deterministic for a given seed.
+inline std::vector<int> generate_seqlens(bool group, int count, int avg, int min_len, int max_len, uint32_t seed) {
+    if (count <= 0) return {};
+    const int lo = min_len > 0 ? min_len : 1;
+    const int hi = max_len > 0 ? max_len : 2147483647;
+    std::vector<int> v(size_t(count), std::min(std::max(avg, lo), hi));
+    if (group && count > 1 && avg > 0) {
+        std::mt19937 gen(seed);
+        std::uniform_int_distribution<int> pick(0, count - 1), step(1, count - 1);
+        for (int64_t rep = int64_t(avg) * (count / 2); rep > 0; --rep) {
+            const int dec = pick(gen);
+            if (v[size_t(dec)] <= lo) continue;
+            const int inc = (dec + step(gen)) % count;
+            if (v[size_t(inc)] >= hi) continue;
+            --v[size_t(dec)];
+            ++v[size_t(inc)];
+        }
+    }
+    return v;
+}
+
+// -s / -s_k as aiter decodes them.
+//   batch mode: one value each; s_k < 0 means s_k = s. Every sequence gets these lengths.
+//   group mode: "-s=s0,s1,..." and "-s_k=k0,k1,..." per sequence; s_k entries past the end of its list repeat the
+//     last one, a negative s_k entry means "same as s" for that sequence. When fewer than `batch` s values are given,
+//     the rest are generated around the last given value (and likewise for s_k; when that was "same as s", the
+//     generated s_k copy the generated s). Extra values past `batch` are ignored.
+inline bool decode_seqlens(bool group, int batch, const std::string& s, const std::string& s_k, uint32_t seed,
+                           std::vector<int>* seqlen_q, std::vector<int>* seqlen_k, std::string* err) {
+    const std::vector<std::string> fq = split_commas(s), fk = split_commas(s_k);
+    std::vector<int> q, k;
+    for (const auto& x : fq) {
+        int v;
+        if (!parse_int(x, &v) || v < 0) {
+            *err = "-s=" + s + ": expected non-negative integer(s)";
+            return false;
+        }
+        q.push_back(v);
+    }
+    for (const auto& x : fk) {
+        int v;
+        if (!parse_int(x, &v) || v < -1) {
+            *err = "-s_k=" + s_k + ": expected integer(s) >= 0, or -1 for \"same as -s\"";
+            return false;
+        }
+        k.push_back(v);
+    }
+    if (!group) {
+        if (q.size() != 1 || k.size() != 1) {
+            *err = "per-batch length lists (-s=a,b,...) need group mode (-mode=1)";
+            return false;
+        }
+        seqlen_q->assign(size_t(batch), q[0]);
+        seqlen_k->assign(size_t(batch), k[0] < 0 ? q[0] : k[0]);
+        return true;
+    }
+    std::vector<int> sq, sk;
+    bool last_k_from_q = false;
+    for (size_t i = 0; i < q.size() && int(i) < batch; ++i) {
+        const int kv = k[std::min(i, k.size() - 1)];
+        sq.push_back(q[i]);
+        sk.push_back(kv < 0 ? q[i] : kv);
+        last_k_from_q = kv < 0;
+    }
+    if (int(sq.size()) < batch) {
+        const int rem = batch - int(sq.size());
+        const std::vector<int> rq = generate_seqlens(true, rem, sq.back(), 1, -1, seed);
+        const std::vector<int> rk =
+            last_k_from_q ? rq : generate_seqlens(true, rem, sk.back(), 1, -1, seed ^ 0x9E3779B9u);
+        sq.insert(sq.end(), rq.begin(), rq.end());
+        sk.insert(sk.end(), rk.begin(), rk.end());
+    }
+    *seqlen_q = sq;
+    *seqlen_k = sk;
+    return true;
+}
+
+inline std::vector<int32_t> to_seqstarts(const std::vector<int>& lens) {
+    std::vector<int32_t> st(1, 0);
+    for (int l : lens) st.push_back(st.back() + l);
+    return st;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Input initialisation (-init)
+// ------------------------------------------------------------------------------------------------------------------
+
+enum class InitMethod { UniformInt, NormalInt, UniformFloat, NormalFloat, Trig };
+
+// ui|0: uniform in [-3, 3] rounded to integers; ni: normal (mean -3, variance 3) rounded to integers;
+// uf|1: uniform in [0, 1); nf: normal (mean 0, variance 3); tf|2: cos(linear index).
+inline bool parse_init(const std::string& s, InitMethod* out, std::string* err) {
+    if (s == "ui" || s == "0") *out = InitMethod::UniformInt;
+    else if (s == "ni") *out = InitMethod::NormalInt;
+    else if (s == "uf" || s == "1") *out = InitMethod::UniformFloat;
+    else if (s == "nf") *out = InitMethod::NormalFloat;
+    else if (s == "tf" || s == "2") *out = InitMethod::Trig;
+    else if (s == "ufq" || s == "uf:q" || s == "3") {
+        *err = "-init=" + s + " (full-range fill for fp8 quantization) is not supported by mhakit yet";
+        return false;
+    } else {
+        *err = "invalid -init=" + s + " (expected ui|0, ni, uf|1, nf, tf|2)";
+        return false;
+    }
+    return true;
+}
+
+// Fills every element of buf (fp16/bf16 bits) in buffer order.
+inline void fill_tensor(std::vector<uint16_t>& buf, InitMethod m, mhakit_dtype dt, uint32_t seed) {
+    std::mt19937 gen(seed);
+    switch (m) {
+        case InitMethod::UniformInt: {
+            std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+            for (auto& x : buf) x = host::from_float(std::round(d(gen)), dt);
+            break;
+        }
+        case InitMethod::NormalInt: {
+            std::normal_distribution<float> d(-3.0f, std::sqrt(3.0f));
+            for (auto& x : buf) x = host::from_float(std::round(d(gen)), dt);
+            break;
+        }
+        case InitMethod::UniformFloat: {
+            std::uniform_real_distribution<float> d(0.0f, 1.0f);
+            for (auto& x : buf) x = host::from_float(d(gen), dt);
+            break;
+        }
+        case InitMethod::NormalFloat: {
+            std::normal_distribution<float> d(0.0f, std::sqrt(3.0f));
+            for (auto& x : buf) x = host::from_float(d(gen), dt);
+            break;
+        }
+        case InitMethod::Trig: {
+            for (size_t i = 0; i < buf.size(); ++i) buf[i] = host::from_float(float(std::cos(double(i))), dt);
+            break;
+        }
+    }
+}
+
+}  // namespace bench
+}  // namespace mhakit
