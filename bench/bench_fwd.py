@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Forward-pass peer comparison on one GPU: mhakit (libmha_fwd.so through ctypes) vs PyTorch SDPA with the cuDNN
+backend and with the FlashAttention-2 backend, all in one process, on the same tensors.
+
+Problem shapes follow the FlashAttention-3 paper (and ../shared/reference/performance_h200.md): 16384 tokens in
+total (batch = 16384 / seqlen), hidden size 2048 (heads = 2048 / hdim), q, k, v random normal, allocated contiguous
+as [b, h, s, d]; s_q = s_k; causal = MHAKIT_MASK_TOP_LEFT (-1, 0), which equals SDPA's is_causal when s_q == s_k.
+Timing: 5 warm-up launches, then the median of 20 launches, each between its own pair of CUDA events, on the
+current torch stream (the GPU is kept busy while the host enqueues, so host launch overhead is not timed). Inputs
+are not rotated. FLOPs: 4*b*h*s*s*d, halved when causal (FlashAttention convention).
+
+Before timing, mhakit's output is checked against SDPA's (cuDNN's, else FA2's) with CK's rule
+|out - ref| <= atol + rtol*|ref| (bf16 1e-2/1e-2, fp16 1e-3/1e-3) and the max abs error is printed.
+
+    python3 bench/bench_fwd.py --lib ./libmha_fwd.so                       # bf16, 18 shapes
+    python3 bench/bench_fwd.py --dtype bf16,fp16 --json fwd.json
+    python3 bench/bench_fwd.py --shape 128,4096,1 --dtype fp16              # hdim, seqlen, causal
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run in place: the repository root holds mhakit/
+
+import torch  # noqa: E402  (torch lives in bench/ only, never in mhakit/)
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from mhakit import _capi  # noqa: E402
+from mhakit.reference import flops_fwd, tolerances  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
+# Spin-wait put on the stream before the timed launches so that the GPU stays busy while the host enqueues them
+# (about 10 ms at H200 clocks); without it the first events would time the host's launch latency too.
+_SLEEP_CYCLES = 20_000_000
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", default="./libmha_fwd.so", help="path of libmha_fwd.so (default ./libmha_fwd.so)")
+    p.add_argument("--dtype", default="bf16", help="comma list of bf16, fp16 (default bf16)")
+    p.add_argument("--shape", action="append", default=None, metavar="HDIM,SEQLEN,CAUSAL",
+                   help="run only this case (causal: 0/1); may be repeated")
+    p.add_argument("--hdims", default="64,128,256", help="comma list (default 64,128,256)")
+    p.add_argument("--seqlens", default="1024,4096,16384", help="comma list (default 1024,4096,16384)")
+    p.add_argument("--tokens", type=int, default=16384, help="total tokens: batch = tokens / seqlen (16384)")
+    p.add_argument("--hidden", type=int, default=2048, help="hidden size: heads = hidden / hdim (2048)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--lse", action="store_true", help="make mhakit store LSE too (SDPA inference stores none)")
+    p.add_argument("--peers", default="cudnn,fa2", help="comma list of SDPA backends to run: cudnn, fa2")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    args = p.parse_args(argv)
+
+    args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    for d in args.dtypes:
+        if d not in DTYPES:
+            p.error(f"--dtype: unknown {d!r}; use bf16 and/or fp16")
+    args.peer_list = [x.strip() for x in args.peers.split(",") if x.strip()]
+    for x in args.peer_list:
+        if x not in PEERS:
+            p.error(f"--peers: unknown {x!r}; use cudnn and/or fa2")
+    if args.shape:
+        cases = []
+        for s in args.shape:
+            try:
+                hd, sl, ca = (int(t) for t in s.split(","))
+            except ValueError:
+                p.error(f"--shape {s!r}: expected HDIM,SEQLEN,CAUSAL, e.g. 128,4096,1")
+            cases.append((hd, sl, bool(ca)))
+    else:
+        # the row order of ../shared/reference/performance_h200.md: hdim, then seqlen, then causal no/yes
+        cases = [(int(hd), int(sl), ca) for hd in args.hdims.split(",") for sl in args.seqlens.split(",")
+                 for ca in (False, True)]
+    for hd, sl, _ in cases:
+        if sl <= 0 or hd <= 0 or args.tokens % sl or args.hidden % hd:
+            p.error(f"hdim {hd} / seqlen {sl} must divide hidden {args.hidden} / tokens {args.tokens}")
+    args.cases = cases
+    if args.repeat < 1 or args.warmup < 0:
+        p.error("--repeat must be >= 1 and --warmup >= 0")
+    return args
+
+
+def time_launches(fn, warmup: int, repeat: int) -> float:
+    """Median milliseconds of ``repeat`` launches of fn, each between two CUDA events, after ``warmup`` launches."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(_SLEEP_CYCLES)
+    for i in range(repeat):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def sdpa(backend, q, k, v, causal: bool, scale: float):
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def run_case(lib, dtype_name: str, hdim: int, seqlen: int, causal: bool, opts) -> dict:
+    dt = DTYPES[dtype_name]
+    batch, heads = opts.tokens // seqlen, opts.hidden // hdim
+    scale = 1.0 / math.sqrt(hdim)
+    flops = flops_fwd(batch, heads, seqlen, seqlen, hdim, hdim, causal)
+    row = {"dtype": dtype_name, "hdim": hdim, "seqlen": seqlen, "batch": batch, "heads": heads,
+           "causal": causal, "flops": flops, "kernel": None, "verified": None, "max_abs_err": None, "notes": []}
+
+    gen = torch.Generator(device="cuda").manual_seed(opts.seed)
+    shape = (batch, heads, seqlen, hdim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dt, generator=gen) for _ in range(3))
+    o = torch.zeros(shape, device="cuda", dtype=dt)
+    lse = torch.empty((batch, heads, seqlen), device="cuda", dtype=torch.float32) if opts.lse else None
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def bhs(t):  # (batch, head, row) element strides of a b·h·s·d tensor
+        return (t.stride(0), t.stride(1), t.stride(2))
+
+    fargs = _capi.make_fwd_args(
+        dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
+        lse_ptr=None if lse is None else lse.data_ptr(), lse_strides=(0, 0) if lse is None else (lse.stride(0),
+                                                                                                  lse.stride(1)),
+        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads, hdim_q=hdim, hdim_v=hdim,
+        q_strides=bhs(q), k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o), scale=scale,
+        mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
+        window_right=0 if causal else -1)
+    cfg = _capi.make_stream_config(stream)
+    fwd = lib.cdll.mhakit_mha_fwd
+    pargs, pcfg = ctypes.byref(fargs), ctypes.byref(cfg)
+
+    # --- our forward, once, for the kernel name and the check -----------------------------------------------
+    ours_ok = False
+    row["kernel"] = lib.kernel_name(fargs)
+    if row["kernel"] is None:
+        row["notes"].append(f"mhakit: {lib.last_error()}")
+    else:
+        ret = fwd(pargs, pcfg)
+        torch.cuda.synchronize()
+        if ret < 0:
+            row["notes"].append(f"mhakit returned {ret:g}: {lib.last_error()}")
+        else:
+            ours_ok = True
+
+    # --- peers, once each; the first one that runs is the reference for the check ---------------------------
+    ref = None
+    peer_ok = {}
+    for name in opts.peer_list:
+        try:
+            out = sdpa(PEERS[name], q, k, v, causal, scale)
+            torch.cuda.synchronize()
+            peer_ok[name] = True
+            if ref is None:
+                ref, row["reference"] = out, name
+            else:
+                del out
+        except RuntimeError as e:  # backend cannot serve this shape / dtype
+            peer_ok[name] = False
+            row["notes"].append(f"{name}: {str(e).splitlines()[0]}")
+
+    if ours_ok and ref is not None:
+        rtol, atol = tolerances(dtype_name)
+        of, rf = o.float(), ref.float()
+        diff = (of - rf).abs()
+        finite = torch.isfinite(of).all().item()
+        row["max_abs_err"] = diff.max().item() if finite else float("nan")
+        row["verified"] = bool(finite and (diff <= atol + rtol * rf.abs()).all().item())
+        del of, rf, diff
+        if not row["verified"]:
+            row["notes"].append(f"mhakit output differs from {row['reference']} beyond rtol={rtol} atol={atol}")
+    del ref
+
+    # --- timing ----------------------------------------------------------------------------------------------
+    def tflops(ms):
+        return flops / (ms * 1e-3) / 1e12
+
+    row["mhakit_ms"] = row["mhakit_tflops"] = None
+    if ours_ok:
+        rets = []
+        ms = time_launches(lambda: rets.append(fwd(pargs, pcfg)), opts.warmup, opts.repeat)
+        if min(rets) < 0:
+            row["notes"].append(f"mhakit failed during timing: {lib.last_error()}")
+        else:
+            row["mhakit_ms"], row["mhakit_tflops"] = ms, tflops(ms)
+    for name in PEERS:
+        row[f"{name}_ms"] = row[f"{name}_tflops"] = None
+    for name in opts.peer_list:
+        if peer_ok.get(name):
+            backend = PEERS[name]
+            with sdpa_kernel(backend):
+                ms = time_launches(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+                                   opts.warmup, opts.repeat)
+            row[f"{name}_ms"], row[f"{name}_tflops"] = ms, tflops(ms)
+    for name in PEERS:
+        ours, theirs = row["mhakit_tflops"], row[f"{name}_tflops"]
+        row[f"mhakit_over_{name}"] = ours / theirs if ours and theirs else None
+    del q, k, v, o, lse
+    torch.cuda.empty_cache()
+    return row
+
+
+def fmt(x, spec=".1f", suffix=""):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def print_table(rows, out=sys.stdout):
+    print("| dtype | hdim | seqlen | batch x heads | causal | mhakit TFLOPS | cuDNN TFLOPS | FA2 TFLOPS "
+          "| mhakit/cuDNN | mhakit/FA2 | max abs err | kernel |", file=out)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", file=out)
+    for r in rows:
+        dname = {"bf16": "bfloat16", "fp16": "float16"}[r["dtype"]]
+        err = fmt(r["max_abs_err"], ".2e")
+        if r["verified"] is False:
+            err += " FAIL"
+        print(f"| {dname} | {r['hdim']} | {r['seqlen']} | {r['batch']}x{r['heads']} | "
+              f"{'yes' if r['causal'] else 'no'} | {fmt(r['mhakit_tflops'])} | {fmt(r['cudnn_tflops'])} | "
+              f"{fmt(r['fa2_tflops'])} | {fmt(r['mhakit_over_cudnn'], '.2f', 'x')} | "
+              f"{fmt(r['mhakit_over_fa2'], '.2f', 'x')} | {err} | {r['kernel'] or '-'} |", file=out)
+    out.flush()
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_fwd: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    try:
+        lib = _capi.load_library(opts.lib)
+    except (OSError, FileNotFoundError) as e:
+        print(f"bench_fwd: cannot load {opts.lib}: {e}", file=sys.stderr)
+        return 2
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "lib": lib.path,
+           "warmup": opts.warmup, "repeat": opts.repeat, "tokens": opts.tokens, "hidden": opts.hidden,
+           "lse": opts.lse, "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None
+                                                                          else sys.argv[1:]))}
+    print(f"# {env['device']}, torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}), lib {env['lib']}")
+    print(f"# median of {opts.repeat} launches after {opts.warmup} warm-ups, CUDA events; "
+          f"{opts.tokens} tokens, hidden {opts.hidden}, b.h.s.d, FLOPs 4*b*h*s*s*d (/2 causal)", flush=True)
+
+    rows = []
+    for dtype_name in opts.dtypes:
+        for hdim, seqlen, causal in opts.cases:
+            row = run_case(lib, dtype_name, hdim, seqlen, causal, opts)
+            rows.append(row)
+            status = ("ok" if row["verified"] else "FAIL" if row["verified"] is False else "unchecked")
+            print(f"# {dtype_name} d={hdim} s={seqlen} causal={int(causal)}: check {status} "
+                  f"(max abs err {fmt(row['max_abs_err'], '.2e')} vs {row.get('reference', '-')}); "
+                  f"mhakit {fmt(row['mhakit_tflops'])} cuDNN {fmt(row['cudnn_tflops'])} "
+                  f"FA2 {fmt(row['fa2_tflops'])} TFLOPS" + "".join(f"; {n}" for n in row["notes"]),
+                  file=sys.stderr, flush=True)
+    print()
+    print_table(rows)
+    if opts.json:
+        Path(opts.json).write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
+    return 0 if all(r["verified"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
