@@ -120,7 +120,8 @@ class Nvcc:
     def host_flags(self) -> list[str]:
         """Host-only C++ (runtime, benchmark): no device code generation needed."""
         # -O3: the host reference in the benchmark runs about twice as fast as at -O2.
-        return ["-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-Xcompiler=-pthread"] + [f"-I{d}" for d in (CSRC, CSRC / "include")]
+        return ["-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-Xcompiler=-pthread",
+                "-Xcompiler=-fvisibility=hidden"] + [f"-I{d}" for d in (CSRC, CSRC / "include")]
 
     def fingerprint(self) -> str:
         """What makes objects incompatible: compiler identity and version, flags, arch."""

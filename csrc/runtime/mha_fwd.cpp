@@ -21,6 +21,11 @@ namespace mhakit {
 namespace {
 
 constexpr int kMaxHdim = 256;
+// Window sizes beyond any sequence length select the same keys as this bound; clamping keeps the kernels' mask
+// arithmetic (sums of lengths and window sizes) inside int32.
+constexpr int kWindowBound = 1 << 29;
+
+int clamp_window(int w) { return w < -kWindowBound ? -kWindowBound : (w > kWindowBound ? kWindowBound : w); }
 
 const char* dtype_name(int dtype) { return dtype == MHAKIT_DTYPE_FP16 ? "fp16" : dtype == MHAKIT_DTYPE_BF16 ? "bf16" : "?"; }
 
@@ -88,8 +93,8 @@ FwdParams to_params(const mhakit_fwd_args& a) {
     p.scale = a.scale_s;
     p.scale_log2 = a.scale_s * 1.4426950408889634f;
     p.mask_type = a.mask_type;
-    p.window_left = a.window_size_left;
-    p.window_right = a.window_size_right;
+    p.window_left = clamp_window(a.window_size_left);
+    p.window_right = clamp_window(a.window_size_right);
     return p;
 }
 

@@ -1,0 +1,173 @@
+// mhakit hopper family — forward FMHA on sm_90a (wgmma + TMA + warp specialization), batch mode.
+//
+//   template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+//   struct mhakit::hopper::FwdKernel {
+//       static bool supports(const FwdParams& p);                       // runtime guard, launches nothing
+//       static cudaError_t run(const FwdParams& p, cudaStream_t stream); // asynchronous, no allocation, no sync
+//   };
+//
+// Serves: fp16 / bf16 (chosen by kDtype; FwdParams carries no dtype, so the dispatcher must match it); batch mode;
+// hdim_q == hdim_v, a multiple of 8 and <= kHdim (kHdim in {64, 128, 256}; smaller head dims are zero-padded by
+// TMA); any seqlen_q, seqlen_k >= 1; GQA / MQA (nhead_q % nhead_k == 0); LSE (fp32, natural log) when p.lse.
+// Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type 1, 2, 3: causal top-left /
+// bottom-right, sliding windows (t:l,r / b:l,r) and CK's generic (y, x). Key tiles outside a block's window are
+// skipped, not just masked.
+// Layout: any element strides whose byte values are multiples of 16 (TMA), 16-byte aligned q/k/v/o pointers.
+//
+// Tiles: kBlockM = 64 * (number of consumer warpgroups) in {128, 192}; kBlockN a multiple of 16 <= 256.
+// Measured on H200 (bf16/fp16, 16k tokens, .scratch/hopper): hdim 64: 192x128 (128x128 is ~10% better only for
+// causal s <= 1k); hdim 128: 128x128; hdim 256: 128x64. 128x176 (hdim 128) and 128x80 (hdim 256) were 25-35% slower.
+//
+// Build: nvcc -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -O3
+//        -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUTLASS/examples -I<repo>/csrc -I<repo>/csrc/include
+//        -I$CUDA_HOME/include/cccl (nvcc 13)
+// ($CUTLASS = the nvidia-cutlass 4.2.0.0 wheel's cutlass_library/source).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cutlass/device_kernel.h"
+
+#include "kernels/common/fwd_params.h"
+#include "kernels/common/mask.h"
+#include "mha_common.h"
+
+#include "fmha_hopper_kernel.hpp"
+
+namespace mhakit::hopper {
+
+template <mhakit_dtype kDtype>
+struct DtypeOf;
+template <>
+struct DtypeOf<MHAKIT_DTYPE_FP16> {
+    using type = cutlass::half_t;
+};
+template <>
+struct DtypeOf<MHAKIT_DTYPE_BF16> {
+    using type = cutlass::bfloat16_t;
+};
+
+template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+struct FwdKernel {
+    using Element = typename DtypeOf<kDtype>::type;
+    using Impl = HopperFwdKernelImpl<Element, kHdim, kMasked, kBlockM, kBlockN>;
+
+    static constexpr int kAlignElems = 16 / int(sizeof(Element));
+
+    // Generic mask coordinate (row i sees keys i - y + 1 <= j < min(i + x, sk)), clamped to x in [-sq, sk] and
+    // y in [-sk, sq]: values beyond those bounds select the same keys, and the clamp keeps later sums in range.
+    static MaskCoord mask_yx(const FwdParams& p) {
+        MaskCoord c;
+        if (p.mask_type == 0) {
+            c.y = p.seqlen_q;
+            c.x = p.seqlen_k;
+            return c;
+        }
+        c = make_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k);
+        if (c.x > p.seqlen_k) c.x = p.seqlen_k;
+        if (c.x < -p.seqlen_q) c.x = -p.seqlen_q;
+        if (c.y > p.seqlen_q) c.y = p.seqlen_q;
+        if (c.y < -p.seqlen_k) c.y = -p.seqlen_k;
+        return c;
+    }
+
+    static bool aligned_ptr(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+    // A stride that TMA will see must be a multiple of 16 bytes and below 2^40 bytes; a stride of a size-1 mode is
+    // never used (run() replaces it).
+    static bool ok_stride(int64_t s, int64_t extent) {
+        if (extent <= 1) return true;
+        if (s <= 0) return false;
+        return (s % kAlignElems) == 0 && s * int64_t(sizeof(Element)) < (int64_t(1) << 40);
+    }
+
+    static bool supports(const FwdParams& p) {
+        if (p.seqstart_q != nullptr || p.seqstart_k != nullptr) return false;  // batch mode only
+        if (p.batch < 1 || p.batch > 65535 || p.nhead_q < 1 || p.nhead_q > 65535 || p.nhead_k < 1) return false;
+        if (p.nhead_q % p.nhead_k != 0) return false;
+        if (p.seqlen_q < 1 || p.seqlen_k < 1) return false;
+        if (p.hdim_q != p.hdim_v || p.hdim_q < 8 || p.hdim_q > kHdim || p.hdim_q % 8 != 0) return false;
+        if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
+        if (p.mask_type < 0 || p.mask_type > 3) return false;
+        if (!aligned_ptr(p.q) || !aligned_ptr(p.k) || !aligned_ptr(p.v) || !aligned_ptr(p.o)) return false;
+        // rows: TMA needs the row stride even when a tensor has one row; require it always.
+        if (!ok_stride(p.q_row_stride, 2) || !ok_stride(p.k_row_stride, 2) || !ok_stride(p.v_row_stride, 2) ||
+            !ok_stride(p.o_row_stride, 2))
+            return false;
+        if (!ok_stride(p.q_head_stride, p.nhead_q) || !ok_stride(p.o_head_stride, p.nhead_q) ||
+            !ok_stride(p.k_head_stride, p.nhead_k) || !ok_stride(p.v_head_stride, p.nhead_k))
+            return false;
+        if (!ok_stride(p.q_batch_stride, p.batch) || !ok_stride(p.k_batch_stride, p.batch) ||
+            !ok_stride(p.v_batch_stride, p.batch) || !ok_stride(p.o_batch_stride, p.batch))
+            return false;
+        return true;
+    }
+
+    static typename Impl::Params make_params(const FwdParams& p) {
+        using namespace cute;
+        const int group = p.nhead_q / p.nhead_k;
+        // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
+        auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
+        const MaskCoord mc = mask_yx(p);
+        HopperProblemShape problem =
+            make_tuple(p.batch, make_tuple(group, p.nhead_k), p.seqlen_q, p.seqlen_k, p.hdim_q, mc.x, mc.y);
+
+        const int64_t qh = fix(p.q_head_stride, p.nhead_q);
+        HopperStrideQ dQ = make_stride(p.q_row_stride, _1{},
+                                      make_stride(fix(p.q_batch_stride, p.batch),
+                                                  make_stride(group > 1 ? qh : int64_t(kAlignElems),
+                                                              p.nhead_k > 1 ? qh * group : int64_t(kAlignElems))));
+        HopperStrideKV dK = make_stride(p.k_row_stride, _1{},
+                                      make_stride(fix(p.k_batch_stride, p.batch),
+                                                  make_stride(_0{}, fix(p.k_head_stride, p.nhead_k))));
+        HopperStrideKV dV = make_stride(p.v_row_stride, _1{},
+                                      make_stride(fix(p.v_batch_stride, p.batch),
+                                                  make_stride(_0{}, fix(p.v_head_stride, p.nhead_k))));
+
+        typename Impl::Mainloop::Arguments margs{static_cast<Element const*>(p.q), dQ,
+                                                 static_cast<Element const*>(p.k), dK,
+                                                 static_cast<Element const*>(p.v), dV};
+        typename Impl::Params params{};
+        params.problem = problem;
+        params.mainloop = Impl::Mainloop::to_underlying_arguments(problem, margs, nullptr);
+        params.mainloop.scale_softmax = p.scale;  // the collective assumes 1/sqrt(d); we take the caller's scale
+        params.mainloop.scale_softmax_log2 = p.scale_log2;
+        params.mainloop.rp_dropout = 1.f;
+        params.o = static_cast<Element*>(p.o);
+        params.o_row = p.o_row_stride;
+        params.o_head = p.o_head_stride;
+        params.o_batch = p.o_batch_stride;
+        params.lse = p.lse;
+        params.lse_head = p.lse_head_stride;
+        params.lse_batch = p.lse_batch_stride;
+        return params;
+    }
+
+    static cudaError_t prepare_device() {
+        // Opt in to the large dynamic shared memory once per device (a bit per device id, racy sets are harmless).
+        static unsigned long long done_mask = 0;
+        int dev = 0;
+        cudaError_t err = cudaGetDevice(&dev);
+        if (err != cudaSuccess) return err;
+        const unsigned long long bit = (dev < 64) ? (1ull << dev) : 0ull;
+        if (bit != 0 && (__atomic_load_n(&done_mask, __ATOMIC_ACQUIRE) & bit)) return cudaSuccess;
+        err = cudaFuncSetAttribute(cutlass::device_kernel<Impl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   Impl::SharedStorageSize);
+        if (err != cudaSuccess) return err;
+        __atomic_fetch_or(&done_mask, bit, __ATOMIC_ACQ_REL);
+        return cudaSuccess;
+    }
+
+    static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
+        cudaError_t err = prepare_device();
+        if (err != cudaSuccess) return err;
+        const typename Impl::Params params = make_params(p);
+        const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.batch, p.nhead_q);
+        const dim3 block(Impl::MaxThreadsPerBlock);
+        cutlass::device_kernel<Impl><<<grid, block, Impl::SharedStorageSize, stream>>>(params);
+        return cudaGetLastError();
+    }
+};
+
+}  // namespace mhakit::hopper
