@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one go (one device session): build the default profile with every core, run the
+# GPU tests, the full forward smoke grid, compute-sanitizer memcheck over a representative subset, and the peer
+# benchmark. Logs go to $OUT (or ./gpu_check_logs); the last lines printed are the summary.
+#
+#   bash bench/gpu_check.sh [all|build|tests|smoke|sanitizer|bench]...     (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+logs=${OUT:-$repo/gpu_check_logs}
+mkdir -p "$logs"
+work=${MHAKIT_GPU_WORK:-/tmp/mhakit_gpu}
+mkdir -p "$work/lib"
+steps=${*:-all}
+want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$logs/gpu.txt"
+
+if want build; then
+    start=$(date +%s)
+    (cd "$work/lib" && python3 "$repo/compile.py" --api fwd --profile default --benchmark -j "$(nproc)" \
+        --build-dir "$work/objects") >"$logs/build_default.log" 2>&1
+    rc=$?
+    note "build default: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($(grep -c '^fwd_' <(python3 compile.py --list --arch sm_90a)) instances)"
+    tail -3 "$logs/build_default.log"
+fi
+lib_dir="$work/lib"
+
+if want tests; then
+    MHAKIT_TEST_BUILD_DIR="$work" python3 -m pytest -q -m gpu -x tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
+    note "pytest -m gpu: $(tail -1 "$logs/pytest_gpu.log")"
+fi
+
+if want smoke; then
+    start=$(date +%s)
+    (cd "$lib_dir" && bash "$repo/smoke_tests/smoke_test_fwd.sh" -j "$(nproc)") >"$logs/smoke_fwd.log" 2>&1
+    note "smoke_test_fwd (full grid, -v=1): $(tail -1 "$logs/smoke_fwd.log") in $(( $(date +%s) - start )) s"
+    grep -A3 '^FAILED' "$logs/smoke_fwd.log" | head -40
+fi
+
+if want sanitizer; then
+    : >"$logs/sanitizer.log"
+    bad=0; n=0
+    while read -r args; do
+        [ -z "$args" ] && continue
+        n=$((n + 1))
+        # shellcheck disable=SC2086
+        out=$(compute-sanitizer --tool memcheck --error-exitcode 99 "$lib_dir/benchmark_mha_fwd" $args -v=1 -warmup=0 -repeat=1 -kname=1 2>&1)
+        rc=$?
+        printf '### %s (rc=%d)\n%s\n' "$args" "$rc" "$out" >>"$logs/sanitizer.log"
+        [ "$rc" -ne 0 ] && bad=$((bad + 1)) && echo "sanitizer FAILED: $args"
+    done <<'CASES'
+-prec=bf16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=0 -lse=1
+-prec=fp16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=1 -lse=1
+-prec=bf16 -b=1 -h=2 -h_k=1 -s=1024 -s_k=256 -d=128 -mask=2
+-prec=fp16 -b=2 -h=2 -s=257 -s_k=129 -d=64 -mask=b -lse=1 -iperm=0 -operm=0
+-prec=bf16 -b=1 -h=2 -s=130 -s_k=200 -d=256 -mask=t -lse=1
+-prec=bf16 -b=2 -h=2 -h_k=1 -d=16 -d_v=256 -s=55 -s_k=256
+-prec=fp16 -b=2 -h=1 -d=256 -d_v=24 -s=3 -s_k=99 -mask=2
+-prec=bf16 -b=3 -h=2 -h_k=1 -d=192 -d_v=128 -s=200 -s_k=520 -mask=t:128,30 -lse=1
+-prec=fp16 -b=2 -h=1 -d=32 -s=99 -s_k=32 -mask=b:4,35
+-prec=bf16 -b=1 -h=2 -h_k=1 -d=128 -s=33 -s_k=0 -mask=2 -lse=1
+-prec=fp16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -d=128 -mask=t -lse=1
+-prec=bf16 -mode=1 -b=2 -h=2 -s=513,77 -s_k=300,600 -d=64 -mask=g:40,9 -lse=1 -iperm=0 -operm=0
+CASES
+    note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
+fi
+
+if want bench; then
+    python3 bench/bench_fwd.py --lib "$lib_dir/libmha_fwd.so" --json "$logs/bench_fwd.json" 2>&1 | tee "$logs/bench_fwd.md" | tail -25
+    note "bench_fwd: see bench_fwd.md"
+fi
+
+echo
+echo "===== summary ====="
+printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"

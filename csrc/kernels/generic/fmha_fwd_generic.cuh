@@ -1,0 +1,546 @@
+// mhakit generic family: forward flash attention for sm_80 and newer (FlashAttention-2 style).
+//
+// One CTA computes kBlockM query rows of one (sequence, query head); its kNumWarps warps split those rows, each warp
+// owning kBlockM / kNumWarps rows (a multiple of 16). Per key tile of kBlockN keys:
+//   S = Q·Kᵀ      mma.sync m16n8k16 (fp16/bf16 in, fp32 out); Q and K fragments come from shared memory by ldmatrix
+//                 (Q is kept in registers for the whole CTA when the register budget allows it);
+//   mask          only on tiles that straddle the sequence end or a row's window edge (per-row key bounds);
+//   softmax       online, fp32, exp2 with scale·log2(e) folded into one FMA; rows that see nothing stay at -inf
+//                 without producing NaN;
+//   O += P·V      P stays in registers (the S accumulator layout is the A-fragment layout), V by ldmatrix.trans.
+// Loads are cp.async (16 bytes, zero-filled past the sequence end and past the real head dim) when every base
+// pointer and stride of a tensor is 16-byte aligned, else element-wise loads into the same shared-memory tiles
+// (a uniform runtime branch). K for the next tile streams in during P·V, V during Q·Kᵀ.
+// The epilogue stages O through shared memory (reusing the Q tile) and stores whole 16-byte chunks when aligned.
+//
+// Shared memory rows are padded by 16 bytes, so the eight row addresses of every ldmatrix hit distinct banks.
+//
+// Tiles (kBlockM x kBlockN, warps) measured best on one H200 (bf16, b=1, h=16, s=4096; all fit the 99 KB opt-in
+// shared memory of sm_86/sm_89 too): d32 128x128x4, d64 128x128x4, d128 128x64x4, d192/128 64x64x4,
+// d256 64x64x4 (101,376 B). Four-warp CTAs with two CTAs per SM beat eight-warp CTAs (one CTA per SM) everywhere.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <atomic>
+
+#include "../../include/mha_common.h"
+#include "../common/fwd_params.h"
+#include "../common/mask.h"
+#include "generic_ptx.cuh"
+
+namespace mhakit::generic {
+
+namespace detail {
+
+template <mhakit_dtype kDtype_, int kHdimQ_, int kHdimV_, bool kGroupMode_, bool kMasked_, int kBlockM_,
+          int kBlockN_, int kNumWarps_>
+struct FwdConfig {
+    static constexpr mhakit_dtype kDtype = kDtype_;
+    static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_;
+    static constexpr bool kGroupMode = kGroupMode_, kMasked = kMasked_;
+    static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNumWarps = kNumWarps_;
+
+    static constexpr int kThreads = kNumWarps * 32;
+    static constexpr int kWarpM = kBlockM / kNumWarps;  // rows per warp
+    static constexpr int kMT = kWarpM / 16;              // 16-row mma tiles per warp
+    static constexpr int kNT = kBlockN / 8;              // 8-key column tiles of S
+    static constexpr int kKQ = kHdimQ / 16;              // k steps of Q·Kᵀ
+    static constexpr int kKV = kBlockN / 16;             // k steps of P·V
+    static constexpr int kOT = kHdimV / 8;               // 8-column tiles of O
+    static constexpr int kSQ = kHdimQ + 8;               // shared row stride (elements) of Q and K tiles
+    static constexpr int kSV = kHdimV + 8;               // ... of V and the O staging tile
+
+    static_assert(kHdimQ % 16 == 0 && kHdimV % 16 == 0, "head-dim buckets are multiples of 16");
+    static_assert(kBlockN % 16 == 0, "kBlockN must be a multiple of 16");
+    static_assert(kBlockM % kNumWarps == 0 && kWarpM % 16 == 0, "each warp owns a multiple of 16 rows");
+
+    // Registers per thread for the O and S accumulators and for Q fragments held across the key loop.
+    static constexpr int kRegsO = kMT * kOT * 4, kRegsS = kMT * kNT * 4, kRegsQ = kMT * kKQ * 4;
+    static constexpr bool kQInRegs = kRegsO + kRegsS + kRegsQ <= 160;
+
+    static constexpr int kElemsQO = (kBlockM * kSQ > kBlockM * kSV) ? kBlockM * kSQ : kBlockM * kSV;
+    static constexpr int kElemsK = kBlockN * kSQ;
+    static constexpr int kElemsV = kBlockN * kSV;
+    static constexpr int kSmemBytes = (kElemsQO + kElemsK + kElemsV) * 2;
+};
+
+// One 16-byte chunk: cp.async (zero-filled when !valid) or element-wise loads for unaligned tensors.
+__device__ __forceinline__ void load_chunk(uint32_t dst, const uint16_t* src, const uint16_t* fallback, bool valid,
+                                           bool aligned) {
+    if (aligned) {
+        ptx::cp_async_16(dst, valid ? src : fallback, valid ? 16 : 0);
+    } else {
+        uint32_t w[4] = {0u, 0u, 0u, 0u};
+        if (valid) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                w[e] = static_cast<uint32_t>(src[2 * e]) | (static_cast<uint32_t>(src[2 * e + 1]) << 16);
+        }
+        ptx::st_shared_v4(dst, make_uint4(w[0], w[1], w[2], w[3]));
+    }
+}
+
+// Rows [0, kRows) x 16-byte chunks [0, chunks_load) of a tile: global (row stride in elements) -> shared (kStride).
+// Chunks at or past chunks_valid and rows at or past rows_valid are zero-filled.
+template <int kRows, int kChunks, int kStride, int kThreads>
+__device__ __forceinline__ void load_tile(uint16_t* smem, const uint16_t* gbase, int64_t row_stride, int rows_valid,
+                                          int chunks_load, int chunks_valid, bool aligned, int tid) {
+    if constexpr (kThreads % kChunks == 0) {
+        // Every thread owns one chunk column and walks down the rows: addresses are one add per row step.
+        constexpr int kRowStep = kThreads / kChunks;
+        constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
+        const int c = tid % kChunks, r0 = tid / kChunks;
+        if (c >= chunks_load) return;
+        const bool c_valid = c < chunks_valid;
+        const uint16_t* src = gbase + r0 * row_stride + c * 8;
+        const int64_t src_step = kRowStep * row_stride;
+        const uint32_t dst = ptx::smem_addr(smem + r0 * kStride + c * 8);
+        if (aligned) {
+#pragma unroll
+            for (int it = 0; it < kIters; ++it) {
+                const int r = r0 + it * kRowStep;
+                if ((kRows % kRowStep) != 0 && r >= kRows) break;
+                const bool valid = c_valid && r < rows_valid;
+                ptx::cp_async_16(dst + it * kRowStep * kStride * 2, valid ? src + it * src_step : gbase,
+                                 valid ? 16 : 0);
+            }
+        } else {
+#pragma unroll
+            for (int it = 0; it < kIters; ++it) {
+                const int r = r0 + it * kRowStep;
+                if ((kRows % kRowStep) != 0 && r >= kRows) break;
+                load_chunk(dst + it * kRowStep * kStride * 2, src + it * src_step, gbase, c_valid && r < rows_valid,
+                           false);
+            }
+        }
+    } else {
+        constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+        for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+            const int idx = tid + it * kThreads;
+            if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
+            const int r = idx / kChunks, c = idx % kChunks;
+            if (c >= chunks_load) continue;
+            const bool valid = (r < rows_valid) && (c < chunks_valid);
+            load_chunk(ptx::smem_addr(smem + r * kStride + c * 8), gbase + r * row_stride + c * 8, gbase, valid,
+                       aligned);
+        }
+    }
+}
+
+// S += Q·Kᵀ for one key tile. Steps run k-major (kk outer, key pair np inner) so that consecutive mma write
+// different accumulators; the K fragment of the next step (and the Q fragment of the next kk) is loaded one step
+// ahead. kFull: the real hdim_q fills the bucket (no step is skipped, no branch in the unrolled loop).
+template <class Cfg, bool kFull, class QFrag>
+__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMT][Cfg::kNT][4], const QFrag& q_frag, uint32_t sQ_a,
+                                        uint32_t sK_b, int hdim_q) {
+    constexpr int kMT = Cfg::kMT, kNP = Cfg::kNT / 2, kKQ = Cfg::kKQ, kSQ = Cfg::kSQ;
+    using Mma = ptx::Mma<Cfg::kDtype>;
+    const int kq = kFull ? kKQ : (hdim_q + 15) >> 4;
+    uint32_t a[2][kMT][4];
+    uint32_t bk[2][4];
+    auto load_a = [&](int buf, int kk) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[buf][mt][e] = q_frag[mt][kk][e];
+            } else {
+                ptx::ldmatrix_x4(a[buf][mt], sQ_a + (mt * 16 * kSQ + kk * 16) * 2);
+            }
+        }
+    };
+    load_a(0, 0);
+    ptx::ldmatrix_x4(bk[0], sK_b);
+    // Nested loops (each short) rather than one flattened loop: the compiler must unroll them completely so that
+    // every fragment index is a constant and the accumulators stay in registers.
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+        if (!kFull && kk >= kq) break;
+#pragma unroll
+        for (int np = 0; np < kNP; ++np) {
+            const int st = kk * kNP + np;
+            const int kk1 = (np + 1 < kNP) ? kk : kk + 1, np1 = (np + 1 < kNP) ? np + 1 : 0;
+            if (kk1 < kKQ && (kFull || kk1 < kq)) {
+                if (np1 == 0) load_a(kk1 & 1, kk1);
+                ptx::ldmatrix_x4(bk[(st + 1) & 1], sK_b + (np1 * 16 * kSQ + kk1 * 16) * 2);
+            }
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                Mma::mma(s[mt][2 * np], a[kk & 1][mt], bk[st & 1][0], bk[st & 1][1]);
+                Mma::mma(s[mt][2 * np + 1], a[kk & 1][mt], bk[st & 1][2], bk[st & 1][3]);
+            }
+        }
+    }
+}
+
+// O += P·V for one key tile (P in registers as A fragments). Steps: key chunk kk outer, dv pair np inner; the V
+// fragment of the next step is loaded one step ahead. kFull: the real hdim_v fills the bucket.
+template <class Cfg, bool kFull>
+__device__ __forceinline__ void gemm_pv(float (&acc_o)[Cfg::kMT][Cfg::kOT][4],
+                                        const uint32_t (&p_frag)[Cfg::kMT][Cfg::kKV][4], uint32_t sV_b, int hdim_v) {
+    constexpr int kMT = Cfg::kMT, kNP = Cfg::kOT / 2, kKV = Cfg::kKV, kSV = Cfg::kSV;
+    using Mma = ptx::Mma<Cfg::kDtype>;
+    const int nv = kFull ? kNP : (hdim_v + 15) >> 4;
+    uint32_t bv[2][4];
+    ptx::ldmatrix_x4_trans(bv[0], sV_b);
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+#pragma unroll
+        for (int np = 0; np < kNP; ++np) {
+            const int st = kk * kNP + np;
+            const int kk1 = (np + 1 < kNP) ? kk : kk + 1, np1 = (np + 1 < kNP) ? np + 1 : 0;
+            if (kk1 < kKV && (kFull || np1 < nv))
+                ptx::ldmatrix_x4_trans(bv[(st + 1) & 1], sV_b + (kk1 * 16 * kSV + np1 * 16) * 2);
+            if (kFull || np < nv) {
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    Mma::mma(acc_o[mt][2 * np], p_frag[mt][kk], bv[st & 1][0], bv[st & 1][1]);
+                    Mma::mma(acc_o[mt][2 * np + 1], p_frag[mt][kk], bv[st & 1][2], bv[st & 1][3]);
+                }
+            }
+        }
+    }
+}
+
+// Alignment flags passed to the kernel: bit i set when tensor i (q, k, v, o) allows 16-byte vector access.
+enum : int { kAlignQ = 1, kAlignK = 2, kAlignV = 4, kAlignO = 8 };
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p, const int align_flags) {
+    constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kMT = Cfg::kMT, kNT = Cfg::kNT;
+    constexpr int kKQ = Cfg::kKQ, kKV = Cfg::kKV, kOT = Cfg::kOT, kSQ = Cfg::kSQ, kSV = Cfg::kSV;
+    constexpr int kThreads = Cfg::kThreads;
+    constexpr bool kMasked = Cfg::kMasked, kQInRegs = Cfg::kQInRegs;
+    using Mma = ptx::Mma<Cfg::kDtype>;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);  // Q tile, later the O staging tile
+    uint16_t* sK = sQ + Cfg::kElemsQO;
+    uint16_t* sV = sK + Cfg::kElemsK;
+
+    const int m_block = kMasked ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+    const int h = blockIdx.y, b = blockIdx.z;
+    const SeqInfo si = seq_info(p, b);
+    const int sq = si.seqlen_q, sk = si.seqlen_k;
+    const int m0 = m_block * kBlockM;
+    if (m0 >= sq) return;  // whole CTA: past this sequence's queries (group mode) or nothing to do
+    const int rows_valid = min(kBlockM, sq - m0);
+    const int hk = h / (p.nhead_q / p.nhead_k);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int warp_row0 = warp * Cfg::kWarpM;
+
+    const uint16_t* gQ = static_cast<const uint16_t*>(p.q) + si.q_offset + h * p.q_head_stride + m0 * p.q_row_stride;
+    const uint16_t* gK = static_cast<const uint16_t*>(p.k) + si.k_offset + hk * p.k_head_stride;
+    const uint16_t* gV = static_cast<const uint16_t*>(p.v) + si.v_offset + hk * p.v_head_stride;
+    const bool alQ = align_flags & kAlignQ, alK = align_flags & kAlignK, alV = align_flags & kAlignV;
+    const bool alO = align_flags & kAlignO;
+
+    // Chunks of 8 elements that the mma loops read (rounded up to 16 columns) and that hold real data.
+    const int q_chunks_valid = p.hdim_q >> 3, q_chunks_load = ((p.hdim_q + 15) >> 4) << 1;
+    const int v_chunks_valid = p.hdim_v >> 3, v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
+    const bool q_full = p.hdim_q > Cfg::kHdimQ - 16, v_full = p.hdim_v > Cfg::kHdimV - 16;
+
+    // Mask geometry (64-bit where window sizes could push int arithmetic over the edge).
+    int64_t my = sq, mx = sk;  // no mask: every row sees keys [0, sk)
+    if (kMasked) {
+        const MaskCoord mc = make_mask_coord(p.mask_type, p.window_left, p.window_right, sq, sk);
+        my = mc.y;
+        mx = mc.x;
+    }
+    const int i_first = m0, i_last = m0 + rows_valid - 1;
+    auto key_lo = [&](int64_t i) -> int64_t {  // first visible key of row i, clamped to [0, sk]
+        int64_t v = i - my + 1;
+        return v < 0 ? 0 : (v > sk ? sk : v);
+    };
+    auto key_hi = [&](int64_t i) -> int64_t {  // one past the last visible key of row i, clamped to [0, sk]
+        int64_t v = i + mx;
+        return v < 0 ? 0 : (v > sk ? sk : v);
+    };
+    int n_begin = 0, n_end = 0;
+    int64_t blk_lo_max = 0, blk_hi_min = sk;  // tiles inside [blk_lo_max, blk_hi_min) need no element mask
+    {
+        const int64_t kmin = kMasked ? key_lo(i_first) : 0;
+        const int64_t kmax = kMasked ? key_hi(i_last) : sk;
+        if (kmax > kmin) {
+            n_begin = static_cast<int>(kmin / kBlockN);
+            n_end = static_cast<int>((kmax + kBlockN - 1) / kBlockN);
+        }
+        if (kMasked) {
+            blk_lo_max = key_lo(i_last);
+            blk_hi_min = key_hi(i_first);
+        }
+    }
+
+    // Per-row visible key range of the rows this thread holds: row (mt, hf) is warp_row0 + mt*16 + g + 8*hf.
+    int row_lo[kMT][2], row_hi[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int64_t i = m0 + warp_row0 + mt * 16 + g + 8 * hf;
+            row_lo[mt][hf] = kMasked ? static_cast<int>(key_lo(i)) : 0;
+            row_hi[mt][hf] = kMasked ? static_cast<int>(key_hi(i)) : sk;
+        }
+
+    float acc_o[kMT][kOT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kOT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+    float row_max[kMT][2], row_sum[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            row_max[mt][hf] = -INFINITY;
+            row_sum[mt][hf] = 0.f;
+        }
+    uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
+
+    const float scale_log2 = p.scale_log2;
+
+    if (n_begin < n_end) {
+        load_tile<kBlockM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gQ, p.q_row_stride, rows_valid, q_chunks_load,
+                                                           q_chunks_valid, alQ, tid);
+        const int n0 = n_begin * kBlockN;
+        load_tile<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK + n0 * p.k_row_stride, p.k_row_stride,
+                                                           min(kBlockN, sk - n0), q_chunks_load, q_chunks_valid, alK,
+                                                           tid);
+        ptx::cp_async_commit();
+    }
+
+    // ldmatrix lane offsets (elements). A (Q) fragment: row lane%16, column 8*(lane/16).
+    const int a_off = (warp_row0 + (lane & 15)) * kSQ + ((lane >> 4) << 3);
+    // B (K) fragment pair: key (lane%8) + 8*(lane/16), column 8*((lane/8)%2).
+    const int k_off = ((lane & 7) + ((lane >> 4) << 3)) * kSQ + (((lane >> 3) & 1) << 3);
+    // B (V, transposed) fragment pair: key (lane%8) + 8*((lane/8)%2), column 8*(lane/16).
+    const int v_off = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kSV + ((lane >> 4) << 3);
+    const uint32_t sQ_a = ptx::smem_addr(sQ + a_off);
+    const uint32_t sK_b = ptx::smem_addr(sK + k_off);
+    const uint32_t sV_b = ptx::smem_addr(sV + v_off);
+
+    for (int n_block = n_begin; n_block < n_end; ++n_block) {
+        const int n0 = n_block * kBlockN;
+        ptx::cp_async_wait<0>();
+        __syncthreads();  // K (and Q) landed; every warp is done with the previous V
+        load_tile<kBlockN, Cfg::kHdimV / 8, kSV, kThreads>(sV, gV + n0 * p.v_row_stride, p.v_row_stride,
+                                                           min(kBlockN, sk - n0), v_chunks_load, v_chunks_valid, alV,
+                                                           tid);
+        ptx::cp_async_commit();
+
+        if constexpr (kQInRegs) {
+            if (n_block == n_begin) {
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                    for (int kk = 0; kk < kKQ; ++kk)
+                        if (kk * 16 < p.hdim_q)
+                            ptx::ldmatrix_x4(q_frag[mt][kk], sQ_a + (mt * 16 * kSQ + kk * 16) * 2);
+            }
+        }
+
+        // ---- S = Q Kᵀ ----
+        float s[kMT][kNT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+        if (q_full)
+            gemm_qk<Cfg, true>(s, q_frag, sQ_a, sK_b, p.hdim_q);
+        else
+            gemm_qk<Cfg, false>(s, q_frag, sQ_a, sK_b, p.hdim_q);
+
+        // ---- mask: tiles past the sequence end or straddling a window edge ----
+        const bool need_mask =
+            (n0 + kBlockN > sk) || (kMasked && (n0 < blk_lo_max || n0 + kBlockN > blk_hi_min));
+        if (need_mask) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
+                        const int hf = e >> 1;
+                        if (j < row_lo[mt][hf] || j >= row_hi[mt][hf]) s[mt][nt][e] = -INFINITY;
+                    }
+        }
+
+        // ---- online softmax ----
+        uint32_t p_frag[kMT][kKV][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                float mx_ = row_max[mt][hf];
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mx_ = fmaxf(mx_, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+                mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffffu, mx_, 1));
+                mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffffu, mx_, 2));
+                // A row that has seen no key keeps max -inf: subtract 0 instead so that exp2 gives 0, not NaN.
+                const float m_scaled = (mx_ == -INFINITY) ? 0.f : mx_ * scale_log2;
+                const float alpha = ptx::ex2(row_max[mt][hf] * scale_log2 - m_scaled);
+                row_max[mt][hf] = mx_;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) {
+                    const float p0 = ptx::ex2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_scaled));
+                    const float p1 = ptx::ex2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_scaled));
+                    s[mt][nt][2 * hf] = p0;
+                    s[mt][nt][2 * hf + 1] = p1;
+                    sum += p0 + p1;
+                }
+                row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
+#pragma unroll
+                for (int nt = 0; nt < kOT; ++nt) {
+                    acc_o[mt][nt][2 * hf] *= alpha;
+                    acc_o[mt][nt][2 * hf + 1] *= alpha;
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < kKV; ++kk) {
+                p_frag[mt][kk][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                p_frag[mt][kk][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                p_frag[mt][kk][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                p_frag[mt][kk][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+        }
+
+        ptx::cp_async_wait<0>();
+        __syncthreads();  // V landed; every warp is done with K
+        if (n_block + 1 < n_end) {
+            const int n1 = n0 + kBlockN;
+            load_tile<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK + n1 * p.k_row_stride, p.k_row_stride,
+                                                               min(kBlockN, sk - n1), q_chunks_load, q_chunks_valid,
+                                                               alK, tid);
+            ptx::cp_async_commit();
+        }
+
+        // ---- O += P V ----
+        if (v_full)
+            gemm_pv<Cfg, true>(acc_o, p_frag, sV_b, p.hdim_v);
+        else
+            gemm_pv<Cfg, false>(acc_o, p_frag, sV_b, p.hdim_v);
+    }
+
+    // ---- epilogue: normalise, LSE, stage O in shared memory, store ----
+    __syncthreads();  // every warp is done reading Q / K / V
+    uint16_t* sO = sQ;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float l = row_sum[mt][hf];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const bool seen = l > 0.f;
+            const float inv = seen ? 1.f / l : 0.f;
+            const int r = warp_row0 + mt * 16 + g + 8 * hf;
+#pragma unroll
+            for (int nt = 0; nt < kOT; ++nt) {
+                if (nt * 8 >= p.hdim_v) break;
+                ptx::st_shared_b32(ptx::smem_addr(sO + r * kSV + nt * 8 + 2 * t4),
+                                   Mma::pack(acc_o[mt][nt][2 * hf] * inv, acc_o[mt][nt][2 * hf + 1] * inv));
+            }
+            if (p.lse != nullptr && t4 == 0 && r < rows_valid) {
+                const float lse = seen ? row_max[mt][hf] * p.scale + logf(l) : -INFINITY;
+                p.lse[si.lse_offset + h * p.lse_head_stride + m0 + r] = lse;
+            }
+        }
+    }
+    __syncthreads();
+
+    uint16_t* gO = static_cast<uint16_t*>(p.o) + si.o_offset + h * p.o_head_stride + m0 * p.o_row_stride;
+    constexpr int kOChunks = Cfg::kHdimV / 8;
+    constexpr int kTotal = kBlockM * kOChunks;
+#pragma unroll
+    for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+        const int idx = tid + it * kThreads;
+        if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
+        const int r = idx / kOChunks, c = idx % kOChunks;
+        if (r >= rows_valid || c >= v_chunks_valid) continue;
+        const uint4 v = ptx::ld_shared_v4(ptx::smem_addr(sO + r * kSV + c * 8));
+        uint16_t* dst = gO + r * p.o_row_stride + c * 8;
+        if (alO) {
+            *reinterpret_cast<uint4*>(dst) = v;
+        } else {
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                dst[2 * e] = static_cast<uint16_t>(w[e] & 0xffffu);
+                dst[2 * e + 1] = static_cast<uint16_t>(w[e] >> 16);
+            }
+        }
+    }
+}
+
+inline bool aligned16(const void* ptr, int64_t s0, int64_t s1, int64_t s2) {
+    return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0 && (s0 & 7) == 0 && (s1 & 7) == 0 && (s2 & 7) == 0;
+}
+
+}  // namespace detail
+
+template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, bool kGroupMode, bool kMasked, int kBlockM, int kBlockN,
+          int kNumWarps>
+struct FwdKernel {
+    using Cfg = detail::FwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked, kBlockM, kBlockN, kNumWarps>;
+    static constexpr int kSmemBytes = Cfg::kSmemBytes;
+    static constexpr int kThreads = Cfg::kThreads;
+    // 99 KB is the smallest opt-in shared-memory limit per block of the sm_80+ parts (sm_86, sm_89, sm_120), so a
+    // tile that fits it runs everywhere the family is built, and supports() need not ask the device.
+    static_assert(kSmemBytes <= 101376, "generic tile needs more shared memory than sm_86/sm_89/sm_120 offer");
+
+    // Runtime guard beyond the compile-time traits: head dims fit the bucket, the mode and the mask class match,
+    // and the grid fits. Pure host arithmetic: no CUDA call.
+    static bool supports(const FwdParams& p) {
+        if (p.hdim_q <= 0 || p.hdim_v <= 0 || p.hdim_q > kHdimQ || p.hdim_v > kHdimV) return false;
+        if ((p.hdim_q & 7) != 0 || (p.hdim_v & 7) != 0) return false;
+        if ((p.seqstart_q != nullptr) != kGroupMode || (kGroupMode && p.seqstart_k == nullptr)) return false;
+        if (!kMasked && p.mask_type != 0) return false;
+        if (p.nhead_k <= 0 || p.nhead_q % p.nhead_k != 0) return false;
+        if (p.nhead_q > 65535 || p.batch > 65535) return false;
+        return true;
+    }
+
+    // Launches on `stream`; never synchronises or allocates. Returns cudaGetLastError() after the launch
+    // (cudaSuccess without a launch when there is nothing to compute).
+    static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
+        const int max_sq = kGroupMode ? p.max_seqlen_q : p.seqlen_q;
+        if (max_sq <= 0 || p.nhead_q <= 0 || p.batch <= 0) return cudaSuccess;
+        auto kernel = detail::fwd_kernel<Cfg>;
+        if (kSmemBytes > 48 * 1024) {
+            static std::atomic<uint64_t> attr_set{0};
+            int dev = 0;
+            cudaError_t err = cudaGetDevice(&dev);
+            if (err != cudaSuccess) return err;
+            const uint64_t bit = (dev >= 0 && dev < 64) ? (uint64_t{1} << dev) : 0;
+            if (bit == 0 || (attr_set.load(std::memory_order_relaxed) & bit) == 0) {
+                err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+                if (err != cudaSuccess) return err;
+                attr_set.fetch_or(bit, std::memory_order_relaxed);
+            }
+        }
+        int flags = 0;
+        if (detail::aligned16(p.q, p.q_row_stride, p.q_head_stride, kGroupMode ? 0 : p.q_batch_stride))
+            flags |= detail::kAlignQ;
+        if (detail::aligned16(p.k, p.k_row_stride, p.k_head_stride, kGroupMode ? 0 : p.k_batch_stride))
+            flags |= detail::kAlignK;
+        if (detail::aligned16(p.v, p.v_row_stride, p.v_head_stride, kGroupMode ? 0 : p.v_batch_stride))
+            flags |= detail::kAlignV;
+        if (detail::aligned16(p.o, p.o_row_stride, p.o_head_stride, kGroupMode ? 0 : p.o_batch_stride))
+            flags |= detail::kAlignO;
+        const dim3 grid((max_sq + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
+        kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, flags);
+        return cudaGetLastError();
+    }
+};
+
+}  // namespace mhakit::generic

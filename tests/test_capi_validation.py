@@ -1,0 +1,105 @@
+"""Argument validation through the C ABI of a real libmha_fwd.so (minimal profile). Needs nvcc to build the
+library, not a GPU: invalid arguments are refused before any CUDA call, and instance choice launches nothing."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mhakit import _capi
+
+pytestmark = pytest.mark.compile
+
+FAKE = 0x7F0000000000  # 16-byte-aligned, never dereferenced: nothing is launched in these tests
+
+
+def valid_args(**overrides) -> _capi.MhakitFwdArgs:
+    """bf16, batch mode, b=2 h=8 s=256 d=128, b·h·s·d layout: everything the minimal library serves."""
+    b, h, s, d = 2, 8, 256, 128
+    a = _capi.MhakitFwdArgs()
+    a.data_type = _capi.DTYPE_BF16
+    a.q_ptr = a.k_ptr = a.v_ptr = a.o_ptr = a.lse_ptr = FAKE
+    a.seqlen_q = a.seqlen_k = a.max_seqlen_q = s
+    a.batch, a.nhead_q, a.nhead_k, a.hdim_q, a.hdim_v = b, h, h, d, d
+    a.scale_s = 1.0 / math.sqrt(d)
+    for t in "qkvo":
+        setattr(a, f"stride_{t}", d)
+        setattr(a, f"nhead_stride_{t}", s * d)
+        setattr(a, f"batch_stride_{t}", h * s * d)
+    a.nhead_stride_lse, a.batch_stride_lse = s, h * s
+    a.window_size_left = a.window_size_right = -1
+    for key, value in overrides.items():
+        setattr(a, key, value)
+    return a
+
+
+@pytest.fixture(scope="module")
+def lib(minimal_fwd_build):
+    return _capi.load_library(minimal_fwd_build / "libmha_fwd.so")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(scale_s=0.0), "scale_s must be finite and > 0"),
+    (dict(scale_s=-0.5), "scale_s must be finite and > 0"),
+    (dict(scale_s=float("nan")), "scale_s must be finite and > 0"),
+    (dict(scale_s=float("inf")), "scale_s must be finite and > 0"),
+    (dict(nhead_q=8, nhead_k=3), "nhead_q (8) must be a multiple of nhead_k (3)"),
+    (dict(nhead_k=0), "nhead_q and nhead_k must be >= 1"),
+    (dict(hdim_q=100), "multiples of 8 in [8, 256]"),
+    (dict(hdim_v=264), "multiples of 8 in [8, 256]"),
+    (dict(hdim_q=0), "multiples of 8 in [8, 256]"),
+    (dict(batch=-1), "batch must be >= 0"),
+    (dict(seqlen_q=-3), "seqlen_q and seqlen_k must be >= 0"),
+    (dict(q_ptr=None), "q_ptr and o_ptr must not be NULL"),
+    (dict(o_ptr=None), "q_ptr and o_ptr must not be NULL"),
+    (dict(k_ptr=None), "k_ptr and v_ptr must not be NULL"),
+    (dict(has_lse=1, lse_ptr=None), "has_lse is set but lse_ptr is NULL"),
+    (dict(is_group_mode=1), "group mode needs seqstart_q_ptr and seqstart_k_ptr"),
+    (dict(is_group_mode=1, seqstart_q_ptr=FAKE, seqstart_k_ptr=FAKE, max_seqlen_q=-1), "max_seqlen_q must be >= 0"),
+    (dict(stride_k=-128), "strides must be >= 0"),
+    (dict(mask_type=7), "mask_type 7 is unknown"),
+    (dict(data_type=5), "data_type 5 is not supported"),
+])
+def test_invalid_arguments_are_refused_with_one_sentence(lib, overrides, message):
+    args = valid_args(**overrides)
+    assert lib.mha_fwd_raw(args) == _capi.ERROR_INVALID_ARGS
+    assert message in lib.last_error()
+    assert lib.kernel_name(args) is None and message in lib.last_error()
+
+
+def test_null_args_pointer(lib):
+    assert lib.cdll.mhakit_mha_fwd(None, None) == _capi.ERROR_INVALID_ARGS
+    assert "args must not be NULL" in lib.last_error()
+
+
+def test_traits_not_built_are_unsupported_not_invalid(lib):
+    args = valid_args(hdim_q=192, hdim_v=128)  # minimal builds only the 128 bucket (which also serves d <= 128)
+    assert lib.mha_fwd_raw(args) == _capi.ERROR_UNSUPPORTED
+    assert "no forward kernel built into this library serves dtype=bf16 hdim_q=192" in lib.last_error()
+    fp16 = valid_args(data_type=_capi.DTYPE_FP16)
+    assert lib.kernel_name(fp16) is None and "dtype=fp16" in lib.last_error()
+
+
+def test_smaller_head_dims_are_served_by_a_larger_bucket(lib):
+    assert lib.kernel_name(valid_args(hdim_q=64, hdim_v=64)).startswith("fwd_d128_bf16_batch_nmask_sm90a_")
+    assert lib.kernel_name(valid_args(hdim_q=64, hdim_v=128)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+
+
+def test_instance_choice(lib):
+    assert lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
+    assert lib.last_error() == ""
+    causal = valid_args(mask_type=1, window_size_left=-1, window_size_right=0)
+    assert lib.kernel_name(causal) == "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128"
+
+
+def test_padded_and_unaligned_cases_fall_back_to_the_generic_family(lib):
+    # head dim 120 is served by the 128 bucket; an odd row stride defeats TMA, so the generic family takes it
+    name = lib.kernel_name(valid_args(hdim_q=120, hdim_v=120, stride_q=120, stride_k=120, stride_v=120, stride_o=120))
+    assert name is not None and name.startswith("fwd_d128_bf16_batch_nmask_sm90a_")
+    odd = lib.kernel_name(valid_args(stride_q=129))
+    assert odd == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+
+
+def test_empty_problems_return_zero_without_launching(lib):
+    assert lib.mha_fwd_raw(valid_args(batch=0)) == 0.0
+    assert lib.mha_fwd_raw(valid_args(seqlen_q=0)) == 0.0

@@ -1,0 +1,223 @@
+"""The forward pass on the GPU against the NumPy reference, through the C ABI with CuPy arrays.
+
+Covers both kernel families via the runtime's own choice: bshd / bhsd / unaligned layouts, odd lengths, s_k = 0,
+s_q = 1, d != d_v and padded head dims, GQA/MQA, every mask kind, group mode with zero-length sequences, LSE.
+Outputs are poisoned with NaN before each run, so an unwritten element fails."""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_compile
+from mhakit import _capi, reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.compile]
+
+cp = pytest.importorskip("cupy") if os.environ.get("MHAKIT_REQUIRE_CUPY") else None
+if cp is None:
+    try:
+        import cupy as cp  # noqa: F811
+    except ImportError:  # pragma: no cover - the GPU machine has CuPy
+        cp = None
+
+NAN_BITS = {"fp16": 0x7E00, "bf16": 0x7FC0}
+
+
+@pytest.fixture(scope="module")
+def lib(build_root):
+    """The library under test: MHAKIT_TEST_PROFILE (default: default) built with the benchmark."""
+    if cp is None:
+        pytest.skip("CuPy is not installed")
+    profile = os.environ.get("MHAKIT_TEST_PROFILE", "default")
+    out = build_root / f"gpu-{profile}"
+    out.mkdir(exist_ok=True)
+    proc = run_compile(["--api", "fwd", "--profile", profile, "--benchmark", "--build-dir", str(build_root / "objects")],
+                       cwd=out, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return _capi.load_library(out / "libmha_fwd.so")
+
+
+def to_bits(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Round float32 values to dtype. Returns (uint16 bit patterns, the rounded values as float32)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if dtype == "fp16":
+        half = values.astype(np.float16)
+        return half.view(np.uint16), half.astype(np.float32)
+    bits = values.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return rounded, (rounded.astype(np.uint32) << 16).view(np.float32)
+
+
+def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "fp16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@dataclass
+class Strided:
+    """A [n0, n1, n2, d] logical view on a flat device buffer: element strides (s0, s1, s2, 1)."""
+    storage: "cp.ndarray"
+    shape: tuple[int, int, int, int]
+    strides: tuple[int, int, int]
+
+    @property
+    def ptr(self) -> int:
+        return int(self.storage.data.ptr)
+
+    def host_view(self, host_storage: np.ndarray) -> np.ndarray:
+        s0, s1, s2 = self.strides
+        item = host_storage.itemsize
+        return np.lib.stride_tricks.as_strided(host_storage, self.shape, (s0 * item, s1 * item, s2 * item, item))
+
+
+def make_strided(shape, order: str, pad: int, fill_bits: int) -> Strided:
+    """order 'bhsd' or 'bshd' for logical [b, h, s, d]; pad adds elements after each head's row (pad=1 makes every
+    stride odd, i.e. not 16-byte aligned)."""
+    b, h, s, d = shape
+    dp = d + pad
+    if order == "bhsd":
+        strides, size = (h * s * dp, s * dp, dp), b * h * s * dp
+    else:
+        strides, size = (s * h * dp, dp, h * dp), b * s * h * dp
+    storage = cp.full(max(size, 1), fill_bits, dtype=cp.uint16)
+    return Strided(storage, shape, strides)
+
+
+def upload(values_bhsd: np.ndarray, dtype: str, order: str, pad: int) -> tuple[Strided, np.ndarray]:
+    bits, rounded = to_bits(values_bhsd, dtype)
+    t = make_strided(values_bhsd.shape, order, pad, 0)
+    host = cp.asnumpy(t.storage)
+    if values_bhsd.size:
+        t.host_view(host)[...] = bits
+    t.storage.set(host)
+    return t, rounded
+
+
+def download(t: Strided, dtype: str) -> np.ndarray:
+    host = cp.asnumpy(t.storage)
+    return from_bits(np.ascontiguousarray(t.host_view(host)), dtype)
+
+
+def assert_close(out, ref, dtype, what):
+    rtol, atol = reference.tolerances(dtype)
+    res = reference.check_close(out, ref, rtol, atol)
+    assert res.ok, f"{what}: {res.num_bad}/{res.total} bad, first at {res.first_bad}, max abs {res.max_abs:.3g}"
+
+
+BATCH_CASES = [
+    # dtype, b, hq, hk, sq, sk, d, dv, order, pad, mask, lse
+    ("bf16", 2, 4, 4, 128, 128, 128, 128, "bhsd", 0, "0", True),
+    ("fp16", 1, 4, 2, 77, 200, 64, 64, "bshd", 0, "t", False),
+    ("bf16", 2, 2, 1, 200, 97, 128, 128, "bhsd", 0, "b", True),
+    ("fp16", 1, 3, 3, 300, 520, 128, 128, "bshd", 0, "t:128,30", True),
+    ("bf16", 2, 2, 2, 99, 32, 256, 256, "bhsd", 0, "b:4,35", False),
+    ("fp16", 1, 2, 1, 33, 0, 64, 64, "bhsd", 0, "2", True),
+    ("bf16", 1, 2, 2, 1, 10, 32, 32, "bshd", 0, "b", True),
+    ("fp16", 2, 2, 2, 55, 256, 16, 256, "bhsd", 0, "0", False),
+    ("fp16", 2, 1, 1, 3, 99, 256, 24, "bshd", 0, "b", True),
+    ("bf16", 1, 2, 2, 64, 99, 192, 128, "bhsd", 0, "g:10,5", True),
+    ("bf16", 2, 4, 4, 129, 130, 128, 128, "bshd", 1, "0", True),
+    ("fp16", 1, 4, 1, 70, 70, 72, 72, "bhsd", 1, "t:3,5", True),
+    ("bf16", 1, 16, 16, 1024, 1024, 128, 128, "bhsd", 0, "t", True),
+    ("fp16", 1, 8, 8, 513, 700, 256, 256, "bshd", 0, "0", True),
+    ("bf16", 1, 8, 8, 1000, 1000, 64, 64, "bshd", 0, "b", False),
+]
+
+
+@pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_batch_mode_matches_reference(lib, case):
+    dtype, b, hq, hk, sq, sk, d, dv, order, pad, mask, with_lse = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    m = reference.parse_mask(mask)
+    q, qr = upload(rng.standard_normal((b, hq, sq, d), np.float32), dtype, order, pad)
+    k, kr = upload(rng.standard_normal((b, hk, sk, d), np.float32), dtype, order, pad)
+    v, vr = upload(rng.standard_normal((b, hk, sk, dv), np.float32), dtype, order, pad)
+    o = make_strided((b, hq, sq, dv), order, pad, NAN_BITS[dtype])
+    lse = cp.full(max(b * hq * sq, 1), np.nan, dtype=cp.float32) if with_lse else None
+    args = _capi.make_fwd_args(
+        dtype=dtype, q_ptr=q.ptr, k_ptr=k.ptr, v_ptr=v.ptr, o_ptr=o.ptr, batch=b, nhead_q=hq, nhead_k=hk,
+        hdim_q=d, hdim_v=dv, seqlen_q=sq, seqlen_k=sk, q_strides=q.strides, k_strides=k.strides,
+        v_strides=v.strides, o_strides=o.strides, lse_ptr=int(lse.data.ptr) if with_lse else None,
+        lse_strides=(hq * sq, sq), mask_type=m.mask_type, window_left=m.left, window_right=m.right)
+    name = lib.kernel_name(args)
+    assert name is not None, lib.last_error()
+    lib.mha_fwd(args)
+    cp.cuda.runtime.deviceSynchronize()
+    ref_o, ref_lse = reference.attention_fwd(qr, kr, vr, mask_type=m.mask_type, window_left=m.left,
+                                             window_right=m.right, return_lse=True)
+    assert_close(download(o, dtype), ref_o, dtype, f"O ({name})")
+    if with_lse:
+        assert_close(cp.asnumpy(lse).reshape(b, hq, sq), ref_lse, "fp32" if False else dtype, f"LSE ({name})")
+
+
+GROUP_CASES = [
+    # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, head_major, mask
+    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, False, "0"),
+    ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, True, "t"),
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, False, "b"),
+    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, False, "t:16,3"),
+    ("bf16", 2, 2, [90, 17], [0, 33], 256, 256, True, "b:4,35"),
+]
+
+
+@pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_group_mode_matches_reference(lib, case):
+    dtype, hq, hk, lens_q, lens_k, d, dv, head_major, mask = case
+    rng = np.random.default_rng(sum(lens_q) * 7 + sum(lens_k))
+    m = reference.parse_mask(mask)
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    order = "bhsd" if head_major else "bshd"  # packed tokens: [1, h, total, d] or [1, total, h, d]
+    qv = rng.standard_normal((1, hq, tq, d), np.float32)
+    kv = rng.standard_normal((1, hk, tk, d), np.float32)
+    vv = rng.standard_normal((1, hk, tk, dv), np.float32)
+    q, qr = upload(qv, dtype, order, 0)
+    k, kr = upload(kv, dtype, order, 0)
+    v, vr = upload(vv, dtype, order, 0)
+    o = make_strided((1, hq, tq, dv), order, 0, NAN_BITS[dtype])
+    lse = cp.full(max(hq * tq, 1), np.nan, dtype=cp.float32)
+    seq_q, seq_k = cp.asarray(cu_q), cp.asarray(cu_k)
+    args = _capi.make_fwd_args(
+        dtype=dtype, q_ptr=q.ptr, k_ptr=k.ptr, v_ptr=v.ptr, o_ptr=o.ptr, batch=len(lens_q), nhead_q=hq,
+        nhead_k=hk, hdim_q=d, hdim_v=dv, q_strides=q.strides, k_strides=k.strides, v_strides=v.strides,
+        o_strides=o.strides, lse_ptr=int(lse.data.ptr), lse_strides=(0, tq), seqstart_q_ptr=int(seq_q.data.ptr),
+        seqstart_k_ptr=int(seq_k.data.ptr), max_seqlen_q=max(lens_q), mask_type=m.mask_type,
+        window_left=m.left, window_right=m.right)
+    name = lib.kernel_name(args)
+    assert name is not None and "_group_" in name, lib.last_error()
+    lib.mha_fwd(args)
+    cp.cuda.runtime.deviceSynchronize()
+    ref_o, ref_lse = reference.attention_varlen_fwd(
+        qr[0].transpose(1, 0, 2), kr[0].transpose(1, 0, 2), vr[0].transpose(1, 0, 2), cu_q, cu_k,
+        mask_type=m.mask_type, window_left=m.left, window_right=m.right, return_lse=True)
+    out = download(o, dtype)[0].transpose(1, 0, 2)  # [total, h, dv]
+    assert_close(out, ref_o, dtype, f"O ({name})")
+    assert_close(cp.asnumpy(lse).reshape(hq, tq), ref_lse, dtype, f"LSE ({name})")
+
+
+def test_both_families_are_exercised(lib):
+    """The grid above must reach the Hopper family and the generic one (guards against a silent fallback)."""
+    def name_for(order, pad, d=128):
+        q = make_strided((1, 2, 256, d), order, pad, 0)
+        return lib.kernel_name(_capi.make_fwd_args(
+            dtype="bf16", q_ptr=q.ptr, k_ptr=q.ptr, v_ptr=q.ptr, o_ptr=q.ptr, batch=1, nhead_q=2, nhead_k=2,
+            hdim_q=d, hdim_v=d, seqlen_q=256, seqlen_k=256, q_strides=q.strides, k_strides=q.strides,
+            v_strides=q.strides, o_strides=q.strides))
+    assert "_hopper_" in name_for("bhsd", 0)
+    assert "_generic_" in name_for("bshd", 1)
+
+
+def test_benchmark_smoke_subset(lib):
+    """benchmark_mha_fwd over a quick slice of the smoke grid (the full grid runs in smoke_tests/)."""
+    bench = Path(lib.path).parent / "benchmark_mha_fwd"
+    proc = subprocess.run(["bash", str(REPO / "smoke_tests" / "smoke_test_fwd.sh"), "-q"], capture_output=True,
+                          text=True, timeout=1200, env=dict(os.environ, BENCH=str(bench)))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " 0 failed" in proc.stdout
