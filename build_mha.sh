@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Build mhakit's MHA libraries and benchmark executables into the current directory.
+#
+#   bash build_mha.sh            # forward (+ backward once it exists)
+#   bash build_mha.sh fwd        # libmha_fwd.so + benchmark_mha_fwd
+#   bash build_mha.sh fwd_v3     # the same, with only the arch-specialised (Hopper) kernels
+#   bash build_mha.sh fwd --profile minimal -j 16    # anything after the API goes to compile.py
+#
+# When a GPU is visible, the freshly built benchmark runs one default case as a check (MHA_SKIP_RUN=1 skips it).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${PYTHON:-python3}"
+
+api="${1:-all}"
+[ $# -gt 0 ] && shift
+
+build_api() {
+    "$python" "$here/compile.py" --api "$1" --benchmark "${@:2}"
+}
+
+run_check() {  # one default case with CPU validation, only where a GPU is present
+    local exe="./benchmark_mha_$1"
+    if [ "${MHA_SKIP_RUN:-0}" != "1" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        echo "[build_mha] running $exe -prec=bf16 -b=2 -h=8 -s=1024 -d=128 -v=1"
+        "$exe" -prec=bf16 -b=2 -h=8 -s=1024 -d=128 -v=1
+    fi
+}
+
+case "$api" in
+    fwd|fwd_v3)
+        build_api "$api" "$@"
+        run_check fwd ;;
+    bwd|bwd_v3)
+        echo "build_mha.sh: the backward pass (libmha_bwd.so, benchmark_mha_bwd) is not part of this version yet" >&2
+        exit 2 ;;
+    all)
+        echo "[build_mha] building the forward pass (the backward pass is not part of this version yet)"
+        build_api fwd "$@"
+        run_check fwd ;;
+    -h|--help|help)
+        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0 ;;
+    *)
+        echo "build_mha.sh: unknown target '$api' (use fwd, bwd, fwd_v3, bwd_v3, or nothing for all)" >&2
+        exit 2 ;;
+esac
