@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,17 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import catalogue as catalogue_mod
-from .ninja import Compile, NinjaFile
-from .profiles import APIS, Selection, select
-from .render import render_all, write_if_changed
+from .ninja import Compile, Executable, NinjaFile
+from .profiles import APIS, Selection, SelectionError, select
+from .render import _environment as render_environment
+from .render import render_all, render_dispatch, render_instance, write_if_changed
 from .spec import KernelSpec
-from .toolchain import CSRC, ToolchainError, make_toolchain
+from .toolchain import CSRC, Nvcc, ToolchainError, make_toolchain
 
 # Hand-written runtime sources linked into each API's library.
+_SHARED_RUNTIME = ["runtime/api_common.cpp", "runtime/error.cpp", "runtime/device.cpp"]
 RUNTIME_SOURCES = {
-    "fwd": ["runtime/mha_fwd.cpp", "runtime/error.cpp", "runtime/device.cpp"],
+    "fwd": ["runtime/mha_fwd.cpp", *_SHARED_RUNTIME],
+    "bwd": ["runtime/mha_bwd.cpp", *_SHARED_RUNTIME],
 }
-BENCHMARKS = {"fwd": "benchmark/benchmark_mha_fwd.cpp"}
+BENCHMARKS = {"fwd": "benchmark/benchmark_mha_fwd.cpp", "bwd": "benchmark/benchmark_mha_bwd.cpp"}
+# Libraries a benchmark links besides its own API's: the backward benchmark runs our forward for O and LSE.
+BENCHMARK_NEEDS = {"fwd": [], "bwd": ["fwd"]}
 
 
 class BuildError(RuntimeError):
@@ -49,6 +55,10 @@ class BuildRequest:
     jobs: int | None = None
     benchmark: bool = False
     verbose: bool = False
+    # The Python JIT's additions (compile.py leaves them at their defaults):
+    specs: list[KernelSpec] | None = None  # build exactly these instances (profile and name_filter are then unused)
+    toolchain: Nvcc | None = None          # a toolchain made by the caller (e.g. with a memoised version probe)
+    capture_output: bool = False           # keep ninja's output off the terminal; a failure's BuildError carries it
 
 
 @dataclass
@@ -66,6 +76,10 @@ def library_name(api: str) -> str:
 
 
 def plan_selection(request: BuildRequest) -> Selection:
+    if request.specs is not None:
+        if not request.specs:
+            raise SelectionError("an explicit instance list must name at least one instance")
+        return Selection(sorted(request.specs, key=lambda s: s.name))
     return select(request.api, request.arch, request.profile, request.name_filter)
 
 
@@ -77,7 +91,7 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _run_ninja(ninja_file: Path, work_dir: Path, jobs: int, verbose: bool) -> None:
+def _run_ninja(ninja_file: Path, work_dir: Path, jobs: int, verbose: bool, capture: bool = False) -> None:
     ninja = shutil.which("ninja")
     if ninja is None:
         try:  # the `ninja` PyPI package ships the binary; use it when the script dir is not on PATH
@@ -89,6 +103,13 @@ def _run_ninja(ninja_file: Path, work_dir: Path, jobs: int, verbose: bool) -> No
     if verbose:
         cmd.append("-v")
     env = dict(os.environ, NINJA_STATUS="[%f/%t %es] ")
+    if capture:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              errors="replace")
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stdout.splitlines()[-80:])
+            raise BuildError(f"the build failed; build files are in {work_dir}; compiler output:\n{tail}")
+        return
     if subprocess.run(cmd, env=env).returncode != 0:
         raise BuildError(f"the build failed (see the compiler output above); build files are in {work_dir}")
 
@@ -114,6 +135,15 @@ def _file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
+def _installed_library(api: str, install_dir: Path) -> Path:
+    """A library another output links against, already installed in install_dir (built by an earlier call)."""
+    path = (install_dir / library_name(api)).resolve()
+    if not path.is_file():
+        raise ToolchainError(f"the benchmark also links {path.name}: build it first in the same directory "
+                             f"(compile.py --api {api}; build_mha.sh bwd does both)")
+    return path
+
+
 def build(request: BuildRequest, log=print) -> BuildResult:
     start = time.monotonic()
     selection = plan_selection(request)
@@ -121,7 +151,7 @@ def build(request: BuildRequest, log=print) -> BuildResult:
     if base_api not in RUNTIME_SOURCES:
         raise ToolchainError(f"--api {request.api}: the {base_api} runtime is not part of this version yet")
     cat = catalogue_mod.load("cuda")
-    toolchain = make_toolchain(request.arch, cat.arch(request.arch).gencode)
+    toolchain = request.toolchain or make_toolchain(request.arch, cat.arch(request.arch).gencode)
 
     work_dir = (request.build_dir / f"cuda-{request.arch}-{toolchain.fingerprint()}").resolve()
     gen_dir, obj_dir = work_dir / "gen", work_dir / "obj"
@@ -138,7 +168,8 @@ def build(request: BuildRequest, log=print) -> BuildResult:
         bench_src = CSRC / BENCHMARKS[base_api]
         bench_obj = obj_dir / "benchmark" / (bench_src.stem + ".o")
         compiles.append(Compile(bench_src, bench_obj, device=False))
-        executables.append((out_dir / bench_src.stem, [bench_obj]))
+        executables.append(Executable(out_dir / bench_src.stem, [bench_obj],
+                                      [_installed_library(api, request.install_dir) for api in BENCHMARK_NEEDS[base_api]]))
     library = out_dir / library_name(request.api)
     ninja = NinjaFile(toolchain.path, toolchain.compile_flags(), toolchain.host_flags(), compiles, library, executables)
     ninja_file = work_dir / f"{request.api}-{digest}.ninja"
@@ -148,10 +179,10 @@ def build(request: BuildRequest, log=print) -> BuildResult:
     log(f"[mhakit] {request.api}: {len(selection.specs)} instances for {request.arch} "
         f"(profile {request.profile}{', filter ' + request.name_filter if request.name_filter else ''}), "
         f"nvcc {toolchain.version}, -j{jobs}")
-    _run_ninja(ninja_file, work_dir, jobs, request.verbose)
+    _run_ninja(ninja_file, work_dir, jobs, request.verbose, request.capture_output)
 
     installed = []
-    outputs = [library] + [exe for exe, _ in executables]
+    outputs = [library] + [exe.output for exe in executables]
     for out in outputs:
         if _install(out, request.install_dir.resolve()):
             installed.append(request.install_dir / out.name)
@@ -159,4 +190,69 @@ def build(request: BuildRequest, log=print) -> BuildResult:
     names = ", ".join(o.name for o in outputs)
     log(f"[mhakit] {names} -> {request.install_dir.resolve()} "
         f"({'updated' if installed else 'up to date'}, {seconds:.1f} s)")
-    return BuildResult(library, [exe for exe, _ in executables], selection.specs, seconds, work_dir, installed)
+    return BuildResult(library, [exe.output for exe in executables], selection.specs, seconds, work_dir, installed)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a build is made of, for content-addressed caches (the Python JIT keys its cache with this)
+# ----------------------------------------------------------------------------------------------------------------
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def csrc_closure(texts: list[tuple[Path | None, str]], csrc: Path = CSRC) -> dict[str, str]:
+    """sha256 of every file under `csrc` that the given sources include, transitively ("..." includes, resolved as
+    the compiler does: beside the including file, then csrc/ and csrc/include/). Keys are paths relative to csrc.
+    Includes found outside csrc (CUTLASS, CUDA) are not listed: their identity is the toolchain's (versions)."""
+    csrc = Path(csrc).resolve()
+    search = [csrc, csrc / "include"]
+    seen: dict[str, str] = {}
+    pending = list(texts)
+    while pending:
+        where, text = pending.pop()
+        for name in _INCLUDE.findall(text):
+            dirs = ([where.parent] if where is not None else []) + search
+            for d in dirs:
+                cand = (d / name).resolve()
+                if cand.is_file() and cand.is_relative_to(csrc):
+                    rel = cand.relative_to(csrc).as_posix()
+                    if rel not in seen:
+                        body = cand.read_text(errors="replace")
+                        seen[rel] = _sha256_text(body)
+                        pending.append((cand, body))
+                    break
+    return dict(sorted(seen.items()))
+
+
+def build_inputs(request: BuildRequest, toolchain: Nvcc, csrc: Path | None = None) -> dict:
+    """Everything that determines the library `build(request)` produces, as plain data without paths or times:
+    the instances, the sha256 of every rendered source, of the runtime sources and of every csrc file they include,
+    the ninja rules and the toolchain's description (compiler version, flags, arch, CUTLASS version).
+    Renders in memory; writes and runs nothing. `csrc` overrides where the C++ sources are read from (tests)."""
+    csrc = Path(csrc) if csrc is not None else CSRC
+    selection = plan_selection(request)
+    base_api = APIS[request.api][0]
+    if base_api not in RUNTIME_SOURCES:
+        raise ToolchainError(f"--api {request.api}: the {base_api} runtime is not part of this version yet")
+    env = render_environment()
+    rendered = {f"instances/{spec.name}.cu": render_instance(spec, env) for spec in selection.specs}
+    rendered["dispatch.cu"] = render_dispatch(base_api, request.arch, selection.specs, env)
+    runtime = {rel: (csrc / rel).read_text(errors="replace") for rel in RUNTIME_SOURCES[base_api]}
+    texts = [(None, t) for t in rendered.values()] + [(csrc / rel, t) for rel, t in runtime.items()]
+    headers = csrc_closure(texts, csrc)
+    headers.update({rel: _sha256_text(t) for rel, t in runtime.items()})
+    rules = NinjaFile("<nvcc>", toolchain.portable(toolchain.compile_flags()), toolchain.portable(toolchain.host_flags()),
+                      [], Path(library_name(request.api)), []).text()
+    return {
+        "api": request.api,
+        "arch": request.arch,
+        "instances": [spec.name for spec in selection.specs],
+        "rendered": {name: _sha256_text(text) for name, text in sorted(rendered.items())},
+        "csrc": dict(sorted(headers.items())),
+        "rules": _sha256_text(rules),
+        "toolchain": toolchain.describe(),
+    }

@@ -26,7 +26,7 @@ class Tile:
 @dataclass(frozen=True)
 class Family:
     name: str
-    api: str
+    api: str  # the [api.family] table it came from
     v3: bool
     template: str
     priority: int
@@ -43,12 +43,19 @@ class Arch:
     families: tuple[str, ...]
 
 
+APIS = ("fwd", "bwd")
+
+
 @dataclass(frozen=True)
 class Catalogue:
     backend: str
     compiler: str
     arches: dict[str, Arch]
-    families: dict[str, Family]
+    families: dict[tuple[str, str], Family]  # (api, family name) -> Family
+
+    def families_for(self, api: str, arch: str) -> list[Family]:
+        """The families of `api` built for `arch`, in the arch's order."""
+        return [self.families[(api, name)] for name in self.arch(arch).families if (api, name) in self.families]
 
     def arch(self, name: str) -> Arch:
         if name not in self.arches:
@@ -82,21 +89,23 @@ def load(backend: str = "cuda") -> Catalogue:
         where = f"{path.name}: arch.{name}"
         arches[name] = Arch(name, _require(raw, "gencode", where), tuple(_require(raw, "families", where)))
     families = {}
-    for name, raw in _require(data, "family", str(path)).items():
-        where = f"{path.name}: family.{name}"
-        families[name] = Family(
-            name=name,
-            api=_require(raw, "api", where),
-            v3=bool(raw.get("v3", False)),
-            template=_require(raw, "template", where),
-            priority=int(_require(raw, "priority", where)),
-            dtypes=tuple(_require(raw, "dtypes", where)),
-            modes=tuple(_require(raw, "modes", where)),
-            masks=tuple(_require(raw, "masks", where)),
-            tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]") for i, t in enumerate(_require(raw, "tiles", where))),
-        )
+    for api in APIS:
+        for name, raw in data.get(api, {}).items():
+            where = f"{path.name}: {api}.{name}"
+            families[(api, name)] = Family(
+                name=name,
+                api=api,
+                v3=bool(raw.get("v3", False)),
+                template=_require(raw, "template", where),
+                priority=int(_require(raw, "priority", where)),
+                dtypes=tuple(_require(raw, "dtypes", where)),
+                modes=tuple(_require(raw, "modes", where)),
+                masks=tuple(_require(raw, "masks", where)),
+                tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]") for i, t in enumerate(_require(raw, "tiles", where))),
+            )
+    known_names = {name for _, name in families}
     for arch in arches.values():
         for fam in arch.families:
-            if fam not in families:
+            if fam not in known_names:
                 raise CatalogueError(f"{path.name}: arch.{arch.name} lists unknown family '{fam}'")
     return Catalogue(data.get("backend", backend), data.get("compiler", ""), arches, families)

@@ -24,13 +24,20 @@ class Compile:
 
 
 @dataclass
+class Executable:
+    output: Path
+    objects: list[Path]
+    extra_libraries: list[Path]  # shared libraries it links besides the one being built (found beside it at run time)
+
+
+@dataclass
 class NinjaFile:
     compiler: str
     device_flags: list[str]
     host_flags: list[str]
     compiles: list[Compile]
     library: Path
-    executables: list[tuple[Path, list[Path]]]  # (output, extra objects) linked against `library`
+    executables: list[Executable]  # linked against `library`
 
     def text(self) -> str:
         lines = [
@@ -58,22 +65,25 @@ class NinjaFile:
             "",
             "rule link_exe",
             # $ORIGIN: the executable finds the library installed beside it.
-            "  command = $nvcc $in -o $out -Xcompiler=-pthread -L$libdir -l$libname -Xlinker -rpath='$$ORIGIN'",
+            "  command = $nvcc $in -o $out -Xcompiler=-pthread $libs -Xlinker -rpath='$$ORIGIN'",
             "  description = link $out",
             "",
         ]
         for c in self.compiles:
             rule = "compile_device" if c.device else "compile_host"
             lines.append(f"build {_escape_path(c.obj)}: {rule} {_escape_path(c.source)}")
-        lib_objs = [c.obj for c in self.compiles if c.obj not in {o for _, objs in self.executables for o in objs}]
+        exe_objs = {o for exe in self.executables for o in exe.objects}
+        lib_objs = [c.obj for c in self.compiles if c.obj not in exe_objs]
         lines.append(f"build {_escape_path(self.library)}: link_shared "
                      + " ".join(_escape_path(o) for o in lib_objs))
         lines.append(f"  soname = {self.library.name}")
-        for exe, objs in self.executables:
-            lines.append(f"build {_escape_path(exe)}: link_exe " + " ".join(_escape_path(o) for o in objs)
-                         + f" | {_escape_path(self.library)}")
-            lines.append(f"  libdir = {_escape_path(self.library.parent)}")
-            lines.append(f"  libname = {self.library.stem.removeprefix('lib')}")
-        targets = [self.library] + [exe for exe, _ in self.executables]
+        for exe in self.executables:
+            libraries = [self.library, *exe.extra_libraries]
+            lines.append(f"build {_escape_path(exe.output)}: link_exe "
+                         + " ".join(_escape_path(o) for o in exe.objects)
+                         + " | " + " ".join(_escape_path(lib) for lib in libraries))
+            lines.append("  libs = " + " ".join(f"-L{_escape_path(lib.parent)} -l{lib.stem.removeprefix('lib')}"
+                                                for lib in libraries))
+        targets = [self.library] + [exe.output for exe in self.executables]
         lines.append("default " + " ".join(_escape_path(t) for t in targets))
         return "\n".join(lines) + "\n"

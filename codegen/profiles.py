@@ -46,11 +46,9 @@ def enumerate_specs(api: str, arch: str, backend: str = "cuda") -> Selection:
         raise SelectionError(f"unknown api '{api}' (choose from {', '.join(APIS)})")
     base_api, v3_only = APIS[api]
     cat = catalogue_mod.load(backend)
-    arch_rec = cat.arch(arch)
     selection = Selection(specs=[])
-    for fam_name in arch_rec.families:
-        fam = cat.families[fam_name]
-        if fam.api != base_api or (v3_only and not fam.v3):
+    for fam in cat.families_for(base_api, arch):
+        if v3_only and not fam.v3:
             continue
         for tile in fam.tiles:
             for dtype in fam.dtypes:

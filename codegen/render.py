@@ -36,8 +36,8 @@ def render_instance(spec: KernelSpec, env: jinja2.Environment | None = None) -> 
 
 def render_dispatch(api: str, arch: str, specs: list[KernelSpec], env: jinja2.Environment | None = None) -> str:
     env = env or _environment()
-    return env.get_template(f"{api}_dispatch.cu.j2").render(
-        arch=arch, instances=[spec.template_context() for spec in specs])
+    return env.get_template("dispatch.cu.j2").render(
+        api=api, Api=api.capitalize(), arch=arch, instances=[spec.template_context() for spec in specs])
 
 
 def render_all(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path) -> tuple[list[Path], Path]:

@@ -57,6 +57,8 @@ class KernelSpec:
         s, a = self.signature, self.algorithm
         return {
             "name": self.name,
+            "api": s.api,
+            "Api": s.api.capitalize(),
             "dtype": s.dtype,
             "dtype_enum": DTYPE_ENUM[s.dtype],
             "hdim_q": s.hdim_q,

@@ -79,23 +79,10 @@ class Nvcc:
 
     @classmethod
     def create(cls, arch: str, gencode: str, need_cutlass: bool = True) -> "Nvcc":
-        path = os.environ.get("NVCC") or ""
-        if not path:
-            cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-            if cuda_home and (Path(cuda_home) / "bin" / "nvcc").is_file():
-                path = str(Path(cuda_home) / "bin" / "nvcc")
-            else:
-                path = shutil.which("nvcc") or ""
+        path = locate_nvcc()
         if not path:
             raise ToolchainError("nvcc not found: install the CUDA toolkit, put nvcc on PATH or set CUDA_HOME / NVCC")
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
-        except OSError as exc:
-            raise ToolchainError(f"nvcc at {path} does not run: {exc}") from exc
-        match = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
-        if not match:
-            raise ToolchainError(f"cannot read the version of nvcc at {path}")
-        return cls(arch=arch, gencode=gencode, path=path, version=match.group(2),
+        return cls(arch=arch, gencode=gencode, path=path, version=probe_nvcc_version(path),
                    cutlass=find_cutlass() if need_cutlass else None)
 
     @property
@@ -127,6 +114,85 @@ class Nvcc:
         """What makes objects incompatible: compiler identity and version, flags, arch."""
         text = "\n".join([self.path, self.version, self.arch, *self.compile_flags()])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _path_roots(self) -> list[tuple[str, str]]:
+        roots = [(str(CSRC), "<csrc>"), (str(self.cuda_home), "<cuda>")]
+        if self.cutlass is not None:
+            roots.append((str(self.cutlass), "<cutlass>"))
+        return sorted(roots, key=lambda r: -len(r[0]))  # longest prefix first
+
+    def portable(self, flags: list[str]) -> list[str]:
+        """flags with machine-specific directories written as symbolic roots (<csrc>, <cutlass>, <cuda>), so that a
+        description of the build does not depend on where the repository, the wheel or the toolkit live."""
+        roots = self._path_roots()
+        out = []
+        for flag in flags:
+            for path, token in roots:
+                flag = flag.replace(path, token)
+            out.append(flag)
+        return out
+
+    def describe(self) -> dict:
+        """What this toolchain contributes to a build's identity, free of paths and times: compiler and version,
+        target, the flags (include directories as symbolic roots) and the version of the CUTLASS headers.
+        The Python JIT keys its cache with it (together with the sources: codegen.build.build_inputs)."""
+        return {
+            "compiler": "nvcc",
+            "version": self.version,
+            "arch": self.arch,
+            "gencode": self.gencode,
+            "device_flags": self.portable(self.compile_flags()),
+            "host_flags": self.portable(self.host_flags()),
+            "cutlass": cutlass_version(self.cutlass) if self.cutlass is not None else None,
+        }
+
+
+def locate_nvcc() -> str:
+    """Where nvcc is: $NVCC, else $CUDA_HOME/bin/nvcc (or $CUDA_PATH), else the first nvcc on PATH; "" if none.
+    Runs nothing."""
+    path = os.environ.get("NVCC") or ""
+    if not path:
+        cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        if cuda_home and (Path(cuda_home) / "bin" / "nvcc").is_file():
+            path = str(Path(cuda_home) / "bin" / "nvcc")
+        else:
+            path = shutil.which("nvcc") or ""
+    return path
+
+
+def probe_nvcc_version(path: str) -> str:
+    """The full version of the nvcc at `path` (e.g. "13.0.88"), by running `nvcc --version`."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except OSError as exc:
+        raise ToolchainError(f"nvcc at {path} does not run: {exc}") from exc
+    match = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
+    if not match:
+        raise ToolchainError(f"cannot read the version of nvcc at {path}")
+    return match.group(2)
+
+
+def cutlass_version(root: Path) -> str:
+    """The version of a CUTLASS source tree, from include/cutlass/version.h (e.g. "4.2.0"); "unknown" if unreadable."""
+    try:
+        text = (Path(root) / "include" / "cutlass" / "version.h").read_text(errors="replace")
+    except OSError:
+        return "unknown"
+    parts = [re.search(rf"#define\s+CUTLASS_{key}\s+(\d+)", text) for key in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts) if all(parts) else "unknown"
+
+
+def arch_for_compute_capability(major: int, minor: int) -> str:
+    """The arch mhakit builds for a device of compute capability major.minor: the table above, else the base arch of
+    the same major (SASS for sm_X0 runs on every sm_Xy); sm_90a for Hopper."""
+    key = f"{major}.{minor}"
+    if key in _CC_TO_ARCH:
+        return _CC_TO_ARCH[key]
+    base = f"{major}.0"
+    if base in _CC_TO_ARCH:
+        return _CC_TO_ARCH[base]
+    raise ToolchainError(f"compute capability {key} is not supported: mhakit builds for sm_80 and newer "
+                         f"({', '.join(sorted(set(_CC_TO_ARCH.values())))})")
 
 
 def require_available_backend(arch: str) -> str:

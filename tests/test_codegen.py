@@ -7,30 +7,30 @@ import time
 import pytest
 
 from codegen import catalogue, profiles, render, rules
-from codegen.ninja import Compile, NinjaFile
+from codegen.ninja import Compile, Executable, NinjaFile
 from codegen.spec import Algorithm, KernelSpec, Signature
 
 
 def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mode="batch", mask="nmask"):
     tile = (("block_m", 64), ("block_n", 64), ("warps", 4))
     return KernelSpec(Signature("fwd", dtype, hq, hv, mode, mask), Algorithm(family, arch, tile), 1,
-                      f"fwd_instance_{family}.cu.j2")
+                      f"instance_{family}.cu.j2")
 
 
 class TestCatalogue:
     def test_cuda_catalogue_loads_with_both_families(self):
         cat = catalogue.load("cuda")
-        assert set(cat.families) == {"hopper", "generic"}
+        assert set(cat.families) >= {("fwd", "hopper"), ("fwd", "generic")}
         assert cat.arch("sm_90a").families == ("hopper", "generic")
         assert cat.arch("sm_90a").gencode == "arch=compute_90a,code=sm_90a"
 
     def test_every_arch_lists_known_families_only(self):
         cat = catalogue.load("cuda")
         for arch in cat.arches.values():
-            assert set(arch.families) <= set(cat.families)
+            assert set(arch.families) <= {name for _, name in cat.families}
 
     def test_generic_covers_the_required_head_dims(self):
-        tiles = catalogue.load("cuda").families["generic"].tiles
+        tiles = catalogue.load("cuda").families[("fwd", "generic")].tiles
         assert {(t.hdim_q, t.hdim_v) for t in tiles} == {(32, 32), (64, 64), (128, 128), (192, 128), (256, 256)}
 
     def test_unknown_arch_names_the_known_ones(self):
@@ -144,7 +144,9 @@ class TestNinjaFile:
                     Compile(tmp_path / "rt.cpp", tmp_path / "obj/rt.o", False),
                     Compile(tmp_path / "bench.cpp", tmp_path / "obj/bench.o", False)]
         return NinjaFile("/usr/bin/nvcc", ["-O3", "-gencode=arch=compute_90a,code=sm_90a"], ["-O2"], compiles,
-                         tmp_path / "out/libmha_fwd.so", [(tmp_path / "out/benchmark_mha_fwd", [tmp_path / "obj/bench.o"])])
+                         tmp_path / "out/libmha_bwd.so",
+                         [Executable(tmp_path / "out/benchmark_mha_bwd", [tmp_path / "obj/bench.o"],
+                                     [tmp_path / "inst/libmha_fwd.so"])])
 
     def test_rules_and_targets(self, tmp_path):
         text = self.make(tmp_path).text()
@@ -152,9 +154,11 @@ class TestNinjaFile:
         assert f"build {tmp_path}/obj/a.o: compile_device {tmp_path}/a.cu" in text
         assert f"build {tmp_path}/obj/rt.o: compile_host {tmp_path}/rt.cpp" in text
         # the library links the kernel and runtime objects, not the benchmark's
-        assert f"build {tmp_path}/out/libmha_fwd.so: link_shared {tmp_path}/obj/a.o {tmp_path}/obj/rt.o\n" in text
+        assert f"build {tmp_path}/out/libmha_bwd.so: link_shared {tmp_path}/obj/a.o {tmp_path}/obj/rt.o\n" in text
         assert "-Xlinker -rpath='$$ORIGIN'" in text
-        assert "  libname = mha_fwd" in text
+        # the executable links its own library and the extra one, and relinks when either changes
+        assert f"  libs = -L{tmp_path}/out -lmha_bwd -L{tmp_path}/inst -lmha_fwd" in text
+        assert f"| {tmp_path}/out/libmha_bwd.so {tmp_path}/inst/libmha_fwd.so" in text
         assert text.rstrip().splitlines()[-1].startswith("default ")
 
     def test_depfiles_make_header_edits_rebuild(self, tmp_path):

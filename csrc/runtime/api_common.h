@@ -1,0 +1,100 @@
+// What the forward and backward entry points share: argument checks, instance scoring, and the run/time loop.
+// Every check returns 0 or a negative MHAKIT_ERROR_* code with last_error set (runtime/error.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <initializer_list>
+
+#include "mha_common.h"
+#include "runtime/error.h"
+#include "runtime/registry.h"
+
+namespace mhakit {
+
+const char* dtype_name(int dtype);
+
+float check_dtype(int dtype);
+float check_scale(float scale, const char* name);
+float check_heads(int nhead_q, int nhead_k);
+float check_head_dims(int hdim_q, int hdim_v);
+float check_nonnegative_strides(std::initializer_list<int64_t> strides);
+float check_mask_type(int mask_type);
+
+// Window sizes beyond any sequence length select the same keys as this bound; clamping keeps the kernels' mask
+// arithmetic (sums of lengths and window sizes) inside int32.
+int clamp_window(int w);
+
+// Among the instances whose traits and run-time guards hold, the best one: the highest family priority, then the
+// tightest head-dim bucket, then an unmasked instance over a masked one for unmasked problems. Every candidate is
+// scored, so a coarse bucket or a slower family listed first can never shadow a better instance.
+template <class Params>
+const KernelInstance<Params>* choose_instance(const KernelInstance<Params>* table, int count, const Params& p,
+                                              int dtype) {
+    const bool group_mode = p.seqstart_q != nullptr;
+    const bool needs_mask = p.mask_type != MHAKIT_MASK_NONE;
+    const KernelInstance<Params>* best = nullptr;
+    long best_score = 0;
+    for (int i = 0; i < count; ++i) {
+        const KernelInstance<Params>& inst = table[i];
+        if (inst.dtype != dtype || inst.group_mode != group_mode) continue;
+        if (p.hdim_q > inst.hdim_q || p.hdim_v > inst.hdim_v) continue;
+        if (needs_mask && !inst.masked) continue;
+        if (!inst.supports(p)) continue;
+        const long padding = (inst.hdim_q - p.hdim_q) + (inst.hdim_v - p.hdim_v);
+        const long score = inst.priority * 100000L - padding * 10L - (inst.masked && !needs_mask ? 1 : 0);
+        if (best == nullptr || score > best_score) best = &inst, best_score = score;
+    }
+    return best;
+}
+
+// MHAKIT_ERROR_UNSUPPORTED with a sentence naming the traits and what the library holds.
+template <class Params>
+float unsupported(const char* api, const Params& p, int dtype, const char* arch, int count) {
+    return fail(MHAKIT_ERROR_UNSUPPORTED,
+                "no %s kernel built into this library serves dtype=%s hdim_q=%d hdim_v=%d mode=%s mask_type=%d "
+                "(library built for %s with %d instances; rebuild with a profile that includes them, see "
+                "compile.py --list)",
+                api, dtype_name(dtype), p.hdim_q, p.hdim_v, p.seqstart_q ? "group" : "batch", p.mask_type, arch,
+                count);
+}
+
+float cuda_failure(cudaError_t err, const char* what);
+
+// Runs `launch(stream)` once, or, when sc.time_kernel, warmup + repeat times and returns the mean ms per call.
+// Returns ms (>= 0; 0 when not timing) or MHAKIT_ERROR_CUDA.
+template <class Launch>
+float run_or_time(const char* name, const mhakit_stream_config& sc, Launch&& launch) {
+    cudaStream_t stream = static_cast<cudaStream_t>(sc.stream);
+    if (!sc.time_kernel) {
+        const cudaError_t err = launch(stream);
+        return err == cudaSuccess ? 0.f : cuda_failure(err, name);
+    }
+    for (int i = 0; i < sc.warmup; ++i)
+        if (cudaError_t err = launch(stream); err != cudaSuccess) return cuda_failure(err, name);
+    const int repeat = sc.repeat < 1 ? 1 : sc.repeat;
+    if (sc.gpu_timer) {
+        cudaEvent_t start = nullptr, stop = nullptr;
+        cudaError_t err = cudaEventCreate(&start);
+        if (err == cudaSuccess) err = cudaEventCreate(&stop);
+        if (err == cudaSuccess) err = cudaEventRecord(start, stream);
+        for (int i = 0; i < repeat && err == cudaSuccess; ++i) err = launch(stream);
+        if (err == cudaSuccess) err = cudaEventRecord(stop, stream);
+        if (err == cudaSuccess) err = cudaEventSynchronize(stop);
+        float ms = 0.f;
+        if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+        return err == cudaSuccess ? ms / repeat : cuda_failure(err, name);
+    }
+    cudaError_t err = cudaStreamSynchronize(stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < repeat && err == cudaSuccess; ++i) err = launch(stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (err != cudaSuccess) return cuda_failure(err, name);
+    return std::chrono::duration<float, std::milli>(t1 - t0).count() / repeat;
+}
+
+}  // namespace mhakit

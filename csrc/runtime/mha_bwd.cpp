@@ -1,0 +1,154 @@
+// The backward API: validate, build kernel parameters, choose an instance, check the caller's workspace, launch.
+// Same order and contract as the forward (mha_fwd.cpp): no CUDA call before validation and instance choice.
+#include <cstdint>
+#include <cstdio>
+
+#include "kernels/common/bwd_params.h"
+#include "mha_bwd.h"
+#include "runtime/api_common.h"
+#include "runtime/device.h"
+
+#define MHAKIT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace mhakit {
+namespace {
+
+constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
+constexpr uintptr_t kWorkspaceAlignment = 256;  // what cudaMalloc returns; kernels vectorise their scratch
+
+float validate(const mhakit_bwd_args& a) {
+    if (float rc = check_dtype(a.data_type)) return rc;
+    if (float rc = check_scale(a.scale, "scale")) return rc;
+    if (a.batch < 0) return fail(E, "batch must be >= 0 (got %d)", a.batch);
+    if (float rc = check_heads(a.nhead_q, a.nhead_k)) return rc;
+    if (float rc = check_head_dims(a.hdim_q, a.hdim_v)) return rc;
+    if (a.is_group_mode) {
+        if (a.seqstart_q_ptr == nullptr || a.seqstart_k_ptr == nullptr)
+            return fail(E, "group mode needs seqstart_q_ptr and seqstart_k_ptr (device arrays of batch+1 offsets)");
+        if (a.max_seqlen_q < 0 || a.max_seqlen_k < 0)
+            return fail(E, "max_seqlen_q and max_seqlen_k must be >= 0 in group mode (got %d and %d)", a.max_seqlen_q,
+                        a.max_seqlen_k);
+    } else if (a.seqlen_q < 0 || a.seqlen_k < 0) {
+        return fail(E, "seqlen_q and seqlen_k must be >= 0 (got %d and %d)", a.seqlen_q, a.seqlen_k);
+    }
+    const bool queries_possible = a.is_group_mode || a.seqlen_q > 0;
+    const bool keys_possible = a.is_group_mode || a.seqlen_k > 0;
+    if (queries_possible && (!a.q_ptr || !a.o_ptr || !a.lse_ptr || !a.do_ptr || !a.dq_ptr))
+        return fail(E, "q_ptr, o_ptr, lse_ptr, do_ptr and dq_ptr must not be NULL (they may be NULL only in batch "
+                       "mode with seqlen_q == 0)");
+    if (keys_possible && (!a.k_ptr || !a.v_ptr || !a.dk_ptr || !a.dv_ptr))
+        return fail(E, "k_ptr, v_ptr, dk_ptr and dv_ptr must not be NULL (they may be NULL only in batch mode with "
+                       "seqlen_k == 0)");
+    if (a.workspace_ptr != nullptr && reinterpret_cast<uintptr_t>(a.workspace_ptr) % kWorkspaceAlignment != 0)
+        return fail(E, "workspace_ptr must be 256-byte aligned (as cudaMalloc returns)");
+    if (float rc = check_nonnegative_strides(
+            {a.stride_q, a.stride_k, a.stride_v, a.stride_o, a.stride_do, a.stride_dq, a.stride_dk, a.stride_dv,
+             a.nhead_stride_q, a.nhead_stride_k, a.nhead_stride_v, a.nhead_stride_o, a.nhead_stride_do,
+             a.nhead_stride_dq, a.nhead_stride_dk, a.nhead_stride_dv, a.nhead_stride_lse, a.batch_stride_q,
+             a.batch_stride_k, a.batch_stride_v, a.batch_stride_o, a.batch_stride_do, a.batch_stride_dq,
+             a.batch_stride_dk, a.batch_stride_dv, a.batch_stride_lse}))
+        return rc;
+    return check_mask_type(a.mask_type);
+}
+
+BwdParams to_params(const mhakit_bwd_args& a) {
+    BwdParams p{};
+    p.q = a.q_ptr, p.k = a.k_ptr, p.v = a.v_ptr, p.o = a.o_ptr;
+    p.lse = static_cast<const float*>(a.lse_ptr);
+    p.dout = a.do_ptr;
+    p.dq = a.dq_ptr, p.dk = a.dk_ptr, p.dv = a.dv_ptr;
+    p.workspace = a.workspace_ptr;
+    p.workspace_bytes = a.workspace_ptr ? a.workspace_bytes : 0;
+    p.q_row_stride = a.stride_q, p.q_head_stride = a.nhead_stride_q, p.q_batch_stride = a.batch_stride_q;
+    p.k_row_stride = a.stride_k, p.k_head_stride = a.nhead_stride_k, p.k_batch_stride = a.batch_stride_k;
+    p.v_row_stride = a.stride_v, p.v_head_stride = a.nhead_stride_v, p.v_batch_stride = a.batch_stride_v;
+    p.o_row_stride = a.stride_o, p.o_head_stride = a.nhead_stride_o, p.o_batch_stride = a.batch_stride_o;
+    p.do_row_stride = a.stride_do, p.do_head_stride = a.nhead_stride_do, p.do_batch_stride = a.batch_stride_do;
+    p.dq_row_stride = a.stride_dq, p.dq_head_stride = a.nhead_stride_dq, p.dq_batch_stride = a.batch_stride_dq;
+    p.dk_row_stride = a.stride_dk, p.dk_head_stride = a.nhead_stride_dk, p.dk_batch_stride = a.batch_stride_dk;
+    p.dv_row_stride = a.stride_dv, p.dv_head_stride = a.nhead_stride_dv, p.dv_batch_stride = a.batch_stride_dv;
+    p.lse_head_stride = a.nhead_stride_lse, p.lse_batch_stride = a.batch_stride_lse;
+    if (a.is_group_mode) {
+        p.seqstart_q = a.seqstart_q_ptr;
+        p.seqstart_k = a.seqstart_k_ptr;
+    }
+    p.batch = a.batch;
+    p.nhead_q = a.nhead_q;
+    p.nhead_k = a.nhead_k;
+    p.hdim_q = a.hdim_q;
+    p.hdim_v = a.hdim_v;
+    p.seqlen_q = a.is_group_mode ? 0 : a.seqlen_q;
+    p.seqlen_k = a.is_group_mode ? 0 : a.seqlen_k;
+    p.max_seqlen_q = a.is_group_mode ? a.max_seqlen_q : a.seqlen_q;
+    p.max_seqlen_k = a.is_group_mode ? a.max_seqlen_k : a.seqlen_k;
+    p.scale = a.scale;
+    p.scale_log2 = a.scale * 1.4426950408889634f;
+    p.mask_type = a.mask_type;
+    p.window_left = clamp_window(a.window_size_left);
+    p.window_right = clamp_window(a.window_size_right);
+    p.deterministic = a.deterministic != 0;
+    return p;
+}
+
+// Nothing to compute or write: no sequence, or no query and no key anywhere. (Keys without queries still need
+// dK = dV = 0, and queries without keys dQ = 0: the kernels write those.)
+bool is_empty(const BwdParams& p) { return p.batch == 0 || (p.max_seqlen_q == 0 && p.max_seqlen_k == 0); }
+
+size_t workspace_needed(const BwdInstance& inst, const BwdParams& p) {
+    return inst.workspace_bytes ? inst.workspace_bytes(p) : 0;
+}
+
+// Validates the arguments into *p and chooses the instance for them. Returns 0, or a negative code with
+// last_error set (*inst is then nullptr).
+float prepare(const mhakit_bwd_args* args, BwdParams* p, const BwdInstance** inst) {
+    *inst = nullptr;
+    if (args == nullptr) return fail(MHAKIT_ERROR_INVALID_ARGS, "args must not be NULL");
+    if (float rc = validate(*args)) return rc;
+    *p = to_params(*args);
+    *inst = choose_instance(kBwdInstances, kNumBwdInstances, *p, args->data_type);
+    if (*inst == nullptr) return unsupported("backward", *p, args->data_type, kBwdBuiltArch, kNumBwdInstances);
+    return 0.f;
+}
+
+}  // namespace
+}  // namespace mhakit
+
+MHAKIT_EXPORT size_t mhakit_mha_bwd_workspace_size(const mhakit_bwd_args* args) {
+    using namespace mhakit;
+    clear_error();
+    BwdParams p;
+    const BwdInstance* inst;
+    if (prepare(args, &p, &inst) != 0.f || is_empty(p)) return 0;
+    return workspace_needed(*inst, p);
+}
+
+MHAKIT_EXPORT float mhakit_mha_bwd(const mhakit_bwd_args* args, const mhakit_stream_config* config) {
+    using namespace mhakit;
+    clear_error();
+    const mhakit_stream_config defaults{nullptr, 0, 0, 0, 1, 1};
+    const mhakit_stream_config& sc = config ? *config : defaults;
+    if (sc.time_kernel && sc.warmup < 0) return fail(MHAKIT_ERROR_INVALID_ARGS, "stream_config.warmup must be >= 0");
+    BwdParams p;
+    const BwdInstance* inst;
+    const float rc = prepare(args, &p, &inst);
+    if (rc == MHAKIT_ERROR_INVALID_ARGS) return rc;
+    if (is_empty(p)) return clear_error(), 0.f;  // valid, nothing to compute: whatever is built does not matter
+    if (rc != 0.f) return rc;
+    const size_t need = workspace_needed(*inst, p);
+    if (need > p.workspace_bytes)
+        return fail(MHAKIT_ERROR_INVALID_ARGS,
+                    "the workspace is too small: %s needs %zu bytes for these arguments and got %zu "
+                    "(ask mhakit_mha_bwd_workspace_size)",
+                    inst->name, need, p.workspace_bytes);
+    if (float dev = check_device_arch(kBwdBuiltArch)) return dev;
+    if (sc.log_level > 0) std::printf("[mhakit] mha_bwd -> %s\n", inst->name);
+    return run_or_time(inst->name, sc, [&](cudaStream_t stream) { return inst->run(p, stream); });
+}
+
+MHAKIT_EXPORT const char* mhakit_mha_bwd_kernel_name(const mhakit_bwd_args* args) {
+    using namespace mhakit;
+    clear_error();
+    BwdParams p;
+    const BwdInstance* inst;
+    return prepare(args, &p, &inst) == 0.f ? inst->name : nullptr;
+}
