@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build mhakit's MHA libraries and benchmark executables into the current directory.
 #
-#   bash build_mha.sh            # forward (+ backward once it exists)
+#   bash build_mha.sh            # forward and backward
 #   bash build_mha.sh fwd        # libmha_fwd.so + benchmark_mha_fwd
-#   bash build_mha.sh fwd_v3     # the same, with only the arch-specialised (Hopper) kernels
+#   bash build_mha.sh bwd        # libmha_bwd.so + benchmark_mha_bwd (and libmha_fwd.so, which that benchmark runs)
+#   bash build_mha.sh fwd_v3     # the same, with only the arch-specialised (Hopper) kernels (also bwd_v3)
 #   bash build_mha.sh fwd --profile minimal -j 16    # anything after the API goes to compile.py
 #
 # When a GPU is visible, the freshly built benchmark runs one default case as a check (MHA_SKIP_RUN=1 skips it).
@@ -22,8 +23,8 @@ build_api() {
 run_check() {  # one default case with CPU validation, only where a GPU is present
     local exe="./benchmark_mha_$1"
     if [ "${MHA_SKIP_RUN:-0}" != "1" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        echo "[build_mha] running $exe -prec=bf16 -b=2 -h=8 -s=1024 -d=128 -v=1"
-        "$exe" -prec=bf16 -b=2 -h=8 -s=1024 -d=128 -v=1
+        echo "[build_mha] running $exe -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1"
+        "$exe" -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1
     fi
 }
 
@@ -32,12 +33,14 @@ case "$api" in
         build_api "$api" "$@"
         run_check fwd ;;
     bwd|bwd_v3)
-        echo "build_mha.sh: the backward pass (libmha_bwd.so, benchmark_mha_bwd) is not part of this version yet" >&2
-        exit 2 ;;
+        build_api "${api/bwd/fwd}" "$@"   # benchmark_mha_bwd runs the forward for O and LSE
+        build_api "$api" "$@"
+        run_check bwd ;;
     all)
-        echo "[build_mha] building the forward pass (the backward pass is not part of this version yet)"
         build_api fwd "$@"
-        run_check fwd ;;
+        build_api bwd "$@"
+        run_check fwd
+        run_check bwd ;;
     -h|--help|help)
         sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
         exit 0 ;;

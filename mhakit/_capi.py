@@ -1,8 +1,9 @@
-"""ctypes mirror of the C API in csrc/include/mha_common.h and csrc/include/mha_fwd.h.
+"""ctypes mirror of the C API in csrc/include/mha_common.h, csrc/include/mha_fwd.h and csrc/include/mha_bwd.h.
 
-This is the thin layer that the Python front end and bench/ stand on: the two argument structs, the constants,
-a loader for libmha_fwd.so and a helper that fills ``mhakit_fwd_args`` from sizes, element strides and raw device
-pointers (integers, e.g. ``tensor.data_ptr()`` or ``cupy_array.data.ptr``). Nothing here imports a GPU library.
+This is the thin layer that the Python front end and bench/ stand on: the argument structs, the constants, loaders
+for libmha_fwd.so and libmha_bwd.so and helpers that fill ``mhakit_fwd_args`` / ``mhakit_bwd_args`` from sizes,
+element strides and raw device pointers (integers, e.g. ``tensor.data_ptr()`` or ``cupy_array.data.ptr``). Nothing
+here imports a GPU library.
 
 The structs hold raw addresses only: the caller keeps the arrays they point to alive while the call runs.
 tests/test_capi_layout.py checks field offsets and sizes against the C header with the system C compiler.
@@ -20,8 +21,9 @@ __all__ = [
     "DTYPE_FP16", "DTYPE_BF16",
     "MASK_NONE", "MASK_TOP_LEFT", "MASK_BOTTOM_RIGHT", "MASK_GENERIC",
     "ERROR_UNSUPPORTED", "ERROR_INVALID_ARGS", "ERROR_CUDA",
-    "MhakitStreamConfig", "MhakitFwdArgs", "MhakitError",
-    "FwdLibrary", "load_library", "dtype_code", "make_fwd_args", "make_stream_config",
+    "MhakitStreamConfig", "MhakitFwdArgs", "MhakitBwdArgs", "MhakitError",
+    "FwdLibrary", "BwdLibrary", "load_library", "load_bwd_library", "dtype_code", "make_fwd_args",
+    "make_bwd_args", "make_stream_config",
 ]
 
 # mhakit_dtype
@@ -32,7 +34,7 @@ MASK_NONE = 0
 MASK_TOP_LEFT = 1
 MASK_BOTTOM_RIGHT = 2
 MASK_GENERIC = 3
-# Negative return codes of mhakit_mha_fwd
+# Negative return codes of mhakit_mha_fwd / mhakit_mha_bwd
 ERROR_UNSUPPORTED = -1
 ERROR_INVALID_ARGS = -2
 ERROR_CUDA = -3
@@ -104,13 +106,83 @@ class MhakitFwdArgs(ctypes.Structure):
         return f"MhakitFwdArgs({fields})"
 
 
+class MhakitBwdArgs(ctypes.Structure):
+    """``mhakit_bwd_args`` (mha_bwd.h). ``data_type`` is the C enum ``mhakit_dtype`` (an int)."""
+
+    _fields_ = [
+        ("data_type", ctypes.c_int),
+        ("is_group_mode", ctypes.c_int),
+        ("deterministic", ctypes.c_int),
+        ("q_ptr", ctypes.c_void_p),
+        ("k_ptr", ctypes.c_void_p),
+        ("v_ptr", ctypes.c_void_p),
+        ("o_ptr", ctypes.c_void_p),
+        ("lse_ptr", ctypes.c_void_p),
+        ("do_ptr", ctypes.c_void_p),
+        ("dq_ptr", ctypes.c_void_p),
+        ("dk_ptr", ctypes.c_void_p),
+        ("dv_ptr", ctypes.c_void_p),
+        ("workspace_ptr", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("seqstart_q_ptr", ctypes.c_void_p),
+        ("seqstart_k_ptr", ctypes.c_void_p),
+        ("seqlen_q", ctypes.c_int),
+        ("seqlen_k", ctypes.c_int),
+        ("batch", ctypes.c_int),
+        ("max_seqlen_q", ctypes.c_int),
+        ("max_seqlen_k", ctypes.c_int),
+        ("hdim_q", ctypes.c_int),
+        ("hdim_v", ctypes.c_int),
+        ("nhead_q", ctypes.c_int),
+        ("nhead_k", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("stride_q", ctypes.c_int64),
+        ("stride_k", ctypes.c_int64),
+        ("stride_v", ctypes.c_int64),
+        ("stride_o", ctypes.c_int64),
+        ("stride_do", ctypes.c_int64),
+        ("stride_dq", ctypes.c_int64),
+        ("stride_dk", ctypes.c_int64),
+        ("stride_dv", ctypes.c_int64),
+        ("nhead_stride_q", ctypes.c_int64),
+        ("nhead_stride_k", ctypes.c_int64),
+        ("nhead_stride_v", ctypes.c_int64),
+        ("nhead_stride_o", ctypes.c_int64),
+        ("nhead_stride_do", ctypes.c_int64),
+        ("nhead_stride_dq", ctypes.c_int64),
+        ("nhead_stride_dk", ctypes.c_int64),
+        ("nhead_stride_dv", ctypes.c_int64),
+        ("nhead_stride_lse", ctypes.c_int64),
+        ("batch_stride_q", ctypes.c_int64),
+        ("batch_stride_k", ctypes.c_int64),
+        ("batch_stride_v", ctypes.c_int64),
+        ("batch_stride_o", ctypes.c_int64),
+        ("batch_stride_do", ctypes.c_int64),
+        ("batch_stride_dq", ctypes.c_int64),
+        ("batch_stride_dk", ctypes.c_int64),
+        ("batch_stride_dv", ctypes.c_int64),
+        ("batch_stride_lse", ctypes.c_int64),
+        ("mask_type", ctypes.c_int),
+        ("window_size_left", ctypes.c_int),
+        ("window_size_right", ctypes.c_int),
+    ]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields_)
+        return f"MhakitBwdArgs({fields})"
+
+
 class MhakitError(RuntimeError):
-    """A negative return code of the library, with ``mhakit_last_error()``'s sentence."""
+    """A negative return code of the library (or 0 when the call has no code), with ``mhakit_last_error()``'s
+    sentence."""
 
     def __init__(self, code: int, message: str):
         self.code = int(code)
         self.message = message
-        super().__init__(f"mhakit error {self.code} ({_ERROR_NAMES.get(self.code, 'unknown')}): {message}")
+        if self.code == 0:
+            super().__init__(f"mhakit error: {message}")
+        else:
+            super().__init__(f"mhakit error {self.code} ({_ERROR_NAMES.get(self.code, 'unknown')}): {message}")
 
 
 def _check_int32(name: str, value: int) -> int:
@@ -200,6 +272,83 @@ def make_fwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
     return a
 
 
+def make_bwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr: int,
+                  do_ptr: int, dq_ptr: int, dk_ptr: int, dv_ptr: int,
+                  batch: int, nhead_q: int, nhead_k: int, hdim_q: int, hdim_v: int,
+                  q_strides: Sequence[int], k_strides: Sequence[int], v_strides: Sequence[int],
+                  o_strides: Sequence[int], lse_strides: Sequence[int],
+                  do_strides: Optional[Sequence[int]] = None, dq_strides: Optional[Sequence[int]] = None,
+                  dk_strides: Optional[Sequence[int]] = None, dv_strides: Optional[Sequence[int]] = None,
+                  seqlen_q: int = 0, seqlen_k: int = 0,
+                  seqstart_q_ptr: Optional[int] = None, seqstart_k_ptr: Optional[int] = None,
+                  max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+                  workspace_ptr: Optional[int] = None, workspace_bytes: int = 0, deterministic: bool = False,
+                  scale: Optional[float] = None,
+                  mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1) -> MhakitBwdArgs:
+    """Fill an ``MhakitBwdArgs``.
+
+    Strides are element strides ``(batch_stride, nhead_stride, row_stride)`` per tensor, as in ``make_fwd_args``;
+    ``do_strides`` defaults to ``o_strides`` and ``dq_strides`` / ``dk_strides`` / ``dv_strides`` to those of q / k / v
+    (dK and dV have nhead_k heads). ``lse_strides`` is ``(batch_stride_lse, nhead_stride_lse)`` of the forward's LSE.
+    Group mode is selected by passing both seqstart pointers; then ``max_seqlen_q`` and ``max_seqlen_k`` are required
+    and the batch strides are ignored by the library. ``workspace_ptr`` / ``workspace_bytes``: device scratch of at
+    least ``BwdLibrary.workspace_size(args)`` bytes (query it with these arguments first; None / 0 when it is 0).
+    ``scale`` defaults to 1/sqrt(hdim_q).
+    """
+    group = seqstart_q_ptr is not None or seqstart_k_ptr is not None
+    if group and (seqstart_q_ptr is None or seqstart_k_ptr is None):
+        raise ValueError("group mode needs both seqstart_q_ptr and seqstart_k_ptr")
+    if group and (max_seqlen_q is None or max_seqlen_k is None):
+        raise ValueError("group mode needs max_seqlen_q and max_seqlen_k")
+    if scale is None:
+        scale = 1.0 / math.sqrt(hdim_q) if hdim_q > 0 else 0.0
+
+    qb, qh, qs = _strides3("q_strides", q_strides)
+    kb, kh, ks = _strides3("k_strides", k_strides)
+    vb, vh, vs = _strides3("v_strides", v_strides)
+    ob, oh, os_ = _strides3("o_strides", o_strides)
+    db, dh, ds = _strides3("do_strides", o_strides if do_strides is None else do_strides)
+    dqb, dqh, dqs = _strides3("dq_strides", q_strides if dq_strides is None else dq_strides)
+    dkb, dkh, dks = _strides3("dk_strides", k_strides if dk_strides is None else dk_strides)
+    dvb, dvh, dvs = _strides3("dv_strides", v_strides if dv_strides is None else dv_strides)
+    if len(lse_strides) != 2:
+        raise ValueError(f"lse_strides: expected (batch_stride_lse, nhead_stride_lse), got {lse_strides}")
+    lb, lh = (int(s) for s in lse_strides)
+    if workspace_bytes < 0:
+        raise ValueError(f"workspace_bytes must be >= 0, got {workspace_bytes}")
+
+    a = MhakitBwdArgs()
+    a.data_type = dtype_code(dtype)
+    a.is_group_mode = 1 if group else 0
+    a.deterministic = 1 if deterministic else 0
+    a.q_ptr, a.k_ptr, a.v_ptr, a.o_ptr, a.lse_ptr, a.do_ptr = q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, do_ptr
+    a.dq_ptr, a.dk_ptr, a.dv_ptr = dq_ptr, dk_ptr, dv_ptr
+    a.workspace_ptr = workspace_ptr
+    a.workspace_bytes = int(workspace_bytes)
+    a.seqstart_q_ptr = seqstart_q_ptr
+    a.seqstart_k_ptr = seqstart_k_ptr
+    a.seqlen_q = _check_int32("seqlen_q", seqlen_q)
+    a.seqlen_k = _check_int32("seqlen_k", seqlen_k)
+    a.batch = _check_int32("batch", batch)
+    a.max_seqlen_q = _check_int32("max_seqlen_q", max_seqlen_q if max_seqlen_q is not None else seqlen_q)
+    a.max_seqlen_k = _check_int32("max_seqlen_k", max_seqlen_k if max_seqlen_k is not None else seqlen_k)
+    a.hdim_q = _check_int32("hdim_q", hdim_q)
+    a.hdim_v = _check_int32("hdim_v", hdim_v)
+    a.nhead_q = _check_int32("nhead_q", nhead_q)
+    a.nhead_k = _check_int32("nhead_k", nhead_k)
+    a.scale = float(scale)
+    a.stride_q, a.stride_k, a.stride_v, a.stride_o, a.stride_do = qs, ks, vs, os_, ds
+    a.stride_dq, a.stride_dk, a.stride_dv = dqs, dks, dvs
+    a.nhead_stride_q, a.nhead_stride_k, a.nhead_stride_v, a.nhead_stride_o, a.nhead_stride_do = qh, kh, vh, oh, dh
+    a.nhead_stride_dq, a.nhead_stride_dk, a.nhead_stride_dv, a.nhead_stride_lse = dqh, dkh, dvh, lh
+    a.batch_stride_q, a.batch_stride_k, a.batch_stride_v, a.batch_stride_o, a.batch_stride_do = qb, kb, vb, ob, db
+    a.batch_stride_dq, a.batch_stride_dk, a.batch_stride_dv, a.batch_stride_lse = dqb, dkb, dvb, lb
+    a.mask_type = _check_int32("mask_type", mask_type)
+    a.window_size_left = _check_int32("window_left", window_left)
+    a.window_size_right = _check_int32("window_right", window_right)
+    return a
+
+
 def make_stream_config(stream: Optional[int] = None, *, time_kernel: bool = False, log_level: int = 0,
                        warmup: int = 5, repeat: int = 20, gpu_timer: bool = True) -> MhakitStreamConfig:
     """``mhakit_stream_config``; ``stream`` is a raw cudaStream_t (e.g. ``torch.cuda.current_stream().cuda_stream``)."""
@@ -252,18 +401,79 @@ class FwdLibrary:
         return f"FwdLibrary({self.path!r})"
 
 
-_LOADED: Dict[str, FwdLibrary] = {}
+class BwdLibrary:
+    """A loaded libmha_bwd.so with typed entry points. ``cdll`` is the raw ctypes handle."""
+
+    def __init__(self, cdll: ctypes.CDLL, path: str):
+        self.cdll = cdll
+        self.path = path
+        cdll.mhakit_mha_bwd.argtypes = [ctypes.POINTER(MhakitBwdArgs), ctypes.POINTER(MhakitStreamConfig)]
+        cdll.mhakit_mha_bwd.restype = ctypes.c_float
+        cdll.mhakit_mha_bwd_workspace_size.argtypes = [ctypes.POINTER(MhakitBwdArgs)]
+        cdll.mhakit_mha_bwd_workspace_size.restype = ctypes.c_size_t
+        cdll.mhakit_mha_bwd_kernel_name.argtypes = [ctypes.POINTER(MhakitBwdArgs)]
+        cdll.mhakit_mha_bwd_kernel_name.restype = ctypes.c_char_p
+        cdll.mhakit_last_error.argtypes = []
+        cdll.mhakit_last_error.restype = ctypes.c_char_p
+
+    def last_error(self) -> str:
+        msg = self.cdll.mhakit_last_error()
+        return msg.decode("utf-8", "replace") if msg else ""
+
+    def workspace_size(self, args: MhakitBwdArgs) -> int:
+        """Bytes of workspace mha_bwd needs for ``args`` (may be 0); raises MhakitError when the library refuses
+        the arguments (it returns 0 and sets last_error then; the error's code is 0: the C call does not tell
+        "unsupported" from "invalid")."""
+        n = int(self.cdll.mhakit_mha_bwd_workspace_size(ctypes.byref(args)))
+        if n == 0:
+            msg = self.last_error()
+            if msg:
+                raise MhakitError(0, msg)  # the C call does not say which of unsupported / invalid it was
+        return n
+
+    def mha_bwd_raw(self, args: MhakitBwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
+        """The C return value as is: time in ms (>= 0) or a negative MHAKIT_ERROR_* code."""
+        if config is None:
+            config = make_stream_config()
+        return float(self.cdll.mhakit_mha_bwd(ctypes.byref(args), ctypes.byref(config)))
+
+    def mha_bwd(self, args: MhakitBwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
+        """Run the backward pass; returns the kernel time in ms (0 when not timing); raises MhakitError on failure."""
+        ret = self.mha_bwd_raw(args, config)
+        if ret < 0:
+            raise MhakitError(int(round(ret)), self.last_error())
+        return ret
+
+    def kernel_name(self, args: MhakitBwdArgs) -> Optional[str]:
+        """Name of the instance the library would launch for ``args``, or None (see last_error())."""
+        name = self.cdll.mhakit_mha_bwd_kernel_name(ctypes.byref(args))
+        return name.decode("utf-8", "replace") if name else None
+
+    def __repr__(self) -> str:
+        return f"BwdLibrary({self.path!r})"
+
+
+_LOADED: Dict[tuple, object] = {}
 _LOCK = threading.Lock()
 
 
-def load_library(path: Union[str, os.PathLike] = "./libmha_fwd.so") -> FwdLibrary:
-    """Load libmha_fwd.so (cached per resolved path) and set argtypes / restypes of its extern "C" entry points."""
+def _load(path: Union[str, os.PathLike], cls):
     resolved = os.path.realpath(os.fspath(path))
     if not os.path.isfile(resolved):
         raise FileNotFoundError(f"mhakit library not found: {path}")
     with _LOCK:
-        lib = _LOADED.get(resolved)
+        lib = _LOADED.get((cls, resolved))
         if lib is None:
-            lib = FwdLibrary(ctypes.CDLL(resolved), resolved)
-            _LOADED[resolved] = lib
+            lib = cls(ctypes.CDLL(resolved), resolved)
+            _LOADED[(cls, resolved)] = lib
         return lib
+
+
+def load_library(path: Union[str, os.PathLike] = "./libmha_fwd.so") -> FwdLibrary:
+    """Load libmha_fwd.so (cached per resolved path) and set argtypes / restypes of its extern "C" entry points."""
+    return _load(path, FwdLibrary)
+
+
+def load_bwd_library(path: Union[str, os.PathLike] = "./libmha_bwd.so") -> BwdLibrary:
+    """Load libmha_bwd.so (cached per resolved path) and set argtypes / restypes of its extern "C" entry points."""
+    return _load(path, BwdLibrary)

@@ -1,4 +1,4 @@
-// mhakit — command-line pieces shared by the benchmark executables (benchmark_mha_fwd, later benchmark_mha_bwd).
+// mhakit — command-line pieces shared by the benchmark executables (benchmark_mha_fwd, benchmark_mha_bwd).
 //
 // Header-only, plain C++17, no CUDA. Follows the CLI conventions of aiter's / CK's fmha benchmarks:
 //   * ArgParser: "-key=value" arguments with defaults and help text; "-?" / "-help" / "--help" ask for help; unknown
@@ -7,7 +7,8 @@
 //   * parse_mask: the mask strings 0, 1|t, 2|b, t:l,r, b:l,r, g:y,x, xt:w, xb:w -> mhakit_mask_type + window sizes;
 //   * decode_seqlens: -s / -s_k, including per-batch comma lists in group mode, generating missing lengths from the
 //     seed around the last given value (the total is kept: lengths move between sequences one unit at a time);
-//   * fill_tensor: the -init methods (ui/0, ni, uf/1, nf, tf/2) into fp16/bf16 host buffers.
+//   * fill_tensor: the -init methods (forward: ui/0, ni, uf/1, nf, tf/2; backward: 0, 1, 2) into fp16/bf16 host
+//     buffers.
 #pragma once
 
 #include <stdint.h>
@@ -105,6 +106,12 @@ public:
         return *this;
     }
 
+    // Text printed at the end of the help (e.g. how the performance numbers are counted); empty: nothing.
+    ArgParser& set_epilog(const std::string& text) {
+        epilog_ = text;
+        return *this;
+    }
+
     // Returns 0 on success, 1 when help was requested (printed to stdout), -1 on error (message in *err).
     int parse(int argc, char** argv, std::string* err) {
         for (int i = 1; i < argc; ++i) {
@@ -188,6 +195,7 @@ public:
                 any = true;
                 std::fprintf(f, "%20s  =%s\n", ("-" + o.name).c_str(), o.what.c_str());
             }
+        if (!epilog_.empty()) std::fprintf(f, "%s%s", epilog_.c_str(), epilog_.back() == '\n' ? "" : "\n");
     }
 
 private:
@@ -198,6 +206,7 @@ private:
         std::string what;
     };
     std::vector<Opt> opts_;
+    std::string epilog_;
 
     Opt* find(const std::string& name) {
         for (auto& o : opts_)
@@ -397,7 +406,15 @@ inline std::vector<int32_t> to_seqstarts(const std::vector<int>& lens) {
 // Input initialisation (-init)
 // ------------------------------------------------------------------------------------------------------------------
 
-enum class InitMethod { UniformInt, NormalInt, UniformFloat, NormalFloat, Trig };
+enum class InitMethod {
+    UniformInt,       // forward ui|0: integers in [-3, 3]
+    NormalInt,        // ni
+    UniformFloat,     // forward uf|1: [0, 1)
+    NormalFloat,      // nf
+    Trig,             // tf|2
+    UniformInt2,      // backward 0: integers in [-2, 2]
+    UniformFloatSym,  // backward 1: [-1, 1)
+};
 
 // ui|0: uniform in [-3, 3] rounded to integers; ni: normal (mean -3, variance 3) rounded to integers;
 // uf|1: uniform in [0, 1); nf: normal (mean 0, variance 3); tf|2: cos(linear index).
@@ -412,6 +429,25 @@ inline bool parse_init(const std::string& s, InitMethod* out, std::string* err) 
         return false;
     } else {
         *err = "invalid -init=" + s + " (expected ui|0, ni, uf|1, nf, tf|2)";
+        return false;
+    }
+    return true;
+}
+
+// -init of the backward benchmark, numbered as aiter's benchmark_mha_bwd numbers it: 0 uniform random integers in
+// [-2, 2], 1 uniform random floats in [-1, 1), 2 trig (cos of the linear index). The forward's named methods
+// (ui, ni, uf, nf, tf) are accepted too, with their forward meaning.
+inline bool parse_init_bwd(const std::string& s, InitMethod* out, std::string* err) {
+    if (s == "0") *out = InitMethod::UniformInt2;
+    else if (s == "1") *out = InitMethod::UniformFloatSym;
+    else if (s == "2") *out = InitMethod::Trig;
+    else if (s == "ui") *out = InitMethod::UniformInt;
+    else if (s == "ni") *out = InitMethod::NormalInt;
+    else if (s == "uf") *out = InitMethod::UniformFloat;
+    else if (s == "nf") *out = InitMethod::NormalFloat;
+    else if (s == "tf") *out = InitMethod::Trig;
+    else {
+        *err = "invalid -init=" + s + " (expected 0, 1, 2, or one of ui, ni, uf, nf, tf)";
         return false;
     }
     return true;
@@ -438,6 +474,16 @@ inline void fill_tensor(std::vector<uint16_t>& buf, InitMethod m, mhakit_dtype d
         }
         case InitMethod::NormalFloat: {
             std::normal_distribution<float> d(0.0f, std::sqrt(3.0f));
+            for (auto& x : buf) x = host::from_float(d(gen), dt);
+            break;
+        }
+        case InitMethod::UniformInt2: {
+            std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+            for (auto& x : buf) x = host::from_float(std::round(d(gen)), dt);
+            break;
+        }
+        case InitMethod::UniformFloatSym: {
+            std::uniform_real_distribution<float> d(-1.0f, 1.0f);
             for (auto& x : buf) x = host::from_float(d(gen), dt);
             break;
         }

@@ -1,0 +1,558 @@
+// mhakit — benchmark_mha_bwd: times mhakit::mha_bwd and checks its gradients against the host reference.
+//
+// Command line and output line follow aiter's op_tests/cpp/mha/benchmark_mha_bwd (`-key=value`, `-?` for help), so
+// existing scripts keep working for everything mhakit supports; aiter arguments mhakit does not implement (bias,
+// dropout, the asm v3 switches, ...) are accepted only at their default value and rejected by name otherwise.
+//
+// Flow: fill q, k, v, dO (-init, -seed); run the forward through the library (mhakit::mha_fwd with LSE) to get O and
+// LSE on the device, as aiter runs its own forward; ask mhakit::mha_bwd_workspace_size for the scratch size and
+// allocate it; fill dQ, dK, dV and the workspace with 0xFF (NaN) so that anything the kernels forget shows; time
+// mhakit::mha_bwd (-warmup, -repeat). With -v=1 the gradients of the timed runs are compared with the host reference
+// (csrc/reference/host_attention_bwd.hpp), which recomputes the forward in fp32 itself and takes D = rowsum(dO ∘ O)
+// from the device O (the O the backward kernels read); the device O and LSE are also checked against the
+// recomputed forward with the forward's tolerances. With -deterministic=1 and -v=1 the backward runs once more (on
+// re-poisoned outputs and workspace) and dQ, dK, dV must be bitwise identical to the first results.
+//
+// Layouts as aiter's: -iperm picks b·h·s·d (1) or b·s·h·d (0) for q, k, v and dQ, dK, dV; -operm for O and dO.
+// dK / dV have h_k heads (GQA gradients are summed over each kv head's query heads).
+//
+// Host code only: links against libmha_bwd.so, libmha_fwd.so and the CUDA runtime. Build (repository root, one line):
+//   g++ -std=c++17 -O3 -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_bwd.cpp
+//       -o benchmark_mha_bwd -L<dir of the libraries> -lmha_bwd -lmha_fwd -L$CUDA_HOME/lib64 -lcudart -ldl
+//       -pthread -Wl,-rpath,'$ORIGIN'
+//
+// Exit status: 0 success; 1 validation failed (gradients, forward, or determinism) or the library refused the
+// arguments (not supported / invalid); 2 bad command line; 3 CUDA runtime error.
+#include "mha_bwd.h"
+#include "mha_fwd.h"
+
+#include <cuda_runtime_api.h>
+
+#include <stdint.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../reference/bench_cli.hpp"
+#include "../reference/host_attention.hpp"
+#include "../reference/host_attention_bwd.hpp"
+
+namespace {
+
+constexpr int kExitFail = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitCuda = 3;
+
+const char* const kProg = "benchmark_mha_bwd";
+
+#define MHAKIT_CHECK_CUDA(expr)                                                                                   \
+    do {                                                                                                          \
+        const cudaError_t err_ = (expr);                                                                          \
+        if (err_ != cudaSuccess) {                                                                                \
+            std::cout << std::flush;                                                                              \
+            std::fprintf(stderr, "\n%s: CUDA error at %s:%d: %s -> %s (%s)\n", kProg, __FILE__, __LINE__, #expr,  \
+                         cudaGetErrorName(err_), cudaGetErrorString(err_));                                       \
+            std::exit(kExitCuda);                                                                                 \
+        }                                                                                                         \
+    } while (0)
+
+// A device allocation (at least 256 bytes, so that empty tensors still get a valid pointer).
+class DeviceBuffer {
+public:
+    explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { MHAKIT_CHECK_CUDA(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256))); }
+    ~DeviceBuffer() {
+        if (ptr_ != nullptr) {
+            const cudaError_t e = cudaFree(ptr_);
+            if (e != cudaSuccess) std::fprintf(stderr, "%s: warning: cudaFree failed: %s\n", kProg, cudaGetErrorString(e));
+        }
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    void* get() const { return ptr_; }
+    size_t bytes() const { return bytes_; }
+    void upload(const void* host) const {
+        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice));
+    }
+    void download(void* host) const {
+        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost));
+    }
+    // All bytes 0xFF: NaN in fp16, bf16 and fp32, so anything the kernel forgets to write fails validation.
+    void poison() const { MHAKIT_CHECK_CUDA(cudaMemset(ptr_, 0xFF, std::max<size_t>(bytes_, 256))); }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+    std::fprintf(stderr, "%s: error: %s\n", kProg, msg.c_str());
+    std::exit(kExitUsage);
+}
+
+template <class T>
+std::string list_str(const std::vector<T>& v, size_t max_items = 64) {
+    std::ostringstream os;
+    os << "[";
+    for (size_t i = 0; i < v.size() && i < max_items; ++i) os << (i ? ", " : "") << v[i];
+    if (v.size() > max_items) os << ", ... (" << v.size() << " values)";
+    os << "]";
+    return os.str();
+}
+
+const char* status_name(float r) {
+    if (r == float(MHAKIT_ERROR_UNSUPPORTED)) return "unsupported";
+    if (r == float(MHAKIT_ERROR_INVALID_ARGS)) return "invalid arguments";
+    if (r == float(MHAKIT_ERROR_CUDA)) return "CUDA error";
+    return "error";
+}
+
+void register_args(mhakit::bench::ArgParser& ap) {
+    using mhakit::bench::parse_bool;
+    using mhakit::bench::parse_float;
+    using mhakit::bench::parse_int;
+    ap.add("v", "1", "0: no validation, 1: CPU validation (and, with -deterministic=1, a bitwise rerun check)")
+        .add("mode", "0", "kernel mode. 0: batch, 1: group")
+        .add("b", "2", "batch size")
+        .add("h", "8", "num of head, for q")
+        .add("h_k", "-1", "num of head, for k/v, -1 means equal to h\nif not equal to h, then this is GQA/MQA case")
+        .add("s", "3328",
+             "seqlen_q. if group-mode, means the average value of seqlen_q\n"
+             "total_seqlen_q = seqlen_q * batch, and seqlen_q per batch may vary\n"
+             "also with \"-s=s0,s1,s2...\" comma separated int to set per batch seqlen (group-mode)")
+        .add("s_k", "-1", "seqlen_k, -1 means equal to s\nalso \"-s_k=k0,k1,...\" per batch (group-mode)")
+        .add("d", "128", "head dim for q, k")
+        .add("d_v", "-1", "head dim for v, -1 means equal to d")
+        .add("scale", "0", "scale factor. 0 means equal to 1/sqrt(hdim)")
+        .add("iperm", "1", "permute input (q, k, v and dq, dk, dv)\nif true, will be b*h*s*d, else b*s*h*d")
+        .add("operm", "1", "permute output (o and do)")
+        .add("prec", "fp16", "data type. fp16/bf16")
+        .add("mask", "0",
+             "0: no mask, 1: top-left(same as 't'), 2:bottom-right(same as 'b')\n"
+             "'t', top-left causal mask, 'b', bottom-r causal mask\n"
+             "'t:l,r', top-left sliding window attn(swa) with FA style left right size\n"
+             "'b:l,r', bottom-r sliding window attn(swa) with FA style left right size\n"
+             "'xt:window_size', xformer style masking from top-left, window_size negative is causal, positive is swa\n"
+             "'xb:window_size', xformer style masking from bottom-r, window_size negative is causal, positive is swa\n"
+             "'g:y,x', generic attention mask coordinate with y/x size (only debug purpose for now)")
+        .add("deterministic", "0",
+             "1: ask for bitwise reproducible dq/dk/dv (mha_bwd_args.deterministic)\n"
+             "with -v=1 the backward then runs twice and the results must be bitwise equal")
+        .add("kname", "0", "if set to 1 will print kernel name")
+        .add("init", "1",
+             "init method of q, k, v, do. 0: random int in [-2, 2], 1: random float in [-1, 1), 2: trig float\n"
+             "(the forward's ui, ni, uf, nf, tf are accepted too)")
+        .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
+        .add("warmup", "10", "number of iterations before benchmark the kernel")
+        .add("repeat", "10", "number of iterations to benchmark the kernel");
+    ap.set_epilog(
+        "output: <ms> is the mean time of one mha_bwd call (every backward stage, not the forward);\n"
+        "  TFlops = FLOPs / 1e9 / ms with FLOPs = 2.5 x the forward's (FlashAttention convention):\n"
+        "  sum over sequences and query heads of 2.5 * 2*s*s_k*(d + d_v) (= 10*s*s_k*d when d == d_v),\n"
+        "  halved when any mask is set; GB/s = bytes / 1e6 / ms with bytes = q, k, v, o, do, dq, dk, dv (2 bytes per\n"
+        "  element, counted per query head as aiter does) and lse (4 bytes) once.\n"
+        "validation (-v=1): dq, dk, dv against an fp32 host reference that recomputes the forward (D = rowsum(do*o)\n"
+        "  with the device o), |out - ref| <= atol + rtol*|ref| with rtol = atol = 1e-2 (bf16 with d > 128 and\n"
+        "  d_v > 128: 3.2e-2); the forward's o and lse with the forward's tolerances; with -deterministic=1 a second\n"
+        "  run must give bitwise identical dq, dk, dv.\n");
+
+    const auto int_is = [](int want) {
+        return [want](const std::string& s) {
+            int v;
+            return parse_int(s, &v) && v == want;
+        };
+    };
+    const auto int_negative = [](const std::string& s) {
+        int v;
+        return parse_int(s, &v) && v < 0;
+    };
+    const auto float_zero = [](const std::string& s) {
+        float v;
+        return parse_float(s, &v) && v == 0.0f;
+    };
+    const auto bool_is = [](bool want) {
+        return [want](const std::string& s) {
+            bool v;
+            return parse_bool(s, &v) && v == want;
+        };
+    };
+    const auto one_of = [](std::vector<std::string> ok) {
+        return [ok](const std::string& s) { return std::find(ok.begin(), ok.end(), s) != ok.end(); };
+    };
+    ap.add_unsupported("bias", "n", "n or 0", one_of({"n", "0"}))
+        .add_unsupported("dbias", "0", "0", bool_is(false))
+        .add_unsupported("p_drop", "0", "0", float_zero)
+        .add_unsupported("drop_seed", "1", "1", int_is(1))
+        .add_unsupported("drop_offset", "0", "0", int_is(0))
+        .add_unsupported("drop_prefs", "0", "0", bool_is(false))
+        .add_unsupported("s_kpad", "-1", "-1", int_negative)
+        .add_unsupported("s_qpad", "-1", "-1", int_negative)
+        .add_unsupported("bwd_v3", "0", "0", int_is(0))
+        .add_unsupported("v3_atomic_fp32", "1", "1", bool_is(true))
+        .add_unsupported("v3_bf16_cvt", "1", "1", int_is(1))
+        .add_unsupported("v3_api_check", "0", "0", bool_is(false))
+        .add_unsupported("timer", "gpu", "gpu", one_of({"gpu"}));
+}
+
+// Host copy of a device tensor of 16-bit elements.
+std::vector<uint16_t> download16(const DeviceBuffer& buf, size_t elems) {
+    std::vector<uint16_t> h(elems);
+    if (elems > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(h.data(), buf.get(), elems * 2, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    namespace host = mhakit::host;
+    namespace bench = mhakit::bench;
+
+    // ---------------------------------------------------------------- arguments
+    bench::ArgParser ap;
+    register_args(ap);
+    std::string err;
+    const int pr = ap.parse(argc, argv, &err);
+    if (pr > 0) return 0;
+    if (pr < 0) usage_error(err);
+
+    int do_validation, mode, batch, nhead, nhead_k, hdim_q, hdim_v, kname, warmup, repeat;
+    float scale;
+    bool i_perm, o_perm, deterministic;
+    uint32_t seed;
+    if (!ap.get_int("v", &do_validation, &err) || !ap.get_int("mode", &mode, &err) || !ap.get_int("b", &batch, &err) ||
+        !ap.get_int("h", &nhead, &err) || !ap.get_int("h_k", &nhead_k, &err) || !ap.get_int("d", &hdim_q, &err) ||
+        !ap.get_int("d_v", &hdim_v, &err) || !ap.get_float("scale", &scale, &err) ||
+        !ap.get_bool("iperm", &i_perm, &err) || !ap.get_bool("operm", &o_perm, &err) ||
+        !ap.get_bool("deterministic", &deterministic, &err) || !ap.get_int("kname", &kname, &err) ||
+        !ap.get_uint32("seed", &seed, &err) || !ap.get_int("warmup", &warmup, &err) ||
+        !ap.get_int("repeat", &repeat, &err))
+        usage_error(err);
+
+    if (do_validation == 2) usage_error("-v=2 (GPU validation) is not supported by mhakit yet; use -v=1 (CPU) or -v=0");
+    if (do_validation != 0 && do_validation != 1) usage_error("-v must be 0 or 1");
+    if (mode != 0 && mode != 1) usage_error("-mode must be 0 (batch) or 1 (group)");
+    const bool group = (mode == 1);
+    if (batch < 1) usage_error("-b must be >= 1");
+    if (nhead < 1) usage_error("-h must be >= 1");
+    if (nhead_k < 0) nhead_k = nhead;
+    if (nhead_k < 1 || nhead % nhead_k != 0)
+        usage_error("nhead:" + std::to_string(nhead) + " must be multiple of nhead_k:" + std::to_string(nhead_k));
+    if (hdim_v < 0) hdim_v = hdim_q;
+    if (hdim_q < 1 || hdim_v < 1) usage_error("-d and -d_v must be >= 1");
+    if (kname < 0 || warmup < 0 || repeat < 0) usage_error("-kname, -warmup and -repeat must be >= 0");
+    if (!(scale >= 0.0f) || !std::isfinite(scale)) usage_error("-scale must be a finite number >= 0 (0: 1/sqrt(d))");
+
+    const std::string prec = ap.str("prec");
+    mhakit_dtype dtype;
+    if (prec == "fp16") dtype = MHAKIT_DTYPE_FP16;
+    else if (prec == "bf16") dtype = MHAKIT_DTYPE_BF16;
+    else if (prec == "fp8" || prec == "bf8" || prec == "fp8bf16" || prec == "fp8fp32" || prec == "fp32")
+        usage_error("-prec=" + prec + " is not supported by mhakit yet (fp16 or bf16)");
+    else usage_error("invalid -prec=" + prec + " (fp16 or bf16)");
+
+    bench::MaskSpec mask;
+    if (!bench::parse_mask(ap.str("mask"), &mask, &err)) usage_error(err);
+    bench::InitMethod init;
+    if (!bench::parse_init_bwd(ap.str("init"), &init, &err)) usage_error(err);
+
+    if (seed == 0) {
+        seed = std::random_device{}();
+        if (seed == 0) seed = 1;
+        std::fprintf(stderr, "%s: -seed=0, using random seed %u\n", kProg, seed);
+    }
+
+    std::vector<int> seqlen_qs, seqlen_ks;
+    if (!bench::decode_seqlens(group, batch, ap.str("s"), ap.str("s_k"), seed, &seqlen_qs, &seqlen_ks, &err))
+        usage_error(err);
+    const std::vector<int32_t> seqstart_q = bench::to_seqstarts(seqlen_qs);
+    const std::vector<int32_t> seqstart_k = bench::to_seqstarts(seqlen_ks);
+
+    if (scale == 0.0f) scale = 1.0f / std::sqrt(float(hdim_q));
+
+    // ---------------------------------------------------------------- sizes, FLOPs, bytes
+    // FLOPs: 2.5 x the forward's, FlashAttention convention (forward = 2*sq*sk*(d + dv) per head, halved for any mask).
+    // Bytes: as aiter counts them, q, k, v, o, do, dq, dk, dv (per query head) and lse once.
+    int max_seqlen_q = 0, max_seqlen_k = 0;
+    double flop = 0, num_byte = 0;
+    const double esz = 2.0;  // fp16 / bf16
+    for (int b = 0; b < batch; ++b) {
+        const double sq = seqlen_qs[size_t(b)], sk = seqlen_ks[size_t(b)];
+        max_seqlen_q = std::max(max_seqlen_q, seqlen_qs[size_t(b)]);
+        max_seqlen_k = std::max(max_seqlen_k, seqlen_ks[size_t(b)]);
+        flop += 2.5 * double(nhead) * 2.0 * sq * sk * double(hdim_q + hdim_v);
+        num_byte += double(nhead) * (esz * sq * hdim_q + esz * sk * hdim_q + esz * sk * hdim_v + esz * sq * hdim_v +
+                                     esz * sq * hdim_v + esz * sq * hdim_q + esz * sk * hdim_q + esz * sk * hdim_v +
+                                     4.0 * sq);
+    }
+    if (mask.type != MHAKIT_MASK_NONE) flop *= 0.5;
+
+    const int64_t shape_batch = group ? 1 : batch;
+    const int64_t shape_sq = group ? int64_t(seqstart_q.back()) : int64_t(seqlen_qs[0]);
+    const int64_t shape_sk = group ? int64_t(seqstart_k.back()) : int64_t(seqlen_ks[0]);
+
+    const size_t q_elems = size_t(shape_batch * nhead * shape_sq * hdim_q);
+    const size_t k_elems = size_t(shape_batch * nhead_k * shape_sk * hdim_q);
+    const size_t v_elems = size_t(shape_batch * nhead_k * shape_sk * hdim_v);
+    const size_t o_elems = size_t(shape_batch * nhead * shape_sq * hdim_v);
+    const size_t lse_elems = size_t(shape_batch * nhead * shape_sq);
+
+    // ---------------------------------------------------------------- host inputs
+    std::vector<uint16_t> q_host(q_elems), k_host(k_elems), v_host(v_elems), do_host(o_elems);
+    {
+        std::mt19937 seeder(seed);
+        const uint32_t sq_seed = static_cast<uint32_t>(seeder());
+        const uint32_t sk_seed = static_cast<uint32_t>(seeder());
+        const uint32_t sv_seed = static_cast<uint32_t>(seeder());
+        const uint32_t sdo_seed = static_cast<uint32_t>(seeder());
+        bench::fill_tensor(q_host, init, dtype, sq_seed);
+        bench::fill_tensor(k_host, init, dtype, sk_seed);
+        bench::fill_tensor(v_host, init, dtype, sv_seed);
+        bench::fill_tensor(do_host, init, dtype, sdo_seed);
+    }
+
+    // ---------------------------------------------------------------- device buffers
+    DeviceBuffer q_dev(q_elems * 2), k_dev(k_elems * 2), v_dev(v_elems * 2), o_dev(o_elems * 2), do_dev(o_elems * 2);
+    DeviceBuffer lse_dev(lse_elems * sizeof(float));
+    DeviceBuffer dq_dev(q_elems * 2), dk_dev(k_elems * 2), dv_dev(v_elems * 2);
+    DeviceBuffer seqstart_q_dev(group ? seqstart_q.size() * sizeof(int32_t) : 0);
+    DeviceBuffer seqstart_k_dev(group ? seqstart_k.size() * sizeof(int32_t) : 0);
+    q_dev.upload(q_host.data());
+    k_dev.upload(k_host.data());
+    v_dev.upload(v_host.data());
+    do_dev.upload(do_host.data());
+    if (group) {
+        seqstart_q_dev.upload(seqstart_q.data());
+        seqstart_k_dev.upload(seqstart_k.data());
+    }
+    o_dev.poison();
+    lse_dev.poison();
+    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+
+    // ---------------------------------------------------------------- arguments for the library (aiter's strides)
+    mhakit::mha_bwd_args args{};
+    args.data_type = dtype;
+    args.is_group_mode = group ? 1 : 0;
+    args.deterministic = deterministic ? 1 : 0;
+    args.q_ptr = q_dev.get();
+    args.k_ptr = k_dev.get();
+    args.v_ptr = v_dev.get();
+    args.o_ptr = o_dev.get();
+    args.lse_ptr = lse_dev.get();
+    args.do_ptr = do_dev.get();
+    args.dq_ptr = dq_dev.get();
+    args.dk_ptr = dk_dev.get();
+    args.dv_ptr = dv_dev.get();
+    args.workspace_ptr = nullptr;
+    args.workspace_bytes = 0;
+    args.seqstart_q_ptr = group ? static_cast<const int32_t*>(seqstart_q_dev.get()) : nullptr;
+    args.seqstart_k_ptr = group ? static_cast<const int32_t*>(seqstart_k_dev.get()) : nullptr;
+    args.seqlen_q = int(shape_sq);  // group mode: ignored by the library
+    args.seqlen_k = int(shape_sk);
+    args.batch = batch;
+    args.max_seqlen_q = max_seqlen_q;
+    args.max_seqlen_k = max_seqlen_k;
+    args.hdim_q = hdim_q;
+    args.hdim_v = hdim_v;
+    args.nhead_q = nhead;
+    args.nhead_k = nhead_k;
+    args.scale = scale;
+    // q, k, v and dq, dk, dv: -iperm; o and do: -operm
+    args.stride_q = args.stride_dq = i_perm ? hdim_q : int64_t(nhead) * hdim_q;
+    args.stride_k = args.stride_dk = i_perm ? hdim_q : int64_t(nhead_k) * hdim_q;
+    args.stride_v = args.stride_dv = i_perm ? hdim_v : int64_t(nhead_k) * hdim_v;
+    args.stride_o = args.stride_do = o_perm ? hdim_v : int64_t(nhead) * hdim_v;
+    args.nhead_stride_q = args.nhead_stride_dq = i_perm ? shape_sq * hdim_q : hdim_q;
+    args.nhead_stride_k = args.nhead_stride_dk = i_perm ? shape_sk * hdim_q : hdim_q;
+    args.nhead_stride_v = args.nhead_stride_dv = i_perm ? shape_sk * hdim_v : hdim_v;
+    args.nhead_stride_o = args.nhead_stride_do = o_perm ? shape_sq * hdim_v : hdim_v;
+    args.nhead_stride_lse = shape_sq;
+    args.batch_stride_q = args.batch_stride_dq = int64_t(nhead) * shape_sq * hdim_q;
+    args.batch_stride_k = args.batch_stride_dk = int64_t(nhead_k) * shape_sk * hdim_q;
+    args.batch_stride_v = args.batch_stride_dv = int64_t(nhead_k) * shape_sk * hdim_v;
+    args.batch_stride_o = args.batch_stride_do = int64_t(nhead) * shape_sq * hdim_v;
+    args.batch_stride_lse = int64_t(nhead) * shape_sq;
+    args.mask_type = mask.type;
+    args.window_size_left = mask.left;
+    args.window_size_right = mask.right;
+
+    // the forward that produces O and LSE: same geometry, pointers and mask (host_attention_bwd.hpp's fwd_args_of)
+    const mhakit::mha_fwd_args fargs = host::fwd_args_of(args);
+
+    // ---------------------------------------------------------------- the line, as aiter prints it
+    const auto layout_str = [](bool permute) { return std::string(permute ? "bhsd" : "bshd"); };
+    const std::string io_layout = i_perm == o_perm ? layout_str(i_perm) : layout_str(i_perm) + "-" + layout_str(o_perm);
+    std::ostringstream head;
+    head << "[" << prec << "|" << (group ? "group" : "batch") << "|" << io_layout << "] b:" << batch << ", h:" << nhead
+         << "/" << nhead_k << ", s:" << seqlen_qs[0] << "/" << seqlen_ks[0] << ", d:" << hdim_q << "/" << hdim_v
+         << ", scale:" << scale << ", bias:n, dbias:0, p_drop:0, s_randval:0, deterministic:" << (deterministic ? 1 : 0)
+         << ", mask:" << mask.str();
+    // Any kernel names the library prints (-kname=1) come before the line; the line is printed in one piece.
+    const auto fail_line = [&](const char* what, float rc, const char* why) {
+        std::cout << head.str() << ", not supported yet" << std::endl;
+        std::fprintf(stderr, "%s: %s returned %d (%s): %s\n", kProg, what, int(rc), status_name(rc), why);
+        return kExitFail;
+    };
+
+    // ---------------------------------------------------------------- forward (O, LSE) through the library
+    mhakit::stream_config sc_once{};
+    sc_once.stream = nullptr;
+    sc_once.time_kernel = 0;
+    sc_once.log_level = kname;
+    sc_once.warmup = 0;
+    sc_once.repeat = 1;
+    sc_once.gpu_timer = 1;
+    {
+        const float rc = mhakit::mha_fwd(fargs, sc_once);
+        if (rc < 0.0f) return fail_line("mha_fwd (producing O and LSE)", rc, mhakit::last_error());
+        MHAKIT_CHECK_CUDA(cudaGetLastError());
+        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    }
+
+    // ---------------------------------------------------------------- workspace
+    const size_t ws_bytes = mhakit::mha_bwd_workspace_size(args);
+    if (ws_bytes == 0 && mhakit::last_error()[0] != '\0') {
+        std::cout << head.str() << ", not supported yet" << std::endl;
+        std::fprintf(stderr, "%s: mha_bwd_workspace_size failed: %s\n", kProg, mhakit::last_error());
+        return kExitFail;
+    }
+    DeviceBuffer ws_dev(ws_bytes);
+    args.workspace_ptr = ws_bytes > 0 ? ws_dev.get() : nullptr;
+    args.workspace_bytes = ws_bytes;
+
+    // ---------------------------------------------------------------- timed backward
+    const auto poison_outputs = [&]() {
+        dq_dev.poison();
+        dk_dev.poison();
+        dv_dev.poison();
+        if (ws_bytes > 0) ws_dev.poison();
+        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    };
+    poison_outputs();
+
+    mhakit::stream_config sc{};
+    sc.stream = nullptr;
+    sc.time_kernel = 1;
+    sc.log_level = kname;
+    sc.warmup = warmup;
+    sc.repeat = repeat;
+    sc.gpu_timer = 1;
+    const float ave_time = mhakit::mha_bwd(args, sc);
+    if (ave_time < 0.0f) return fail_line("mha_bwd", ave_time, mhakit::last_error());
+    MHAKIT_CHECK_CUDA(cudaGetLastError());
+    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+
+    const double tflops = flop / 1.0e9 / double(ave_time);
+    const double gb_per_sec = num_byte / 1.0e6 / double(ave_time);
+    std::cout << head.str() << std::fixed << ", " << std::setprecision(3) << ave_time << " ms, " << std::setprecision(2)
+              << tflops << " TFlops, " << std::setprecision(2) << gb_per_sec << " GB/s" << std::flush;
+
+    if (do_validation == 0) {
+        std::cout << std::endl;
+        return 0;
+    }
+
+    // ---------------------------------------------------------------- validation against the host reference
+    const std::vector<uint16_t> dq_out = download16(dq_dev, q_elems);
+    const std::vector<uint16_t> dk_out = download16(dk_dev, k_elems);
+    const std::vector<uint16_t> dv_out = download16(dv_dev, v_elems);
+    const std::vector<uint16_t> o_out = download16(o_dev, o_elems);
+    std::vector<float> lse_out(lse_elems);
+    lse_dev.download(lse_out.data());
+
+    // Determinism: run once more on poisoned outputs and workspace; every logical element must match bitwise.
+    size_t det_diff[3] = {0, 0, 0};
+    std::string det_first[3];
+    bool det_ok = true;
+    if (deterministic) {
+        poison_outputs();
+        mhakit::stream_config sc2 = sc_once;
+        sc2.log_level = 0;
+        const float rc = mhakit::mha_bwd(args, sc2);
+        if (rc < 0.0f) {
+            std::cout << ", valid:n" << std::endl;
+            std::fprintf(stderr, "%s: second (determinism) mha_bwd returned %d (%s): %s\n", kProg, int(rc),
+                         status_name(rc), mhakit::last_error());
+            return kExitFail;
+        }
+        MHAKIT_CHECK_CUDA(cudaGetLastError());
+        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+        const std::vector<uint16_t> dq2 = download16(dq_dev, q_elems);
+        const std::vector<uint16_t> dk2 = download16(dk_dev, k_elems);
+        const std::vector<uint16_t> dv2 = download16(dv_dev, v_elems);
+        mhakit::mha_bwd_args hargs_det = args;
+        hargs_det.seqstart_q_ptr = group ? seqstart_q.data() : nullptr;
+        hargs_det.seqstart_k_ptr = group ? seqstart_k.data() : nullptr;
+        det_diff[0] = host::count_bitwise_diff(hargs_det, host::BwdTensor::DQ, dq_out.data(), dq2.data(), &det_first[0]);
+        det_diff[1] = host::count_bitwise_diff(hargs_det, host::BwdTensor::DK, dk_out.data(), dk2.data(), &det_first[1]);
+        det_diff[2] = host::count_bitwise_diff(hargs_det, host::BwdTensor::DV, dv_out.data(), dv2.data(), &det_first[2]);
+        det_ok = det_diff[0] == 0 && det_diff[1] == 0 && det_diff[2] == 0;
+    }
+
+    mhakit::mha_bwd_args hargs = args;  // same geometry, host pointers
+    hargs.q_ptr = q_host.data();
+    hargs.k_ptr = k_host.data();
+    hargs.v_ptr = v_host.data();
+    hargs.o_ptr = o_out.data();  // D from the device O (what the backward kernels read)
+    hargs.lse_ptr = nullptr;
+    hargs.do_ptr = do_host.data();
+    hargs.dq_ptr = hargs.dk_ptr = hargs.dv_ptr = nullptr;
+    hargs.workspace_ptr = nullptr;
+    hargs.workspace_bytes = 0;
+    hargs.seqstart_q_ptr = group ? seqstart_q.data() : nullptr;
+    hargs.seqstart_k_ptr = group ? seqstart_k.data() : nullptr;
+
+    std::vector<float> dq_ref(q_elems, 0.0f), dk_ref(k_elems, 0.0f), dv_ref(v_elems, 0.0f);
+    std::vector<float> o_ref(o_elems, 0.0f), lse_ref(lse_elems, 0.0f);
+    host::BwdRefOptions ropt;
+    ropt.d_from_o = true;
+    host::reference_mha_bwd(hargs, dq_ref.data(), dk_ref.data(), dv_ref.data(), o_ref.data(), lse_ref.data(), ropt);
+
+    // Check silently first so that the one-line summary stays on one line; report the details after it.
+    const double tol = host::bwd_tolerance(dtype, hdim_q, hdim_v);
+    const auto run_bwd_check = [&](FILE* log) {
+        return host::check_bwd(hargs, dq_out.data(), dk_out.data(), dv_out.data(), dq_ref.data(), dk_ref.data(),
+                               dv_ref.data(), tol, tol, /*round_ref=*/true, log, /*max_report=*/8);
+    };
+    const mhakit::mha_fwd_args hfargs = host::fwd_args_of(hargs);
+    const double ftol = dtype == MHAKIT_DTYPE_BF16 ? 1e-2 : 1e-3;
+    const auto run_fwd_check = [&](FILE* log) {
+        return host::check_fwd(hfargs, o_out.data(), o_ref.data(), lse_out.data(), lse_ref.data(), ftol, ftol,
+                               /*round_ref_o=*/true, log, /*max_report=*/8);
+    };
+    const host::BwdCheckResult chk = run_bwd_check(nullptr);
+    const host::FwdCheckResult fchk = run_fwd_check(nullptr);
+    const bool ok = chk.ok && fchk.ok && det_ok;
+    std::cout << ", valid:" << (ok ? "y" : "n") << std::endl;
+    if (!chk.ok) {
+        run_bwd_check(stderr);
+        std::fprintf(stderr, "%s mismatch (rtol=atol=%g)\n", !chk.dq.ok ? "dQ" : !chk.dk.ok ? "dK" : "dV", tol);
+    }
+    if (!fchk.ok) {
+        run_fwd_check(stderr);
+        std::fprintf(stderr, "forward %s (from mha_fwd, input of the backward) mismatch (rtol=atol=%g)\n",
+                     fchk.o.ok ? "LSE" : "O", ftol);
+    }
+    if (!det_ok) {
+        const char* names[3] = {"dQ", "dK", "dV"};
+        for (int t = 0; t < 3; ++t)
+            if (det_diff[t] > 0)
+                std::fprintf(stderr, "deterministic: %s differs between two runs in %zu elements (first at %s)\n",
+                             names[t], det_diff[t], det_first[t].c_str());
+    }
+    if (!ok) {
+        std::fprintf(stderr, "\tseqlen_q: %s\n\tseqlen_k: %s\n", list_str(seqlen_qs).c_str(), list_str(seqlen_ks).c_str());
+        if (group)
+            std::fprintf(stderr, "\tseqstart_q: %s\n\tseqstart_k: %s\n", list_str(seqstart_q).c_str(),
+                         list_str(seqstart_k).c_str());
+    }
+    return ok ? 0 : kExitFail;
+}

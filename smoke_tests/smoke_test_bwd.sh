@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# mhakit backward smoke test: aiter's / CK's smoke_test_bwd.sh grid, restricted to what mhakit supports
+# (no bias, no dbias, no dropout):
+#   prec {fp16, bf16} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x mode {0, 1}, six shapes each
+#   (GQA, s != s_k, causal top-left / bottom-right, sliding windows t:128,30 and b:4,35), 192 runs;
+# then deterministic runs (-deterministic=1; with -v=1 the benchmark also runs the backward twice and requires
+# bitwise-identical dQ / dK / dV): prec x mode x hdim x three of the shapes, 48 runs.
+# Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
+#
+# Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
+# Options, queueing and the parallel runner live in smoke_common.sh (shared with smoke_test_fwd.sh).
+set -u
+
+usage() {
+    cat <<'USAGE'
+usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
+  -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
+  -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
+  -q        quick subset: fp16 and iperm=operm=1 only (72 runs instead of 240)
+  -k        pass -kname=1 (print the chosen kernel names)
+  -h        show this help
+environment:
+  BENCH           benchmark executable (default: ./benchmark_mha_bwd)
+  MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=0 -seed=7"
+  MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
+USAGE
+}
+
+SMOKE_NAME=smoke_test_bwd
+SMOKE_EXE_DEFAULT=./benchmark_mha_bwd
+# shellcheck source=smoke_common.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/smoke_common.sh" || exit 2
+smoke_setup "$@"
+
+PRECS="fp16 bf16"
+PERMS="0 1"
+if [ "$QUICK" -eq 1 ]; then
+    PRECS="fp16"
+    PERMS="1"
+fi
+
+smoke_header
+for prec in $PRECS; do
+for perm in $PERMS; do
+for hdim in 32 64 128 256; do
+for mode in 0 1; do
+    p=(-prec="$prec" -d="$hdim" -iperm="$perm" -operm="$perm" -mode="$mode")
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259
+    run "${p[@]}" -b=2 -h=2 -s=516 -s_k=253
+    run "${p[@]}" -b=1 -h=4 -h_k=1 -s=500 -s_k=251 -mask=1
+    run "${p[@]}" -b=1 -h=2 -s=900 -s_k=258 -mask=2
+    run "${p[@]}" -b=2 -h=1 -s=987 -s_k=219 -mask=t:128,30
+    run "${p[@]}" -b=2 -h=3 -h_k=1 -s=244 -s_k=499 -mask=b:4,35
+done
+done
+done
+done
+
+# deterministic mode, checked bitwise against a second run
+for prec in $PRECS; do
+for mode in 0 1; do
+for hdim in 32 64 128 256; do
+    p=(-prec="$prec" -d="$hdim" -iperm=1 -operm=1 -mode="$mode" -deterministic=1)
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259
+    run "${p[@]}" -b=1 -h=2 -s=900 -s_k=258 -mask=2
+    run "${p[@]}" -b=2 -h=3 -h_k=1 -s=244 -s_k=499 -mask=b:4,35
+done
+done
+done
+
+run_all
+smoke_finish
