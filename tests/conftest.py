@@ -67,3 +67,21 @@ def minimal_fwd_build(build_root) -> Path:
                         "--build-dir", str(build_root / "objects")], cwd=out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def gpu_libraries(build_root) -> Path:
+    """libmha_fwd.so and libmha_bwd.so (with their benchmarks) of MHAKIT_TEST_PROFILE (default: default), built
+    once into one directory; the GPU tests load them from there."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pytest.skip("CuPy is not installed")
+    profile = os.environ.get("MHAKIT_TEST_PROFILE", "default")
+    out = build_root / f"gpu-{profile}"
+    out.mkdir(exist_ok=True)
+    for api in ("fwd", "bwd"):
+        proc = run_compile(["--api", api, "--profile", profile, "--benchmark", "--build-dir", str(build_root / "objects")],
+                           cwd=out, timeout=3000)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out

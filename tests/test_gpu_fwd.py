@@ -7,107 +7,21 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, run_compile
+from conftest import REPO
+from gpu_arrays import NAN_BITS, assert_close, cp, download, make_strided, upload
 from mhakit import _capi, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 
-cp = pytest.importorskip("cupy") if os.environ.get("MHAKIT_REQUIRE_CUPY") else None
-if cp is None:
-    try:
-        import cupy as cp  # noqa: F811
-    except ImportError:  # pragma: no cover - the GPU machine has CuPy
-        cp = None
-
-NAN_BITS = {"fp16": 0x7E00, "bf16": 0x7FC0}
-
 
 @pytest.fixture(scope="module")
-def lib(build_root):
-    """The library under test: MHAKIT_TEST_PROFILE (default: default) built with the benchmark."""
-    if cp is None:
-        pytest.skip("CuPy is not installed")
-    profile = os.environ.get("MHAKIT_TEST_PROFILE", "default")
-    out = build_root / f"gpu-{profile}"
-    out.mkdir(exist_ok=True)
-    proc = run_compile(["--api", "fwd", "--profile", profile, "--benchmark", "--build-dir", str(build_root / "objects")],
-                       cwd=out, timeout=3000)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return _capi.load_library(out / "libmha_fwd.so")
-
-
-def to_bits(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Round float32 values to dtype. Returns (uint16 bit patterns, the rounded values as float32)."""
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    if dtype == "fp16":
-        half = values.astype(np.float16)
-        return half.view(np.uint16), half.astype(np.float32)
-    bits = values.view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return rounded, (rounded.astype(np.uint32) << 16).view(np.float32)
-
-
-def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "fp16":
-        return bits.view(np.float16).astype(np.float32)
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-@dataclass
-class Strided:
-    """A [n0, n1, n2, d] logical view on a flat device buffer: element strides (s0, s1, s2, 1)."""
-    storage: "cp.ndarray"
-    shape: tuple[int, int, int, int]
-    strides: tuple[int, int, int]
-
-    @property
-    def ptr(self) -> int:
-        return int(self.storage.data.ptr)
-
-    def host_view(self, host_storage: np.ndarray) -> np.ndarray:
-        s0, s1, s2 = self.strides
-        item = host_storage.itemsize
-        return np.lib.stride_tricks.as_strided(host_storage, self.shape, (s0 * item, s1 * item, s2 * item, item))
-
-
-def make_strided(shape, order: str, pad: int, fill_bits: int) -> Strided:
-    """order 'bhsd' or 'bshd' for logical [b, h, s, d]; pad adds elements after each head's row (pad=1 makes every
-    stride odd, i.e. not 16-byte aligned)."""
-    b, h, s, d = shape
-    dp = d + pad
-    if order == "bhsd":
-        strides, size = (h * s * dp, s * dp, dp), b * h * s * dp
-    else:
-        strides, size = (s * h * dp, dp, h * dp), b * s * h * dp
-    storage = cp.full(max(size, 1), fill_bits, dtype=cp.uint16)
-    return Strided(storage, shape, strides)
-
-
-def upload(values_bhsd: np.ndarray, dtype: str, order: str, pad: int) -> tuple[Strided, np.ndarray]:
-    bits, rounded = to_bits(values_bhsd, dtype)
-    t = make_strided(values_bhsd.shape, order, pad, 0)
-    host = cp.asnumpy(t.storage)
-    if values_bhsd.size:
-        t.host_view(host)[...] = bits
-    t.storage.set(host)
-    return t, rounded
-
-
-def download(t: Strided, dtype: str) -> np.ndarray:
-    host = cp.asnumpy(t.storage)
-    return from_bits(np.ascontiguousarray(t.host_view(host)), dtype)
-
-
-def assert_close(out, ref, dtype, what):
-    rtol, atol = reference.tolerances(dtype)
-    res = reference.check_close(out, ref, rtol, atol)
-    assert res.ok, f"{what}: {res.num_bad}/{res.total} bad, first at {res.first_bad}, max abs {res.max_abs:.3g}"
+def lib(gpu_libraries):
+    return _capi.load_library(gpu_libraries / "libmha_fwd.so")
 
 
 BATCH_CASES = [
@@ -151,9 +65,10 @@ def test_batch_mode_matches_reference(lib, case):
     cp.cuda.runtime.deviceSynchronize()
     ref_o, ref_lse = reference.attention_fwd(qr, kr, vr, mask_type=m.mask_type, window_left=m.left,
                                              window_right=m.right, return_lse=True)
-    assert_close(download(o, dtype), ref_o, dtype, f"O ({name})")
+    tol = reference.tolerances(dtype)
+    assert_close(download(o, dtype), ref_o, tol, f"O ({name})")
     if with_lse:
-        assert_close(cp.asnumpy(lse).reshape(b, hq, sq), ref_lse, "fp32" if False else dtype, f"LSE ({name})")
+        assert_close(cp.asnumpy(lse).reshape(b, hq, sq), ref_lse, tol, f"LSE ({name})")
 
 
 GROUP_CASES = [
@@ -198,8 +113,9 @@ def test_group_mode_matches_reference(lib, case):
         qr[0].transpose(1, 0, 2), kr[0].transpose(1, 0, 2), vr[0].transpose(1, 0, 2), cu_q, cu_k,
         mask_type=m.mask_type, window_left=m.left, window_right=m.right, return_lse=True)
     out = download(o, dtype)[0].transpose(1, 0, 2)  # [total, h, dv]
-    assert_close(out, ref_o, dtype, f"O ({name})")
-    assert_close(cp.asnumpy(lse).reshape(hq, tq), ref_lse, dtype, f"LSE ({name})")
+    tol = reference.tolerances(dtype)
+    assert_close(out, ref_o, tol, f"O ({name})")
+    assert_close(cp.asnumpy(lse).reshape(hq, tq), ref_lse, tol, f"LSE ({name})")
 
 
 def test_both_families_are_exercised(lib):
@@ -217,7 +133,7 @@ def test_both_families_are_exercised(lib):
 def test_benchmark_smoke_subset(lib):
     """benchmark_mha_fwd over a quick slice of the smoke grid (the full grid runs in smoke_tests/)."""
     bench = Path(lib.path).parent / "benchmark_mha_fwd"
-    proc = subprocess.run(["bash", str(REPO / "smoke_tests" / "smoke_test_fwd.sh"), "-q"], capture_output=True,
+    proc = subprocess.run(["bash", str(REPO / "smoke_tests" / "smoke_test_fwd.sh"), "-q", "-j", "0"], capture_output=True,
                           text=True, timeout=1200, env=dict(os.environ, BENCH=str(bench)))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " 0 failed" in proc.stdout

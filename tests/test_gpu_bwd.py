@@ -1,0 +1,177 @@
+"""The backward pass on the GPU against the NumPy reference, through the C ABI with CuPy arrays.
+
+O and LSE come from the reference (rounded O, fp32 LSE), so a failure here is the backward's own. dQ/dK/dV are
+poisoned with NaN and, in some cases, laid out differently from Q/K/V. The reference itself is checked against
+finite differences of the forward in tests/test_reference_bwd.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from gpu_arrays import NAN_BITS, assert_close, cp, download, make_strided, to_bits, upload
+from mhakit import _capi, reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.compile]
+
+
+@pytest.fixture(scope="module")
+def lib(gpu_libraries):
+    return _capi.load_bwd_library(gpu_libraries / "libmha_bwd.so")
+
+
+def upload_exact(rounded_bhsd: np.ndarray, dtype: str, order: str):
+    """Upload values that are already representable in dtype (e.g. a rounded reference O)."""
+    return upload(rounded_bhsd, dtype, order, 0)[0]
+
+
+def run_bwd(lib, args_kwargs, deterministic=False):
+    """Query the workspace, allocate it, run; returns the workspace so it outlives the call."""
+    args = _capi.make_bwd_args(**args_kwargs, deterministic=deterministic)
+    need = lib.workspace_size(args)
+    workspace = cp.empty(max(need, 1), dtype=cp.uint8)
+    args = _capi.make_bwd_args(**args_kwargs, deterministic=deterministic, workspace_ptr=int(workspace.data.ptr),
+                               workspace_bytes=int(workspace.nbytes))
+    name = lib.kernel_name(args)
+    assert name is not None, lib.last_error()
+    lib.mha_bwd(args)
+    cp.cuda.runtime.deviceSynchronize()
+    return name, workspace
+
+
+BATCH_CASES = [
+    # dtype, b, hq, hk, sq, sk, d, dv, order_in, order_grad, pad_grad, mask, deterministic
+    ("bf16", 2, 4, 4, 128, 128, 128, 128, "bhsd", "bhsd", 0, "0", False),
+    ("fp16", 1, 4, 2, 259, 259, 64, 64, "bshd", "bshd", 0, "0", False),
+    ("bf16", 2, 2, 2, 516, 253, 128, 128, "bhsd", "bshd", 0, "1", False),
+    ("fp16", 1, 4, 1, 500, 251, 128, 128, "bshd", "bhsd", 0, "1", True),
+    ("bf16", 1, 2, 2, 900, 258, 64, 64, "bhsd", "bhsd", 0, "2", False),
+    ("fp16", 2, 1, 1, 987, 219, 32, 32, "bshd", "bshd", 0, "t:128,30", False),
+    ("bf16", 2, 3, 1, 244, 499, 256, 256, "bhsd", "bhsd", 0, "b:4,35", False),
+    ("fp16", 1, 2, 2, 77, 0, 64, 64, "bhsd", "bhsd", 0, "0", False),
+    ("bf16", 1, 2, 1, 100, 150, 192, 128, "bshd", "bshd", 0, "g:30,7", True),
+    ("fp16", 2, 2, 2, 130, 129, 16, 256, "bhsd", "bhsd", 0, "t", False),
+    ("bf16", 1, 2, 2, 96, 140, 128, 128, "bshd", "bshd", 1, "b", False),
+    ("bf16", 1, 16, 16, 1024, 1024, 128, 128, "bhsd", "bhsd", 0, "t", False),
+]
+
+
+@pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_batch_mode_gradients_match_reference(lib, case):
+    dtype, b, hq, hk, sq, sk, d, dv, order, gorder, gpad, mask, deterministic = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    m = reference.parse_mask(mask)
+    q, qr = upload(rng.standard_normal((b, hq, sq, d), np.float32), dtype, order, 0)
+    k, kr = upload(rng.standard_normal((b, hk, sk, d), np.float32), dtype, order, 0)
+    v, vr = upload(rng.standard_normal((b, hk, sk, dv), np.float32), dtype, order, 0)
+    do, dor = upload(rng.standard_normal((b, hq, sq, dv), np.float32), dtype, order, 0)
+    ref_o, ref_lse = reference.attention_fwd(qr, kr, vr, mask_type=m.mask_type, window_left=m.left,
+                                             window_right=m.right, return_lse=True)
+    o = upload_exact(to_bits(ref_o, dtype)[1], dtype, order)
+    lse = cp.asarray(np.ascontiguousarray(ref_lse, dtype=np.float32))
+    dq = make_strided((b, hq, sq, d), gorder, gpad, NAN_BITS[dtype])
+    dk = make_strided((b, hk, sk, d), gorder, gpad, NAN_BITS[dtype])
+    dv_ = make_strided((b, hk, sk, dv), gorder, gpad, NAN_BITS[dtype])
+    kwargs = dict(dtype=dtype, q_ptr=q.ptr, k_ptr=k.ptr, v_ptr=v.ptr, o_ptr=o.ptr, lse_ptr=int(lse.data.ptr),
+                  do_ptr=do.ptr, dq_ptr=dq.ptr, dk_ptr=dk.ptr, dv_ptr=dv_.ptr, batch=b, nhead_q=hq, nhead_k=hk,
+                  hdim_q=d, hdim_v=dv, seqlen_q=sq, seqlen_k=sk, q_strides=q.strides, k_strides=k.strides,
+                  v_strides=v.strides, o_strides=o.strides, do_strides=do.strides, dq_strides=dq.strides,
+                  dk_strides=dk.strides, dv_strides=dv_.strides, lse_strides=(hq * sq, sq),
+                  mask_type=m.mask_type, window_left=m.left, window_right=m.right)
+    name, _ = run_bwd(lib, kwargs, deterministic)
+    ref_dq, ref_dk, ref_dv = reference.attention_bwd(qr, kr, vr, dor, o=to_bits(ref_o, dtype)[1],
+                                                     mask_type=m.mask_type, window_left=m.left, window_right=m.right)
+    tol = reference.tolerances_bwd(dtype, d, dv)
+    outs = {"dQ": download(dq, dtype), "dK": download(dk, dtype), "dV": download(dv_, dtype)}
+    for label, out, ref in (("dQ", outs["dQ"], ref_dq), ("dK", outs["dK"], ref_dk), ("dV", outs["dV"], ref_dv)):
+        assert_close(out, ref, tol, f"{label} ({name})")
+    if deterministic:
+        run_bwd(lib, kwargs, deterministic)
+        again = {"dQ": download(dq, dtype), "dK": download(dk, dtype), "dV": download(dv_, dtype)}
+        for label in outs:
+            assert np.array_equal(outs[label].view(np.uint32), again[label].view(np.uint32)), \
+                f"{label} differs bitwise between two deterministic runs ({name})"
+
+
+GROUP_CASES = [
+    # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, mask, deterministic
+    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, "0", False),
+    ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, "t", True),
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, "b", False),
+    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, "t:16,3", False),
+]
+
+
+@pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_group_mode_gradients_match_reference(lib, case):
+    dtype, hq, hk, lens_q, lens_k, d, dv, mask, deterministic = case
+    rng = np.random.default_rng(sum(lens_q) * 13 + sum(lens_k))
+    m = reference.parse_mask(mask)
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    q, qr = upload(rng.standard_normal((1, hq, tq, d), np.float32), dtype, "bshd", 0)
+    k, kr = upload(rng.standard_normal((1, hk, tk, d), np.float32), dtype, "bshd", 0)
+    v, vr = upload(rng.standard_normal((1, hk, tk, dv), np.float32), dtype, "bshd", 0)
+    do, dor = upload(rng.standard_normal((1, hq, tq, dv), np.float32), dtype, "bshd", 0)
+    packed = lambda a: a[0].transpose(1, 0, 2)  # noqa: E731  [1, h, total, d] -> [total, h, d]
+    ref_o, ref_lse = reference.attention_varlen_fwd(packed(qr), packed(kr), packed(vr), cu_q, cu_k,
+                                                    mask_type=m.mask_type, window_left=m.left, window_right=m.right,
+                                                    return_lse=True)
+    o_rounded = to_bits(ref_o, dtype)[1]  # [total, h, dv]
+    o = upload_exact(o_rounded.transpose(1, 0, 2)[None], dtype, "bshd")
+    lse = cp.asarray(np.ascontiguousarray(ref_lse, dtype=np.float32))  # [h, total_q]
+    dq = make_strided((1, hq, tq, d), "bshd", 0, NAN_BITS[dtype])
+    dk = make_strided((1, hk, tk, d), "bshd", 0, NAN_BITS[dtype])
+    dv_ = make_strided((1, hk, tk, dv), "bshd", 0, NAN_BITS[dtype])
+    seq_q, seq_k = cp.asarray(cu_q), cp.asarray(cu_k)
+    kwargs = dict(dtype=dtype, q_ptr=q.ptr, k_ptr=k.ptr, v_ptr=v.ptr, o_ptr=o.ptr, lse_ptr=int(lse.data.ptr),
+                  do_ptr=do.ptr, dq_ptr=dq.ptr, dk_ptr=dk.ptr, dv_ptr=dv_.ptr, batch=len(lens_q), nhead_q=hq,
+                  nhead_k=hk, hdim_q=d, hdim_v=dv, q_strides=q.strides, k_strides=k.strides, v_strides=v.strides,
+                  o_strides=o.strides, lse_strides=(0, tq), seqstart_q_ptr=int(seq_q.data.ptr),
+                  seqstart_k_ptr=int(seq_k.data.ptr), max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                  mask_type=m.mask_type, window_left=m.left, window_right=m.right)
+    name, _ = run_bwd(lib, kwargs, deterministic)
+    assert "_group_" in name
+    ref_dq, ref_dk, ref_dv = reference.attention_varlen_bwd(
+        packed(qr), packed(kr), packed(vr), packed(dor), cu_q, cu_k, o=o_rounded, mask_type=m.mask_type,
+        window_left=m.left, window_right=m.right)
+    tol = reference.tolerances_bwd(dtype, d, dv)
+    assert_close(packed(download(dq, dtype)), ref_dq, tol, f"dQ ({name})")
+    assert_close(packed(download(dk, dtype)), ref_dk, tol, f"dK ({name})")
+    assert_close(packed(download(dv_, dtype)), ref_dv, tol, f"dV ({name})")
+
+
+def test_missing_or_small_workspace_launches_nothing(lib):
+    b, h, s, d = 1, 2, 256, 128
+    q = make_strided((b, h, s, d), "bhsd", 0, 0)
+    lse = cp.zeros(b * h * s, dtype=cp.float32)
+    kwargs = dict(dtype="bf16", q_ptr=q.ptr, k_ptr=q.ptr, v_ptr=q.ptr, o_ptr=q.ptr, lse_ptr=int(lse.data.ptr),
+                  do_ptr=q.ptr, dq_ptr=q.ptr, dk_ptr=q.ptr, dv_ptr=q.ptr, batch=b, nhead_q=h, nhead_k=h, hdim_q=d,
+                  hdim_v=d, seqlen_q=s, seqlen_k=s, q_strides=q.strides, k_strides=q.strides, v_strides=q.strides,
+                  o_strides=q.strides, lse_strides=(h * s, s))
+    args = _capi.make_bwd_args(**kwargs)
+    need = lib.workspace_size(args)
+    if need == 0:
+        pytest.skip("the chosen instance needs no workspace")
+    before = cp.asnumpy(q.storage)
+    assert lib.mha_bwd_raw(args) == _capi.ERROR_INVALID_ARGS
+    assert "workspace is too small" in lib.last_error()
+    small = cp.empty(need // 2, dtype=cp.uint8)
+    args = _capi.make_bwd_args(**kwargs, workspace_ptr=int(small.data.ptr), workspace_bytes=need // 2)
+    assert lib.mha_bwd_raw(args) == _capi.ERROR_INVALID_ARGS
+    cp.cuda.runtime.deviceSynchronize()
+    assert np.array_equal(before, cp.asnumpy(q.storage)), "a refused call wrote to the outputs"
+
+
+def test_benchmark_smoke_subset(lib):
+    """benchmark_mha_bwd over the quick slice of the smoke grid (the full grid runs in smoke_tests/)."""
+    bench = Path(lib.path).parent / "benchmark_mha_bwd"
+    proc = subprocess.run(["bash", str(REPO / "smoke_tests" / "smoke_test_bwd.sh"), "-q", "-j", "0"],
+                          capture_output=True, text=True, timeout=1200, env=dict(os.environ, BENCH=str(bench)))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " 0 failed" in proc.stdout
