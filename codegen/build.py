@@ -228,11 +228,12 @@ def csrc_closure(texts: list[tuple[Path | None, str]], csrc: Path = CSRC) -> dic
     return dict(sorted(seen.items()))
 
 
-def build_inputs(request: BuildRequest, toolchain: Nvcc, csrc: Path | None = None) -> dict:
+def build_inputs(request: BuildRequest, toolchain: Nvcc | None, csrc: Path | None = None) -> dict:
     """Everything that determines the library `build(request)` produces, as plain data without paths or times:
     the instances, the sha256 of every rendered source, of the runtime sources and of every csrc file they include,
-    the ninja rules and the toolchain's description (compiler version, flags, arch, CUTLASS version).
-    Renders in memory; writes and runs nothing. `csrc` overrides where the C++ sources are read from (tests)."""
+    and under "toolchain" the toolchain's description (compiler version, flags, arch, CUTLASS version, ninja rules;
+    None when no toolchain is given). Renders in memory; writes and runs nothing. `csrc` overrides where the C++
+    sources are read from (tests)."""
     csrc = Path(csrc) if csrc is not None else CSRC
     selection = plan_selection(request)
     base_api = APIS[request.api][0]
@@ -245,14 +246,16 @@ def build_inputs(request: BuildRequest, toolchain: Nvcc, csrc: Path | None = Non
     texts = [(None, t) for t in rendered.values()] + [(csrc / rel, t) for rel, t in runtime.items()]
     headers = csrc_closure(texts, csrc)
     headers.update({rel: _sha256_text(t) for rel, t in runtime.items()})
-    rules = NinjaFile("<nvcc>", toolchain.portable(toolchain.compile_flags()), toolchain.portable(toolchain.host_flags()),
-                      [], Path(library_name(request.api)), []).text()
+    described = None
+    if toolchain is not None:
+        rules = NinjaFile("<nvcc>", toolchain.portable(toolchain.compile_flags()),
+                          toolchain.portable(toolchain.host_flags()), [], Path(library_name(request.api)), []).text()
+        described = dict(toolchain.describe(), rules=_sha256_text(rules))
     return {
         "api": request.api,
         "arch": request.arch,
         "instances": [spec.name for spec in selection.specs],
         "rendered": {name: _sha256_text(text) for name, text in sorted(rendered.items())},
         "csrc": dict(sorted(headers.items())),
-        "rules": _sha256_text(rules),
-        "toolchain": toolchain.describe(),
+        "toolchain": described,
     }

@@ -1,11 +1,14 @@
 """mhakit: a torch-free JIT build toolkit for fused multi-head attention.
 
-Importing the package is cheap and needs only the standard library: submodules are loaded on first attribute
-access (PEP 562), so ``import mhakit`` works on a machine without a GPU, without torch, even without numpy.
-
     import mhakit
-    mhakit.reference.attention_fwd(q, k, v, mask_type=1)   # loads mhakit.reference (numpy) on first use
-    mhakit._capi.load_library("./libmha_fwd.so")           # ctypes mirror of csrc/include/mha_fwd.h
+    o = mhakit.mha_fwd(q, k, v, causal=True)              # CuPy / PyTorch / JAX arrays (DLPack or CUDA array interface)
+    o, lse = mhakit.mha_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True)
+    mhakit.prebuild(profile="default")                    # fill the kernel cache ahead of time (also: python -m mhakit)
+    mhakit.reference.attention_fwd(q, k, v, mask_type=1)   # the NumPy reference
+
+Importing the package is cheap and needs only the standard library: everything is loaded on first attribute access
+(PEP 562), so ``import mhakit`` works without a GPU, without torch, even without numpy. The first call of a
+configuration builds the kernels it needs with nvcc (once; cached under ``mhakit.cache_dir()``, see mhakit.jit).
 """
 
 from __future__ import annotations
@@ -15,17 +18,38 @@ import importlib.util
 
 __version__ = "0.1.0"
 
+# Public names -> the submodule that defines them (loaded on first access).
+_LAZY_ATTRS = {
+    "mha_fwd": "api",
+    "mha_varlen_fwd": "api",
+    "prebuild": "jit",
+    "cache_dir": "jit",
+    "DeviceArray": "_arrays",
+    "MhakitError": "_capi",
+    "CudaUnavailableError": "_cuda",
+    "JitError": "jit",
+    "NoCompilerError": "jit",
+}
+
 # Submodules reachable as attributes of the package without an explicit import. Other public submodules added
 # later are found too (see __getattr__); this tuple only feeds dir() and documents what exists today.
-_LAZY_SUBMODULES = ("reference", "_capi")
+_LAZY_SUBMODULES = ("reference", "_capi", "api", "jit", "codegen")
 
-__all__ = ["__version__", "reference"]
+__all__ = ["__version__", "reference", "mha_fwd", "mha_varlen_fwd", "prebuild", "cache_dir", "DeviceArray",
+           "MhakitError", "CudaUnavailableError", "JitError", "NoCompilerError"]
 
 
 def __getattr__(name: str):
-    # Only submodule names are resolved here; dunder lookups (e.g. __path__ probes) must fail fast.
+    # Only public names and submodule names are resolved here; dunder lookups (e.g. __path__ probes) must fail fast.
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in _LAZY_ATTRS:
+        value = getattr(importlib.import_module(f".{_LAZY_ATTRS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name == "codegen":  # the code generator: mhakit/codegen installed, <checkout>/codegen in place
+        from . import _codegen
+        return _codegen.load()
     if name in _LAZY_SUBMODULES or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module  # later lookups bypass __getattr__
@@ -34,4 +58,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES) | set(_LAZY_ATTRS))

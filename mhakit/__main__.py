@@ -1,0 +1,70 @@
+"""``python -m mhakit``: fill, inspect and clear the kernel cache.
+
+    python -m mhakit prebuild --profile default [--arch sm_90a] [-j 16] [--filter d128]
+    python -m mhakit cache [--verbose]        # where the cache is and what it holds
+    python -m mhakit clear                    # remove the cache's entries
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mhakit", description="mhakit's kernel cache (JIT builds)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    pre = sub.add_parser("prebuild", help="build every library a profile's calls need into the cache, ahead of time")
+    pre.add_argument("--profile", default="default", help="build profile from codegen/profiles.toml (default: default)")
+    pre.add_argument("--arch", default=None, help="target arch, e.g. sm_90a (default: the GPU present, else sm_90a)")
+    pre.add_argument("--api", default="fwd", help="which API's kernels (default: fwd)")
+    pre.add_argument("--filter", default=None, dest="name_filter", help="keep instances whose name matches (glob)")
+    pre.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    info = sub.add_parser("cache", help="print the cache directory and its entries")
+    info.add_argument("--verbose", action="store_true", help="list every entry's instances")
+    sub.add_parser("clear", help="remove every cached library (and the index) of this cache format")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from . import _codegen, jit
+
+    if args.command == "prebuild":
+        profiles = _codegen.submodule("profiles")
+        toolchain = _codegen.submodule("toolchain")
+        catalogue = _codegen.submodule("catalogue")
+        if args.jobs is not None and args.jobs < 1:
+            print("python -m mhakit prebuild: error: -j must be >= 1", file=sys.stderr)
+            return 2
+        try:
+            paths = jit.prebuild(args.profile, args.arch, api=args.api, name_filter=args.name_filter, jobs=args.jobs)
+        except (profiles.SelectionError, toolchain.ToolchainError, catalogue.CatalogueError, jit.NoCompilerError) as exc:
+            print(f"python -m mhakit prebuild: error: {exc}", file=sys.stderr)
+            return 2
+        except jit.JitError as exc:
+            print(f"python -m mhakit prebuild: error: {exc}", file=sys.stderr)
+            return 1
+        print(f"{len(paths)} libraries in {jit.default_cache().root}")
+        return 0
+    cache = jit.default_cache()
+    if args.command == "cache":
+        entries = cache.entries()
+        print(f"cache: {cache.root} (set {jit.ENV_CACHE_DIR} to move it)")
+        for e in entries:
+            status = "ok" if e["ok"] else "BROKEN (rebuilt on next use)"
+            print(f"  {e['name']}: {len(e['instances'])} instances, {status}")
+            if args.verbose:
+                for name in e["instances"]:
+                    print(f"      {name}")
+        print(f"{len(entries)} entries")
+        return 0
+    if args.command == "clear":
+        cache.clear()
+        print(f"removed {cache.root}")
+        return 0
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())

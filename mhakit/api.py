@@ -1,0 +1,468 @@
+"""The Python calls: ``mha_fwd`` (batch mode) and ``mha_varlen_fwd`` (group mode, packed tokens).
+
+Arrays come in through DLPack or ``__cuda_array_interface__`` (CuPy, PyTorch, JAX, ...): pointers, shapes and
+element strides are read, nothing is copied. Outputs are allocated on the inputs' device, stream-ordered on the call's
+stream, and returned as :class:`mhakit.DeviceArray` (DLPack and CAI capable), or written into ``out=`` / ``lse_out=``.
+The library a call needs is built on first use and cached (:mod:`mhakit.jit`).
+
+Every argument is checked before anything touches the GPU; a mismatch raises ValueError (shapes, devices, values)
+or TypeError (types and dtypes) that names the argument and says what was expected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import numbers
+import os
+from typing import Any, Optional, Sequence, Tuple, Union
+
+from . import _arrays
+from ._arrays import ArrayView, DeviceArray
+
+__all__ = ["mha_fwd", "mha_varlen_fwd"]
+
+MAX_HDIM = 256
+# MHAKIT_LOG_LEVEL=1: each call prints the kernel instance it launches ("[mhakit] mha_fwd -> <name>") to stdout.
+LOG_LEVEL = int(os.environ.get("MHAKIT_LOG_LEVEL", "0") or 0)
+_DTYPE_NAMES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+_STORAGE_OF = {"fp16": "float16", "bf16": "bfloat16"}
+_MASK_NAMES = {"none": 0, "top_left": 1, "bottom_right": 2, "generic": 3, "t": 1, "b": 2, "g": 3}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Argument checks (no GPU)
+# ------------------------------------------------------------------------------------------------------------------
+
+def _kernel_dtype(view: ArrayView, override: Optional[str]) -> str:
+    name = view.dtype.name
+    if name in ("float16", "bfloat16"):
+        kind = "fp16" if name == "float16" else "bf16"
+        if override is not None and override != kind:
+            raise TypeError(f"{view.name}: has dtype {name} but dtype={override!r} was given")
+        return kind
+    if name in ("uint16", "int16"):
+        if override is None:
+            raise TypeError(f"{view.name}: dtype {name} holds raw 16-bit values; pass dtype='bf16' or dtype='fp16' "
+                            "to say how to read them (e.g. bf16 data in a framework without a bfloat16 dtype)")
+        return override
+    raise TypeError(f"{view.name}: dtype {name} is not supported; expected float16 or bfloat16")
+
+
+def _normalise_dtype(dtype: Any) -> Optional[str]:
+    if dtype is None:
+        return None
+    key = str(dtype).rsplit(".", 1)[-1].lower()  # accepts "bf16", "torch.bfloat16", numpy/cupy dtype names
+    if key not in _DTYPE_NAMES:
+        raise TypeError(f"dtype: expected 'fp16' or 'bf16' (or None to read it from q), got {dtype!r}")
+    return _DTYPE_NAMES[key]
+
+
+def _same_dtype(views: Sequence[ArrayView], ref: ArrayView, override: Optional[str]) -> str:
+    kind = _kernel_dtype(ref, override)
+    for v in views:
+        if v is ref:
+            continue
+        if _kernel_dtype(v, override) != kind or (v.dtype.name != ref.dtype.name):
+            raise TypeError(f"{v.name}: dtype {v.dtype.name} does not match {ref.name}'s {ref.dtype.name}")
+    return kind
+
+
+def _check_ndim(view: ArrayView, ndim: int, dims: str) -> None:
+    if view.ndim != ndim:
+        raise ValueError(f"{view.name}: expected {ndim} dims {dims}, got shape {view.shape}")
+
+
+def _check_head_dim(view: ArrayView, d: int, what: str) -> None:
+    if d < 8 or d % 8 or d > MAX_HDIM:
+        raise ValueError(f"{view.name}: {what} {d} is not supported; head dims must be multiples of 8 in "
+                         f"[8, {MAX_HDIM}]")
+    if view.strides[-1] != 1 and view.size > 0:  # an empty array's strides are arbitrary (CuPy reports zeros)
+        raise ValueError(f"{view.name}: the head dimension must be contiguous (stride 1); got element strides "
+                         f"{view.strides} for shape {view.shape}")
+
+
+def _stride(view: ArrayView, axis: int, extent: int, *, row_align: Optional[int] = None) -> int:
+    """An element stride as the C API takes it (>= 0). The stride of a size-1 axis is never used for addressing:
+    it is normalised (a row stride to the padded head dim, so that the fast family's alignment guard holds)."""
+    s = int(view.strides[axis])
+    if extent <= 1:
+        if row_align is not None and (s <= 0 or s % 8):
+            return -(-row_align // 8) * 8
+        return max(s, 0)
+    if s < 0:
+        raise ValueError(f"{view.name}: negative strides are not supported (got {view.strides})")
+    return s
+
+
+def _resolve_mask(causal: bool, mask: Any, window: Any) -> Tuple[int, int, int]:
+    """(mask_type, left, right). causal / window follow FlashAttention: causal is bottom-right aligned,
+    window=(left, right) is a bottom-right sliding window (-1 = unbounded), causal with a window keeps right = 0.
+    mask= takes aiter's CLI strings ("t", "b:3,0", "g:y,x", ...) or a (type, left, right) tuple."""
+    if mask is not None:
+        if causal or window is not None:
+            raise ValueError("mask: give either mask= or causal=/window=, not both")
+        if isinstance(mask, str):
+            from .reference import parse_mask
+            try:
+                m = parse_mask(mask)
+            except ValueError as exc:
+                raise ValueError(f"mask: {exc}") from None
+            return int(m.mask_type), int(m.left), int(m.right)
+        try:
+            kind, left, right = mask
+        except (TypeError, ValueError):
+            raise TypeError(f"mask: expected a mask string such as 'b' or 't:64,0', or (type, left, right); got "
+                            f"{mask!r}") from None
+        if isinstance(kind, str):
+            if kind not in _MASK_NAMES:
+                raise ValueError(f"mask: unknown mask type {kind!r}; use one of {sorted(_MASK_NAMES)} or 0..3")
+            kind = _MASK_NAMES[kind]
+        if not isinstance(kind, numbers.Integral) or not 0 <= int(kind) <= 3:
+            raise ValueError(f"mask: mask type must be 0 (none), 1 (top-left), 2 (bottom-right) or 3 (generic); "
+                             f"got {kind!r}")
+        return int(kind), _as_int(left, "mask left"), _as_int(right, "mask right")
+    if window is not None:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise TypeError(f"window: expected (left, right), got {window!r}") from None
+        left, right = _as_int(left, "window left"), _as_int(right, "window right")
+        if causal:
+            right = 0
+        if left < 0 and right < 0:
+            return 0, -1, -1
+        return 2, left, right
+    if not isinstance(causal, (bool, numbers.Integral)):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    return (2, -1, 0) if causal else (0, -1, -1)
+
+
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what}: expected an int, got {value!r}")
+    value = int(value)
+    if not -(1 << 31) <= value < (1 << 31):
+        raise ValueError(f"{what}: {value} does not fit in 32 bits")
+    return value
+
+
+def _resolve_scale(scale: Any, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale: expected a float, got {scale!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"scale: must be finite and > 0, got {scale!r}")
+    return value
+
+
+def _check_device(views: Sequence[ArrayView], device: int) -> None:
+    for v in views:
+        if v.device_id is not None and v.device_id != device:
+            raise ValueError(f"{v.name}: is on cuda:{v.device_id} but q is on cuda:{device}")
+
+
+def _resolve_device(views: Sequence[ArrayView]) -> int:
+    from . import _cuda
+    for v in views:
+        if v.device_id is None:  # CAI does not say: ask the driver about the pointer
+            v.device_id = _cuda.pointer_device(v.ptr, v.name) if v.ptr else None
+    device = views[0].device_id
+    if device is None:
+        device = next((v.device_id for v in views if v.device_id is not None), None)
+    if device is None:
+        cur = _cuda.current_device()
+        device = 0 if cur is None else cur
+    _check_device(views, device)
+    return device
+
+
+def _check_output(view: ArrayView, shape: Tuple[int, ...], storage: str, what: str) -> None:
+    if view.readonly:
+        raise ValueError(f"{view.name}: is read-only")
+    if tuple(view.shape) != tuple(shape):
+        raise ValueError(f"{view.name}: expected shape {tuple(shape)} ({what}), got {view.shape}")
+    if view.dtype.name != storage:
+        raise TypeError(f"{view.name}: expected dtype {storage}, got {view.dtype.name}")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Launch
+# ------------------------------------------------------------------------------------------------------------------
+
+class _Call:
+    """The part both calls share once the arguments are understood: device, outputs, stream order, launch."""
+
+    def __init__(self, stream: Any, dtype: Any):
+        from . import _cuda
+        self.stream, self.stream_ref = _cuda.stream_handle(stream)
+        self.override = _normalise_dtype(dtype)
+
+    def view(self, obj: Any, name: str) -> ArrayView:
+        return _arrays.view_of(obj, name, self.stream)
+
+    def output(self, given: Any, name: str, shape: Tuple[int, ...], storage: str, what: str):
+        """(array to return, its view): the caller's `given` checked, or None to allocate later."""
+        if given is None:
+            return None
+        view = self.view(given, name)
+        _check_output(view, shape, storage, what)
+        return view
+
+    def allocate(self, device: int, shape: Tuple[int, ...], storage: str) -> DeviceArray:
+        from . import _cuda
+        dtype = _arrays.dtype_by_name(storage)
+        nbytes = math.prod(shape) * dtype.itemsize
+        alloc = _cuda.allocate(nbytes, device, self.stream, self.stream_ref)
+        return DeviceArray(alloc.ptr, shape, dtype, device, owner=alloc, stream=self.stream)
+
+    def order_inputs(self, views: Sequence[ArrayView], device: int) -> None:
+        """CAI producers (and our own arrays) name the stream they wrote on: order this call's stream after it."""
+        from . import _cuda
+        for v in views:
+            if v.stream is not None and v.stream != -1:
+                _cuda.order_streams(0 if v.stream == 1 else v.stream, self.stream, device)
+
+    def launch(self, lib, args, device: int) -> None:
+        from . import _capi, _cuda
+        config = _capi.make_stream_config(self.stream, log_level=LOG_LEVEL)
+        with _cuda.device_scope(device):
+            lib.mha_fwd(args, config)
+        if LOG_LEVEL > 0:  # the library printf()s the chosen instance; show it now, not at exit
+            ctypes.CDLL(None).fflush(None)
+
+
+def _host_seqstarts(obj: Any, name: str):
+    """A host cu_seqlens as int32 numpy (validated later against the totals), or None for a device array."""
+    if _arrays.is_device_array(obj):
+        return None
+    import numpy as np
+    try:
+        arr = np.asarray(obj)
+    except Exception:
+        raise TypeError(f"{name}: expected a 1-D int32 array (device or host) of batch+1 offsets, got "
+                        f"{type(obj).__name__}") from None
+    if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected a 1-D integer array of batch+1 cumulative offsets, got shape "
+                         f"{arr.shape} dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
+            scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
+            layout: str = "bshd", stream: Any = None, dtype: Any = None):
+    """Fused attention forward, batch mode: O = softmax(scale · Q Kᵀ + mask) V with fp32 accumulation.
+
+    q: [b, s_q, h_q, d], k: [b, s_k, h_k, d], v: [b, s_k, h_k, d_v] for ``layout='bshd'`` (default), or
+    [b, h, s, d] for ``layout='bhsd'``. Any element strides (bshd/bhsd views of one buffer, packed ``b·s·3·h·d`` qkv
+    slices, non-contiguous views) as long as the head dim is contiguous. fp16 or bf16; d, d_v multiples of 8 up to
+    256; h_q a multiple of h_k (GQA/MQA).
+
+    causal: bottom-right aligned causal mask (FlashAttention's convention). window=(left, right): bottom-right
+    sliding window (-1 = unbounded). mask: an aiter/CK mask string ("0", "t", "b", "t:l,r", "b:l,r", "g:y,x",
+    "xt:w", "xb:w") or (type, left, right) with type 0 none / 1 top-left / 2 bottom-right / 3 generic; exclusive with
+    causal/window. scale defaults to 1/sqrt(d).
+
+    Returns O (same layout and storage dtype as q, on q's device; a :class:`mhakit.DeviceArray` unless ``out`` is
+    given, which is then filled and returned) and, with ``return_lse``, (O, LSE) where LSE is float32 [b, h_q, s_q]
+    (natural log; -inf for rows that see no key; ``lse_out`` may supply it and is filled whenever given).
+    stream: int CUstream or a stream object (``torch.cuda.current_stream()``, a CuPy stream, ...); default: the
+    legacy default stream. dtype: how to read 16-bit integer storage (e.g. 'bf16' for CuPy arrays of bf16 bits).
+    """
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+    call = _Call(stream, dtype)
+    qv, kv, vv = call.view(q, "q"), call.view(k, "k"), call.view(v, "v")
+    dims = "[batch, seqlen, nheads, headdim]" if layout == "bshd" else "[batch, nheads, seqlen, headdim]"
+    for view in (qv, kv, vv):
+        _check_ndim(view, 4, f"{dims} (layout {layout!r})")
+    kind = _same_dtype((qv, kv, vv), qv, call.override)
+    if layout == "bshd":
+        (b, sq, hq, d), (bk, sk, hk, dk), (bv, skv, hkv, dv) = qv.shape, kv.shape, vv.shape
+        axes = (0, 2, 1)  # batch, head, row
+    else:
+        (b, hq, sq, d), (bk, hk, sk, dk), (bv, hkv, skv, dv) = qv.shape, kv.shape, vv.shape
+        axes = (0, 1, 2)
+    if bk != b or bv != b:
+        raise ValueError(f"{'k' if bk != b else 'v'}: batch {bk if bk != b else bv} does not match q's batch {b}")
+    if dk != d:
+        raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
+    if (skv, hkv) != (sk, hk):
+        raise ValueError(f"v: shape {vv.shape} does not match k's {kv.shape} in seqlen and heads (layout {layout!r})")
+    if hk < 1 or hq % hk:
+        raise ValueError(f"k: {hk} kv heads; q's head count {hq} must be a positive multiple of it (GQA/MQA)")
+    _check_head_dim(qv, d, "head dim")
+    _check_head_dim(kv, d, "head dim")
+    _check_head_dim(vv, dv, "head dim of v")
+    mask_type, left, right = _resolve_mask(causal, mask, window)
+    scale = _resolve_scale(scale, d)
+
+    def strides3(view: ArrayView, extents, hdim):  # (batch, head, row) element strides as the C API takes them
+        return tuple(_stride(view, a, n, row_align=hdim if a == axes[2] else None) for a, n in zip(axes, extents))
+
+    q_strides, k_strides, v_strides = strides3(qv, (b, hq, sq), d), strides3(kv, (b, hk, sk), d), strides3(vv, (b, hk, sk), dv)
+    storage = qv.dtype.name
+    o_shape = (b, sq, hq, dv) if layout == "bshd" else (b, hq, sq, dv)
+    ov = call.output(out, "out", o_shape, storage, f"{layout} output")
+    if ov is not None:
+        _check_head_dim(ov, dv, "head dim")
+        strides3(ov, (b, hq, sq), dv)
+    lse_shape = (b, hq, sq)
+    lv = call.output(lse_out, "lse_out", lse_shape, "float32", "[batch, nheads, seqlen_q] float32")
+    if lv is not None and sq > 1 and lv.strides[2] != 1:
+        raise ValueError(f"lse_out: the seqlen dimension must be contiguous (stride 1), got strides {lv.strides}")
+    want_lse = bool(return_lse) or lv is not None
+
+    views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None]
+    device = _resolve_device(views)
+    o = out if ov is not None else call.allocate(device, o_shape, storage)
+    if ov is None:
+        ov = call.view(o, "out")
+    lse = None
+    if want_lse:
+        lse = lse_out if lv is not None else call.allocate(device, lse_shape, "float32")
+        if lv is None:
+            lv = call.view(lse, "lse_out")
+    if b == 0 or sq == 0 or hq == 0:
+        return (o, lse) if return_lse else o
+
+    from . import _capi, jit
+    lib = jit.library("fwd", device, kind, d, dv, "batch", mask_type != 0)
+    call.order_inputs(views, device)
+    lse_strides = (0, 0)
+    if lv is not None:
+        lse_strides = (_stride(lv, 0, b), _stride(lv, 1, hq))
+    args = _capi.make_fwd_args(
+        dtype=kind, q_ptr=qv.ptr, k_ptr=kv.ptr or None, v_ptr=vv.ptr or None, o_ptr=ov.ptr, batch=b, nhead_q=hq,
+        nhead_k=hk, hdim_q=d, hdim_v=dv, seqlen_q=sq, seqlen_k=sk, q_strides=q_strides, k_strides=k_strides,
+        v_strides=v_strides, o_strides=strides3(ov, (b, hq, sq), dv),
+        lse_ptr=lv.ptr if lv is not None else None, lse_strides=lse_strides, scale=scale, mask_type=mask_type,
+        window_left=left, window_right=right)
+    call.launch(lib, args, device)
+    return (o, lse) if return_lse else o
+
+
+def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+                   max_seqlen_k: int, *, causal: bool = False, mask: Any = None, window: Any = None,
+                   scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
+                   stream: Any = None, dtype: Any = None):
+    """Fused attention forward, group mode (variable sequence lengths, packed tokens).
+
+    q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v]; sequence i owns rows
+    cu_seqlens[i]:cu_seqlens[i+1] (int32, batch+1 cumulative offsets, on the device as FlashAttention takes them, or
+    a host sequence/numpy array, which is validated and uploaded). Sequences may be empty. max_seqlen_q must bound
+    every query length (it sizes the launch); max_seqlen_k is checked against host offsets only. Masks apply per
+    sequence with its own lengths. Returns O [total_q, h_q, d_v] and, with ``return_lse``, LSE float32
+    [h_q, total_q]. The other arguments are those of :func:`mha_fwd`.
+    """
+    call = _Call(stream, dtype)
+    qv, kv, vv = call.view(q, "q"), call.view(k, "k"), call.view(v, "v")
+    for view in (qv, kv, vv):
+        _check_ndim(view, 3, "[total_tokens, nheads, headdim]")
+    kind = _same_dtype((qv, kv, vv), qv, call.override)
+    (tq, hq, d), (tk, hk, dk), (tkv, hkv, dv) = qv.shape, kv.shape, vv.shape
+    if dk != d:
+        raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
+    if (tkv, hkv) != (tk, hk):
+        raise ValueError(f"v: shape {vv.shape} does not match k's {kv.shape} in tokens and heads")
+    if hk < 1 or hq % hk:
+        raise ValueError(f"k: {hk} kv heads; q's head count {hq} must be a positive multiple of it (GQA/MQA)")
+    _check_head_dim(qv, d, "head dim")
+    _check_head_dim(kv, d, "head dim")
+    _check_head_dim(vv, dv, "head dim of v")
+    def strides3(view: ArrayView, tokens: int, heads: int, hdim: int):  # (batch = unused, head, row)
+        return (0, _stride(view, 1, heads), _stride(view, 0, tokens, row_align=hdim))
+
+    q_strides, k_strides, v_strides = strides3(qv, tq, hq, d), strides3(kv, tk, hk, d), strides3(vv, tk, hk, dv)
+    max_q = _as_int(max_seqlen_q, "max_seqlen_q")
+    max_k = _as_int(max_seqlen_k, "max_seqlen_k")
+    if max_q < 0 or max_k < 0:
+        raise ValueError(f"max_seqlen_q / max_seqlen_k: must be >= 0, got {max_q} / {max_k}")
+
+    host = {}
+    seq_views = {}
+    for name, obj, total, bound in (("cu_seqlens_q", cu_seqlens_q, tq, max_q), ("cu_seqlens_k", cu_seqlens_k, tk, max_k)):
+        arr = _host_seqstarts(obj, name)
+        if arr is None:
+            sv = call.view(obj, name)
+            if sv.ndim != 1 or sv.shape[0] < 1:
+                raise ValueError(f"{name}: expected a 1-D array of batch+1 cumulative offsets, got shape {sv.shape}")
+            if sv.dtype.name != "int32":
+                raise TypeError(f"{name}: expected dtype int32, got {sv.dtype.name}")
+            if sv.shape[0] > 1 and sv.strides[0] != 1:
+                raise ValueError(f"{name}: must be contiguous (stride 1), got stride {sv.strides[0]}")
+            seq_views[name] = sv
+            count = sv.shape[0]
+        else:
+            import numpy as np
+            if arr[0] < 0 or np.any(np.diff(arr) < 0) or arr[-1] > total:
+                raise ValueError(f"{name}: offsets must be non-decreasing within [0, {total}], got {arr.tolist()}")
+            longest = int(np.max(np.diff(arr))) if arr.shape[0] > 1 else 0
+            if longest > bound:
+                which = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+                raise ValueError(f"{which}: {bound} is less than the longest sequence in {name} ({longest})")
+            host[name] = arr.astype(np.int32)
+            count = arr.shape[0]
+        if name == "cu_seqlens_q":
+            count_q = count
+        elif count != count_q:
+            raise ValueError(f"cu_seqlens_k: has {count} entries but cu_seqlens_q has {count_q}")
+    batch = count_q - 1
+    mask_type, left, right = _resolve_mask(causal, mask, window)
+    scale = _resolve_scale(scale, d)
+    storage = qv.dtype.name
+    o_shape = (tq, hq, dv)
+    ov = call.output(out, "out", o_shape, storage, "[total_q, nheads, headdim_v]")
+    if ov is not None:
+        _check_head_dim(ov, dv, "head dim")
+        strides3(ov, tq, hq, dv)
+    lse_shape = (hq, tq)
+    lv = call.output(lse_out, "lse_out", lse_shape, "float32", "[nheads, total_q] float32")
+    if lv is not None and tq > 1 and lv.strides[1] != 1:
+        raise ValueError(f"lse_out: the token dimension must be contiguous (stride 1), got strides {lv.strides}")
+    want_lse = bool(return_lse) or lv is not None
+
+    views = [qv, kv, vv] + list(seq_views.values()) + [x for x in (ov, lv) if x is not None]
+    device = _resolve_device(views)
+    o = out if ov is not None else call.allocate(device, o_shape, storage)
+    if ov is None:
+        ov = call.view(o, "out")
+    lse = None
+    if want_lse:
+        lse = lse_out if lv is not None else call.allocate(device, lse_shape, "float32")
+        if lv is None:
+            lv = call.view(lse, "lse_out")
+    if batch == 0 or tq == 0 or hq == 0 or max_q == 0:
+        return (o, lse) if return_lse else o
+
+    from . import _capi, _cuda, jit
+    lib = jit.library("fwd", device, kind, d, dv, "group", mask_type != 0)
+    call.order_inputs(views, device)
+    uploads = []
+    seq_ptrs = {}
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        if name in host:
+            arr = host[name]
+            alloc = _cuda.allocate(arr.nbytes, device, call.stream, call.stream_ref)
+            _cuda.copy_from_host(alloc.ptr, arr.ctypes.data, arr.nbytes, device, call.stream)
+            uploads.append(alloc)  # freed stream-ordered after the launch below
+            seq_ptrs[name] = alloc.ptr
+        else:
+            seq_ptrs[name] = seq_views[name].ptr
+    # No sequence has keys when total_k == 0; the C API still wants non-null k/v pointers in group mode.
+    k_ptr = kv.ptr or qv.ptr
+    v_ptr = vv.ptr or qv.ptr
+    args = _capi.make_fwd_args(
+        dtype=kind, q_ptr=qv.ptr, k_ptr=k_ptr, v_ptr=v_ptr, o_ptr=ov.ptr, batch=batch, nhead_q=hq, nhead_k=hk,
+        hdim_q=d, hdim_v=dv, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides,
+        o_strides=strides3(ov, tq, hq, dv),
+        lse_ptr=lv.ptr if lv is not None else None, lse_strides=(0, _stride(lv, 0, hq)) if lv is not None else (0, 0),
+        seqstart_q_ptr=seq_ptrs["cu_seqlens_q"], seqstart_k_ptr=seq_ptrs["cu_seqlens_k"], max_seqlen_q=max_q,
+        scale=scale, mask_type=mask_type, window_left=left, window_right=right)
+    call.launch(lib, args, device)
+    for alloc in uploads:
+        alloc.free()
+    return (o, lse) if return_lse else o

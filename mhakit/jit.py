@@ -1,0 +1,730 @@
+"""On-demand builds and the kernel cache.
+
+A call needs a few kernel instances: the ones the runtime would choose for its dtype, head dims, mode (batch or
+group) and mask class on the device's arch, plus the generic instance of the same signature that the runtime falls
+back to when a fast family's run-time guard fails (alignment, empty sequences, ...). ``derive_entry`` names that set
+(an *entry*: one small ``libmha_<api>.so``); ``KernelCache`` builds it once through the same code path as
+``compile.py`` (``codegen.build.build``) and keeps it under the cache directory:
+
+    $MHAKIT_CACHE_DIR, else $XDG_CACHE_HOME/mhakit, else ~/.cache/mhakit
+        v1/<api>/<entry name>-<source key>-<toolchain key>/  libmha_<api>.so + manifest.json (written last)
+        v1/locks/<entry dir>.lock                            fcntl locks: one builder per entry across processes
+        v1/tmp/                                              builds in progress (a killed build leaves only this)
+        v1/index/calls|entries/<key>.json                    call signature / instance list -> entry (shortcuts)
+        v1/toolchains.json                                   nvcc version per nvcc file (path, size, mtime)
+
+Keys. The *source key* hashes the rendered sources, the runtime sources and the content of every csrc header they
+include (``codegen.build.build_inputs``); the *toolchain key* hashes the nvcc version, the flags (include
+directories written as symbolic roots), the arch and the CUTLASS version. Neither sees a file time, PATH or where
+anything lives. Running ``nvcc --version`` costs ~50 ms, so it is not on the hot path: its result is memoised in
+toolchains.json per nvcc file (path, size, mtime: a cache of the probe, never part of a key) and the probe is re-run
+before every real build, which corrects a stale memo. Without nvcc (a deployment filled by ``prebuild``), any entry
+whose source key matches is used, whatever compiler built it.
+
+Safety. Building happens in v1/tmp/ while holding the entry's lock; the library and then its manifest (sha256 and
+size of the library, every key input) are written there and the directory is moved into place with ``os.replace``.
+A reader accepts an entry only if its manifest parses, names the expected key, and the library's size and sha256
+match, so a killed build, a truncated file or a corrupt manifest is rebuilt, never loaded.
+
+Speed. Each process memoises call signature -> loaded library (a dict lookup per call). The first call of a
+signature in a new process reads v1/index/calls/<call key>.json, where the call key hashes the signature, the content
+of the generator, templates and csrc (read, not rendered: no Jinja) and the memoised toolchain identity; then it
+checks the entry's manifest and library checksum and loads it. A signature not seen before whose entry exists (e.g.
+after ``prebuild``) is found through v1/index/entries/<entry key>.json after deriving its instance list (the
+catalogue, no rendering). Only when both miss are the sources rendered and the full keys computed.
+
+This module is API-neutral: the forward pass registers its loader in ``LOADERS``; the backward pass adds its own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from . import _codegen
+
+__all__ = ["FORMAT", "ENV_CACHE_DIR", "JitError", "NoCompilerError", "Entry", "Plan", "KernelCache", "cache_dir",
+           "derive_entry", "entries_within", "make_plan", "toolchain_for", "library", "prebuild", "device_arch",
+           "default_cache", "codegen_builder", "LOADERS"]
+
+FORMAT = 1                      # layout of the cache; bump to start a fresh v<N>/ tree
+ENV_CACHE_DIR = "MHAKIT_CACHE_DIR"
+DTYPES = ("fp16", "bf16")
+MODES = ("batch", "group")
+
+
+class JitError(RuntimeError):
+    """A JIT build could not produce the library a call needs."""
+
+
+class NoCompilerError(JitError):
+    """The cache lacks a library and there is no toolchain to build it."""
+
+
+def cache_dir() -> Path:
+    """The cache root: $MHAKIT_CACHE_DIR, else $XDG_CACHE_HOME/mhakit, else ~/.cache/mhakit."""
+    override = os.environ.get(ENV_CACHE_DIR)
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mhakit"
+
+
+def _log_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _sha256_json(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Which instances a call needs
+# ------------------------------------------------------------------------------------------------------------------
+
+# The static part of a family's run-time guard, as the kernels state it in supports(): the hopper family computes
+# Q·Kᵀ and P·V with one head-dim tile, so it serves only hdim_q == hdim_v. (Alignment, empty sequences and the like
+# are checked at run time; the generic instance built alongside serves those calls.)
+FAMILY_ADMITS: dict[str, Callable[[int, int], bool]] = {
+    "hopper": lambda hdim_q, hdim_v: hdim_q == hdim_v,
+}
+
+_SPECS_BY_API_ARCH: dict = {}
+
+
+def _catalogue_specs(api: str, arch: str) -> list:
+    specs = _SPECS_BY_API_ARCH.get((api, arch))
+    if specs is None:
+        specs = _codegen.submodule("profiles").enumerate_specs(api, arch).specs
+        _SPECS_BY_API_ARCH[(api, arch)] = specs
+    return specs
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The instances one cached library holds: for each family that can serve the call, its tightest bucket."""
+
+    api: str
+    arch: str
+    specs: tuple  # KernelSpec, highest priority first
+
+    @property
+    def name(self) -> str:
+        s = self.specs[0].signature
+        parts = [f"{sp.algorithm.family}_{sp.signature.hdim_token}" for sp in self.specs]
+        return f"{self.api}_{s.dtype}_{s.mode}_{s.mask}_{self.arch.replace('_', '')}-" + "-".join(parts)
+
+    @property
+    def instance_names(self) -> list[str]:
+        return [sp.name for sp in self.specs]
+
+
+def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
+                 candidates: Optional[Iterable] = None) -> Entry:
+    """The entry a call needs: per kernel family of `arch` that serves (dtype, mode, mask class) and whose static
+    guard admits the head dims, the instance with the tightest head-dim bucket that holds them (the runtime's own
+    score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one as fallback."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    mask = "mask" if masked else "nmask"
+    best: dict[str, tuple[int, object]] = {}
+    for spec in (_catalogue_specs(api, arch) if candidates is None else candidates):
+        s = spec.signature
+        if s.dtype != dtype or s.mode != mode or s.mask != mask:
+            continue
+        if hdim_q > s.hdim_q or hdim_v > s.hdim_v:
+            continue
+        admits = FAMILY_ADMITS.get(spec.algorithm.family)
+        if admits is not None and not admits(hdim_q, hdim_v):
+            continue
+        padding = (s.hdim_q - hdim_q) + (s.hdim_v - hdim_v)
+        family = spec.algorithm.family
+        if family not in best or padding < best[family][0] or (padding == best[family][0] and spec.name < best[family][1].name):
+            best[family] = (padding, spec)
+    if not best:
+        raise ValueError(f"no {api} kernel in the catalogue serves dtype={dtype} hdim_q={hdim_q} hdim_v={hdim_v} "
+                         f"mode={mode} {'masked' if masked else 'unmasked'} on {arch}")
+    specs = sorted((spec for _, spec in best.values()), key=lambda sp: (-sp.priority, sp.name))
+    return Entry(api, arch, tuple(specs))
+
+
+def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
+    """Every entry a call could derive on `arch` whose instances all lie in `specs` (e.g. a profile's selection):
+    what ``prebuild`` builds so that those calls need no compiler."""
+    pool = list(specs)
+    allowed = {sp.name for sp in pool}
+    found: dict[tuple, Entry] = {}
+    for dtype in DTYPES:
+        for mode in MODES:
+            for masked in (False, True):
+                for hq in range(8, 257, 8):
+                    for hv in range(8, 257, 8):
+                        try:
+                            entry = derive_entry(api, arch, dtype, hq, hv, mode, masked)
+                        except ValueError:
+                            continue
+                        names = tuple(entry.instance_names)
+                        if names not in found and allowed.issuperset(names):
+                            found[names] = entry
+    return sorted(found.values(), key=lambda e: e.name)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Toolchain (with a memoised version probe) and keys
+# ------------------------------------------------------------------------------------------------------------------
+
+def _memo_path(root: Path) -> Path:
+    return root / "toolchains.json"
+
+
+def _nvcc_version(path: str, root: Path, refresh: bool = False) -> str:
+    """nvcc's version, memoised per nvcc file (realpath, size, mtime) in toolchains.json; refresh re-runs the probe."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    memo = _read_json(_memo_path(root)) or {}
+    known = memo.get(real)
+    if not refresh and isinstance(known, dict) and all(known.get(k) == v for k, v in stamp.items()) and known.get("version"):
+        return known["version"]
+    version = _codegen.submodule("toolchain").probe_nvcc_version(path)
+    memo = _read_json(_memo_path(root)) or {}
+    memo[real] = dict(stamp, version=version)
+    try:
+        _write_json_atomic(_memo_path(root), memo)
+    except OSError:
+        pass
+    return version
+
+
+def toolchain_for(arch: str, root: Path, refresh: bool = False):
+    """(Nvcc, None) when this machine can build for `arch`, else (None, the reason in one sentence)."""
+    tc = _codegen.submodule("toolchain")
+    gencode = _codegen.submodule("catalogue").load("cuda").arch(arch).gencode
+    path = tc.locate_nvcc()
+    if not path:
+        return None, "nvcc was not found (install the CUDA toolkit, put nvcc on PATH or set CUDA_HOME / NVCC)"
+    try:
+        cutlass = tc.find_cutlass()
+    except tc.ToolchainError as exc:
+        return None, str(exc)
+    return tc.Nvcc(arch=arch, gencode=gencode, path=path, version=_nvcc_version(path, root, refresh),
+                   cutlass=cutlass), None
+
+
+@dataclass
+class Plan:
+    """An entry with its keys: everything needed to find it in the cache or build it."""
+
+    entry: Entry
+    toolchain: object            # codegen.toolchain.Nvcc, or None (look up only)
+    inputs: dict                 # codegen.build.build_inputs(): the key material, stored in the manifest
+    source_key: str
+    toolchain_key: Optional[str]
+    key: Optional[str]           # None without a toolchain
+    why_no_toolchain: Optional[str] = None
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.entry.name}-{self.source_key[:12]}"
+
+    @property
+    def dirname(self) -> Optional[str]:
+        return f"{self.prefix}-{self.toolchain_key[:8]}" if self.toolchain_key else None
+
+
+def make_plan(entry: Entry, toolchain, csrc: Optional[Path] = None, why_no_toolchain: Optional[str] = None) -> Plan:
+    build = _codegen.submodule("build")
+    request = build.BuildRequest(api=entry.api, arch=entry.arch, specs=list(entry.specs))
+    inputs = build.build_inputs(request, toolchain, csrc=csrc)
+    source = {k: v for k, v in inputs.items() if k != "toolchain"}
+    source["format"] = FORMAT
+    source_key = _sha256_json(source)
+    tc = inputs.get("toolchain")
+    toolchain_key = _sha256_json(tc) if tc else None
+    key = hashlib.sha256(f"{source_key}:{toolchain_key}".encode()).hexdigest() if toolchain_key else None
+    return Plan(entry, toolchain, inputs, source_key, toolchain_key, key, why_no_toolchain)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Builders: produce the library of a plan inside a staging directory
+# ------------------------------------------------------------------------------------------------------------------
+
+Builder = Callable[[Plan, Path, Path, Optional[int]], Path]
+
+
+def codegen_builder(plan: Plan, stage: Path, build_dir: Path, jobs: Optional[int]) -> Path:
+    """The real builder: codegen.build.build() for exactly the plan's instances (compile.py's path), installing the
+    library into `stage`. Compiler output is captured and reported only on failure."""
+    build = _codegen.submodule("build")
+    request = build.BuildRequest(api=plan.entry.api, arch=plan.entry.arch, specs=list(plan.entry.specs),
+                                 build_dir=build_dir, install_dir=stage, jobs=jobs, capture_output=True,
+                                 toolchain=plan.toolchain)
+    try:
+        result = build.build(request, log=lambda *_: None)
+    except build.BuildError as exc:
+        raise JitError(f"building {plan.entry.name} failed: {exc}") from None
+    return stage / result.library.name
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The cache
+# ------------------------------------------------------------------------------------------------------------------
+
+@contextmanager
+def _locked(path: Path, what: str, log: Callable[[str], None]):
+    """An exclusive fcntl lock on `path` (created if needed; never deleted). The kernel drops it if we die."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"[mhakit] waiting for another process that is building {what}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+class KernelCache:
+    """Built libraries under ``<root>/v<FORMAT>/``. `builder` makes a plan's library (the real one by default; tests
+    inject fakes); `log` receives the progress lines (stderr by default)."""
+
+    def __init__(self, root: Optional[Path] = None, builder: Optional[Builder] = None,
+                 log: Optional[Callable[[str], None]] = None):
+        self.base = Path(os.path.abspath(Path(root).expanduser() if root is not None else cache_dir()))
+        self.root = self.base / f"v{FORMAT}"
+        self.builder = builder or codegen_builder
+        self.log = log or _log_stderr
+
+    # --- layout -------------------------------------------------------------------------------------------------
+    def entry_dir(self, plan: Plan) -> Path:
+        return self.root / plan.entry.api / plan.dirname
+
+    def lock_path(self, plan: Plan) -> Path:
+        return self.root / "locks" / f"{plan.dirname}.lock"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.root / "tmp"
+
+    # --- lookup -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def check_entry(directory: Path, *, key: Optional[str] = None, source_key: Optional[str] = None) -> Optional[Path]:
+        """The library of a complete, intact entry, else None: the manifest parses, names the expected key (or
+        source key), and the library's size and sha256 match it."""
+        manifest = _read_json(directory / "manifest.json")
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            return None
+        if key is not None and manifest.get("key") != key:
+            return None
+        if source_key is not None and manifest.get("source_key") != source_key:
+            return None
+        name = manifest.get("library")
+        if not isinstance(name, str) or "/" in name:
+            return None
+        lib = directory / name
+        try:
+            if lib.stat().st_size != manifest.get("size"):
+                return None
+            if _file_sha256(lib) != manifest.get("sha256"):
+                return None
+        except OSError:
+            return None
+        return lib
+
+    def find(self, plan: Plan) -> Optional[Path]:
+        """The plan's library if the cache holds it intact. Without a toolchain: any intact entry of the same
+        sources, whichever compiler built it."""
+        if plan.dirname is not None:
+            return self.check_entry(self.entry_dir(plan), key=plan.key)
+        api_dir = self.root / plan.entry.api
+        if not api_dir.is_dir():
+            return None
+        for directory in sorted(api_dir.glob(f"{plan.prefix}-*")):
+            lib = self.check_entry(directory, source_key=plan.source_key)
+            if lib is not None:
+                return lib
+        return None
+
+    # --- building -----------------------------------------------------------------------------------------------
+    def _remove_stale(self, plan: Plan) -> None:
+        """Leftovers of builds of this entry that died (we hold its lock, so nobody else is building it)."""
+        if self.tmp_dir.is_dir():
+            for leftover in self.tmp_dir.glob(f"{plan.dirname}.*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+    def ensure(self, plan: Plan, *, jobs: Optional[int] = None, build_dir: Optional[Path] = None,
+               quiet: bool = False, probe: bool = True) -> Path:
+        """The plan's library, building it first if the cache lacks it (once across processes). `probe`: re-run
+        `nvcc --version` before a real build (prebuild probes once for all its entries)."""
+        lib = self.find(plan)
+        if lib is not None:
+            return lib
+        if plan.toolchain is None or plan.dirname is None:
+            raise NoCompilerError(
+                f"the kernels for this call ({plan.entry.name}) are not in the cache {self.root} and they cannot be "
+                f"built here: {plan.why_no_toolchain or 'no toolchain'}. Fill a cache ahead of time with "
+                "`python -m mhakit prebuild` on a machine with the CUDA toolkit and point MHAKIT_CACHE_DIR at it.")
+        if probe and self.builder is codegen_builder:
+            plan = self._with_probed_toolchain(plan)
+            lib = self.find(plan)
+            if lib is not None:
+                return lib
+        with _locked(self.lock_path(plan), plan.entry.name, self.log):
+            lib = self.find(plan)  # another process may have built it while we waited
+            if lib is not None:
+                return lib
+            return self._build_locked(plan, jobs, build_dir, quiet)
+
+    def _with_probed_toolchain(self, plan: Plan) -> Plan:
+        """A real build runs nvcc anyway: re-probe its version (cheap next to a build) so that a stale memo can never
+        file a library under the wrong key."""
+        tc = plan.toolchain
+        version = _nvcc_version(tc.path, self.root, refresh=True)
+        if version == tc.version:
+            return plan
+        fresh = type(tc)(arch=tc.arch, gencode=tc.gencode, path=tc.path, version=version, cutlass=tc.cutlass)
+        return make_plan(plan.entry, fresh)
+
+    def _build_locked(self, plan: Plan, jobs: Optional[int], build_dir: Optional[Path], quiet: bool) -> Path:
+        self._remove_stale(plan)
+        work = self.tmp_dir / f"{plan.dirname}.{os.getpid()}.{secrets.token_hex(4)}"
+        stage = work / "entry"
+        stage.mkdir(parents=True)
+        final = self.entry_dir(plan)
+        n = len(plan.entry.specs)
+        if not quiet:
+            version = getattr(plan.toolchain, "version", "?")
+            self.log(f"[mhakit] first use of {plan.entry.name}: building {n} kernel instance{'s' if n != 1 else ''} "
+                     f"for {plan.entry.arch} with nvcc {version} (-j{jobs or os.cpu_count() or 1}) into "
+                     f"{final.parent}; this happens once, later calls and processes load it")
+        start = time.monotonic()
+        try:
+            library = Path(self.builder(plan, stage, Path(build_dir) if build_dir else work / "build", jobs))
+            if library.parent != stage or not library.is_file():
+                raise JitError(f"the builder did not leave a library in {stage} (got {library})")
+            with open(library, "rb") as f:
+                os.fsync(f.fileno())
+            seconds = time.monotonic() - start
+            manifest = {
+                "format": FORMAT,
+                "name": plan.entry.name,
+                "api": plan.entry.api,
+                "arch": plan.entry.arch,
+                "instances": plan.entry.instance_names,
+                "key": plan.key,
+                "source_key": plan.source_key,
+                "toolchain_key": plan.toolchain_key,
+                "library": library.name,
+                "size": library.stat().st_size,
+                "sha256": _file_sha256(library),
+                "build_seconds": round(seconds, 2),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),  # information only; never part of a key
+                "inputs": plan.inputs,
+            }
+            _write_json_atomic(stage / "manifest.json", manifest)  # last: its presence completes the entry
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists():  # an entry that failed its check: move it out of the way, then replace it
+                os.replace(final, work / "replaced")
+            os.replace(stage, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if not quiet:
+            self.log(f"[mhakit] built {plan.entry.name} in {time.monotonic() - start:.1f} s")
+        return final / library.name
+
+    # --- the per-call path ------------------------------------------------------------------------------------
+    def _index_path(self, kind: str, index_key: str) -> Path:
+        return self.root / "index" / kind / f"{index_key}.json"
+
+    def _from_index(self, kind: str, index_key: str) -> Optional[Path]:
+        """The library an index record points at, if that entry passes its check."""
+        record = _read_json(self._index_path(kind, index_key))
+        if not isinstance(record, dict) or not isinstance(record.get("entry"), str) or ".." in record["entry"]:
+            return None
+        directory = self.root / record["entry"]
+        if record.get("key"):
+            return self.check_entry(directory, key=record["key"])
+        if record.get("source_key"):
+            return self.check_entry(directory, source_key=record["source_key"])
+        return None
+
+    def _remember(self, kind: str, index_key: str, plan: Plan, lib: Path) -> None:
+        record = {"entry": f"{plan.entry.api}/{lib.parent.name}"}
+        record.update({"key": plan.key} if plan.key else {"source_key": plan.source_key})
+        try:
+            _write_json_atomic(self._index_path(kind, index_key), record)
+        except OSError:  # a read-only cache still serves; it just cannot remember shortcuts
+            pass
+
+    def remember_entry(self, plan: Plan, lib: Path) -> None:
+        """Index an entry by its instances (prebuild does this for every library it fills in)."""
+        self._remember("entries", _entry_key(plan.entry, self.root), plan, lib)
+
+    def library_for(self, api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
+                    jobs: Optional[int] = None) -> Path:
+        """The library a call needs: from the call index (no derivation, no rendering), the entry index (derivation
+        only: a prebuilt cache), or by computing the entry's keys and finding or building it."""
+        call_key = _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, self.root)
+        lib = self._from_index("calls", call_key)
+        if lib is not None:
+            return lib
+        entry = derive_entry(api, arch, dtype, hdim_q, hdim_v, mode, masked)
+        entry_key = _entry_key(entry, self.root)
+        lib = self._from_index("entries", entry_key)
+        if lib is not None:
+            record = _read_json(self._index_path("entries", entry_key))
+            try:
+                _write_json_atomic(self._index_path("calls", call_key), record)
+            except OSError:
+                pass
+            return lib
+        toolchain, why = toolchain_for(arch, self.root)
+        plan = make_plan(entry, toolchain, why_no_toolchain=why)
+        lib = self.ensure(plan, jobs=jobs)
+        self._remember("entries", entry_key, plan, lib)
+        self._remember("calls", call_key, plan, lib)
+        return lib
+
+    # --- inspection ---------------------------------------------------------------------------------------------
+    def entries(self) -> list[dict]:
+        """Every entry directory with its manifest summary and whether it passes its check."""
+        out = []
+        for api_dir in sorted(p for p in self.root.glob("*") if p.is_dir() and p.name not in ("locks", "tmp", "index")):
+            for directory in sorted(p for p in api_dir.iterdir() if p.is_dir()):
+                manifest = _read_json(directory / "manifest.json") or {}
+                ok = self.check_entry(directory, key=manifest.get("key"), source_key=manifest.get("source_key"))
+                out.append({"dir": str(directory), "name": manifest.get("name", directory.name),
+                            "instances": manifest.get("instances", []), "ok": ok is not None,
+                            "build_seconds": manifest.get("build_seconds")})
+        return out
+
+    def clear(self) -> None:
+        """Remove this cache format's tree (entries, index, memo). Callers must not be building meanwhile."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Call keys for the index: the call signature and what determines its entry, without rendering anything
+# ------------------------------------------------------------------------------------------------------------------
+
+_TREE_DIGEST: Optional[str] = None
+
+
+def _tree_digest() -> str:
+    """sha256 over the generator (its Python and data), the templates and every csrc file, and this module (the
+    derivation rules): everything an entry's sources are rendered from. Computed once per process."""
+    global _TREE_DIGEST
+    if _TREE_DIGEST is None:
+        dirs = _codegen.source_dirs()
+        h = hashlib.sha256()
+        files = []
+        for label, directory in sorted(dirs.items()):
+            for path in sorted(directory.rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc",):
+                    files.append((f"{label}/{path.relative_to(directory).as_posix()}", path))
+        files.append(("mhakit/jit.py", Path(__file__)))
+        for rel, path in files:
+            h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+        _TREE_DIGEST = h.hexdigest()
+    return _TREE_DIGEST
+
+
+_TOOLCHAIN_IDENTITY: dict = {}
+
+
+def _toolchain_identity(root: Path):
+    """(nvcc version or None, CUTLASS version or None) from the memo, without running anything."""
+    ident = _TOOLCHAIN_IDENTITY.get(root)
+    if ident is None:
+        tc = _codegen.submodule("toolchain")
+        path = tc.locate_nvcc()
+        version = None
+        if path:
+            try:
+                version = _nvcc_version(path, root)
+            except (OSError, tc.ToolchainError):
+                version = None
+        try:
+            cutlass = tc.cutlass_version(tc.find_cutlass())
+        except tc.ToolchainError:
+            cutlass = None
+        ident = _TOOLCHAIN_IDENTITY[root] = (version, cutlass)
+    return ident
+
+
+def _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, root: Path) -> str:
+    return _sha256_json([FORMAT, "call", api, arch, dtype, hdim_q, hdim_v, mode, bool(masked), _tree_digest(),
+                         list(_toolchain_identity(root))])
+
+
+def _entry_key(entry: Entry, root: Path) -> str:
+    return _sha256_json([FORMAT, "entry", entry.api, entry.arch, entry.instance_names, _tree_digest(),
+                         list(_toolchain_identity(root))])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Per process: call signature -> loaded library
+# ------------------------------------------------------------------------------------------------------------------
+
+def _load_fwd(path: Path):
+    from . import _capi
+    return _capi.load_library(path)
+
+
+# How each API's library is loaded (the backward pass registers "bwd" here).
+LOADERS: dict[str, Callable[[Path], object]] = {"fwd": _load_fwd}
+
+_LIBS: dict = {}
+_LIBS_LOCK = threading.RLock()
+_ARCHS: dict = {}
+_DEFAULT_CACHE: list = []
+
+
+def default_cache() -> KernelCache:
+    """The process's cache object for cache_dir() (re-created if MHAKIT_CACHE_DIR changes)."""
+    base = Path(os.path.abspath(cache_dir()))
+    if not _DEFAULT_CACHE or _DEFAULT_CACHE[0].base != base:
+        _DEFAULT_CACHE[:] = [KernelCache(base)]
+    return _DEFAULT_CACHE[0]
+
+
+def device_arch(device: int) -> str:
+    """The arch mhakit builds for CUDA device `device` (sm_90a on H100/H200)."""
+    arch = _ARCHS.get(device)
+    if arch is None:
+        from . import _cuda
+        major, minor = _cuda.compute_capability(device)
+        arch = _ARCHS[device] = _codegen.submodule("toolchain").arch_for_compute_capability(major, minor)
+    return arch
+
+
+def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool):
+    """The loaded library serving a call on `device` (memoised: a dict lookup after the first call)."""
+    key = (api, device, dtype, hdim_q, hdim_v, mode, masked)
+    lib = _LIBS.get(key)
+    if lib is not None:
+        return lib
+    with _LIBS_LOCK:
+        lib = _LIBS.get(key)
+        if lib is None:
+            arch = device_arch(device)
+            path = default_cache().library_for(api, arch, dtype, hdim_q, hdim_v, mode, masked)
+            lib = _LIBS[key] = LOADERS[api](path)
+    return lib
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Ahead of time
+# ------------------------------------------------------------------------------------------------------------------
+
+def default_arch() -> str:
+    """The arch of GPU 0 when one is usable, else what codegen.toolchain.detect_arch() says (sm_90a without one)."""
+    try:
+        from . import _cuda
+        if _cuda.device_count() > 0:
+            return device_arch(0)
+    except Exception:
+        pass
+    return _codegen.submodule("toolchain").detect_arch()
+
+
+def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str = "fwd",
+             name_filter: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[KernelCache] = None,
+             quiet: bool = False) -> list[Path]:
+    """Fill the cache with every library a call could need within a build profile (see codegen/profiles.toml), so
+    that deployment needs no compiler. Reuses the JIT path: the same entries, keys and atomic installs. All instance
+    objects are compiled first in one parallel ninja run; each library then only compiles its dispatch table and
+    links. Returns the library paths. Already cached entries are kept."""
+    cache = cache or default_cache()
+    log = (lambda *_: None) if quiet else cache.log
+    arch = arch or default_arch()
+    tc_mod = _codegen.submodule("toolchain")
+    tc_mod.require_available_backend(arch)
+    profiles = _codegen.submodule("profiles")
+    selection = profiles.select(api, arch, profile, name_filter)
+    entries = entries_within(api, arch, selection.specs)
+    if not entries:
+        raise profiles.SelectionError(
+            f"profile '{profile}'{' with filter ' + name_filter if name_filter else ''} holds no complete {api} "
+            f"library for {arch}: each needs its fast instance and the generic fallback")
+    toolchain, why = toolchain_for(arch, cache.root, refresh=True)
+    plans = [make_plan(e, toolchain, why_no_toolchain=why) for e in entries]
+    todo = [p for p in plans if cache.find(p) is None]
+    log(f"[mhakit] prebuild {api} (profile {profile}) for {arch}: {len(plans)} libraries, "
+        f"{len(plans) - len(todo)} already in {cache.root}")
+    if todo:
+        if toolchain is None:
+            raise NoCompilerError(f"prebuild needs a toolchain: {why}")
+        build = _codegen.submodule("build")
+        shared = cache.tmp_dir / f"prebuild.{os.getpid()}.{secrets.token_hex(4)}"
+        start = time.monotonic()
+        try:
+            union = sorted({sp.name: sp for p in todo for sp in p.entry.specs}.values(), key=lambda sp: sp.name)
+            log(f"[mhakit] compiling {len(union)} kernel instances with nvcc {toolchain.version} "
+                f"(-j{jobs or os.cpu_count() or 1})")
+            request = build.BuildRequest(api=api, arch=arch, specs=union, build_dir=shared / "build",
+                                         install_dir=shared / "all", jobs=jobs, capture_output=True,
+                                         toolchain=toolchain)
+            try:
+                build.build(request, log=lambda *_: None)
+            except build.BuildError as exc:
+                raise JitError(f"prebuild failed: {exc}") from None
+            log(f"[mhakit] compiled in {time.monotonic() - start:.1f} s; linking {len(todo)} libraries")
+            for i, plan in enumerate(todo, 1):
+                cache.ensure(plan, jobs=jobs, build_dir=shared / "build", quiet=True, probe=False)
+                log(f"[mhakit] [{i}/{len(todo)}] {plan.entry.name}")
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)
+        log(f"[mhakit] prebuild finished in {time.monotonic() - start:.1f} s")
+    paths = []
+    for plan in plans:
+        lib = cache.find(plan)
+        if lib is None:  # pragma: no cover - ensure() raised already
+            raise JitError(f"{plan.entry.name} is missing after prebuild")
+        cache.remember_entry(plan, lib)  # a first call then finds it without rendering (see library_for)
+        paths.append(lib)
+    return paths

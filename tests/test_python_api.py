@@ -1,0 +1,318 @@
+"""The Python calls on a machine without a GPU: argument checks and their messages (fake CUDA arrays), the clear
+error of a GPU call without a GPU, a torch-free import, and what an installed package must carry."""
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+import pytest
+
+import mhakit
+from conftest import REPO, have_gpu
+from mhakit import _codegen, api, jit
+from mhakit._arrays import DeviceArray, dtype_by_name
+
+
+def arr(shape, dtype="float16", strides=None, device=0, ptr=0x7F0000000000):
+    """A CUDA array as mhakit reads it (no memory behind it: these calls fail before any launch)."""
+    return DeviceArray(ptr, shape, dtype_by_name(dtype), device, strides=strides)
+
+
+def qkv(b=2, sq=64, sk=80, hq=8, hk=2, d=128, dv=128, dtype="float16", layout="bshd"):
+    if layout == "bshd":
+        return arr((b, sq, hq, d), dtype), arr((b, sk, hk, d), dtype), arr((b, sk, hk, dv), dtype)
+    return arr((b, hq, sq, d), dtype), arr((b, hk, sk, d), dtype), arr((b, hk, sk, dv), dtype)
+
+
+class TestBatchArguments:
+    @pytest.mark.parametrize("kwargs, error, message", [
+        (dict(layout="sbhd"), ValueError, "layout: expected 'bshd' or 'bhsd'"),
+        (dict(mask="b", causal=True), ValueError, "mask: give either mask= or causal=/window="),
+        (dict(mask="q:1"), ValueError, "mask: invalid mask string 'q:1'"),
+        (dict(mask=(7, -1, 0)), ValueError, "mask: mask type must be 0"),
+        (dict(mask=("x", 1, 2)), ValueError, "mask: unknown mask type 'x'"),
+        (dict(window=5), TypeError, r"window: expected \(left, right\)"),
+        (dict(scale=-1.0), ValueError, "scale: must be finite and > 0"),
+        (dict(scale="big"), TypeError, "scale: expected a float"),
+        (dict(stream="s0"), TypeError, "stream: expected None, an int CUstream handle"),
+        (dict(dtype="fp32"), TypeError, "dtype: expected 'fp16' or 'bf16'"),
+        (dict(dtype="bf16"), TypeError, "q: has dtype float16 but dtype='bf16' was given"),
+    ])
+    def test_option_errors(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            mhakit.mha_fwd(*qkv(), **kwargs)
+
+    @pytest.mark.parametrize("q, k, v, error, message", [
+        (arr((2, 64, 8)), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)), ValueError,
+         r"q: expected 4 dims \[batch, seqlen, nheads, headdim\] \(layout 'bshd'\), got shape \(2, 64, 8\)"),
+        (arr((2, 64, 8, 128)), arr((3, 80, 2, 128)), arr((2, 80, 2, 128)), ValueError,
+         "k: batch 3 does not match q's batch 2"),
+        (arr((2, 64, 8, 128)), arr((2, 80, 2, 64)), arr((2, 80, 2, 128)), ValueError,
+         "k: head dim 64 does not match q's head dim 128"),
+        (arr((2, 64, 8, 128)), arr((2, 80, 2, 128)), arr((2, 81, 2, 128)), ValueError,
+         r"v: shape \(2, 81, 2, 128\) does not match k's \(2, 80, 2, 128\)"),
+        (arr((2, 64, 8, 128)), arr((2, 80, 3, 128)), arr((2, 80, 3, 128)), ValueError,
+         "k: 3 kv heads; q's head count 8 must be a positive multiple of it"),
+        (arr((2, 64, 8, 100)), arr((2, 80, 2, 100)), arr((2, 80, 2, 100)), ValueError,
+         r"q: head dim 100 is not supported; head dims must be multiples of 8 in \[8, 256\]"),
+        (arr((2, 64, 8, 128)), arr((2, 80, 2, 128)), arr((2, 80, 2, 264)), ValueError, "v: head dim of v 264"),
+        (arr((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2)), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)),
+         ValueError, r"q: the head dimension must be contiguous \(stride 1\)"),
+        (arr((2, 64, 8, 128), "float32"), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)), TypeError,
+         "q: dtype float32 is not supported; expected float16 or bfloat16"),
+        (arr((2, 64, 8, 128)), arr((2, 80, 2, 128), "bfloat16"), arr((2, 80, 2, 128)), TypeError,
+         "k: dtype bfloat16 does not match q's float16"),
+        (arr((2, 64, 8, 128), "uint16"), arr((2, 80, 2, 128), "uint16"), arr((2, 80, 2, 128), "uint16"), TypeError,
+         "q: dtype uint16 holds raw 16-bit values; pass dtype='bf16' or dtype='fp16'"),
+        (arr((2, 64, 8, 128)), arr((2, 80, 2, 128), device=1), arr((2, 80, 2, 128)), ValueError,
+         "k: is on cuda:1 but q is on cuda:0"),
+        (np.zeros((2, 64, 8, 128), np.float16), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)), ValueError,
+         r"q: is a cpu array \(ndarray\); mhakit needs CUDA device memory"),
+        (arr((2, 64, 8, 128)), "k", arr((2, 80, 2, 128)), TypeError, "k: expected a CUDA array exposing __dlpack__"),
+    ])
+    def test_shape_dtype_device_errors_name_the_argument(self, q, k, v, error, message):
+        with pytest.raises(error, match=message):
+            mhakit.mha_fwd(q, k, v)
+
+    def test_negative_strides_are_refused(self):
+        q = arr((2, 64, 8, 128), strides=(64 * 8 * 128, -8 * 128, 128, 1))
+        k, v = arr((2, 80, 2, 128)), arr((2, 80, 2, 128))
+        with pytest.raises(ValueError, match="q: negative strides are not supported"):
+            mhakit.mha_fwd(q, k, v)
+        with pytest.raises(ValueError, match="out: negative strides are not supported"):
+            mhakit.mha_fwd(*qkv(), out=arr((2, 64, 8, 128), strides=(64 * 8 * 128, -8 * 128, 128, 1)))
+
+    @pytest.mark.parametrize("kwargs, error, message", [
+        (dict(out=arr((2, 64, 8, 64))), ValueError, r"out: expected shape \(2, 64, 8, 128\) \(bshd output\)"),
+        (dict(out=arr((2, 64, 8, 128), "bfloat16")), TypeError, "out: expected dtype float16, got bfloat16"),
+        (dict(lse_out=arr((2, 8, 64), "float16")), TypeError, "lse_out: expected dtype float32"),
+        (dict(lse_out=arr((2, 64, 8), "float32")), ValueError,
+         r"lse_out: expected shape \(2, 8, 64\) \(\[batch, nheads, seqlen_q\] float32\)"),
+        (dict(lse_out=arr((2, 8, 64), "float32", strides=(1024, 128, 2))), ValueError,
+         r"lse_out: the seqlen dimension must be contiguous"),
+        (dict(out=arr((2, 64, 8, 128), device=3)), ValueError, "out: is on cuda:3 but q is on cuda:0"),
+    ])
+    def test_output_errors(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            mhakit.mha_fwd(*qkv(), **kwargs)
+
+    def test_bhsd_layout_shapes(self):
+        q, k, v = qkv(layout="bhsd")
+        with pytest.raises(ValueError, match=r"out: expected shape \(2, 8, 64, 128\) \(bhsd output\)"):
+            mhakit.mha_fwd(q, k, v, layout="bhsd", out=arr((2, 64, 8, 128)))
+
+    def test_masks_resolve_like_flash_attention_and_aiter(self):
+        r = api._resolve_mask
+        assert r(False, None, None) == (0, -1, -1)
+        assert r(True, None, None) == (2, -1, 0)                    # causal: bottom-right, as FlashAttention
+        assert r(False, None, (128, 0)) == (2, 128, 0)              # sliding window
+        assert r(True, None, (128, 64)) == (2, 128, 0)              # causal window keeps right = 0
+        assert r(False, None, (-1, -1)) == (0, -1, -1)
+        assert r(False, "t", None) == (1, -1, 0) and r(False, "b:4,35", None) == (2, 4, 35)
+        assert r(False, "g:10,5", None) == (3, 10, 5) and r(False, (1, 3, 5), None) == (1, 3, 5)
+        assert r(False, ("generic", 2, 2), None) == (3, 2, 2)
+
+
+class TestVarlenArguments:
+    def call(self, **kw):
+        args = dict(q=arr((30, 4, 64)), k=arr((40, 2, 64)), v=arr((40, 2, 64)), cu_seqlens_q=[0, 10, 10, 30],
+                    cu_seqlens_k=[0, 0, 25, 40], max_seqlen_q=20, max_seqlen_k=25)
+        args.update(kw)
+        return mhakit.mha_varlen_fwd(**args)
+
+    @pytest.mark.parametrize("kwargs, error, message", [
+        (dict(q=arr((30, 4, 64, 1))), ValueError, r"q: expected 3 dims \[total_tokens, nheads, headdim\]"),
+        (dict(cu_seqlens_q=[0, 10, 5, 30]), ValueError, "cu_seqlens_q: offsets must be non-decreasing within"),
+        (dict(cu_seqlens_q=[0, 10, 31]), ValueError, r"cu_seqlens_q: offsets must be non-decreasing within \[0, 30\]"),
+        (dict(cu_seqlens_k=[0, 25, 40]), ValueError, "cu_seqlens_k: has 3 entries but cu_seqlens_q has 4"),
+        (dict(cu_seqlens_q=[[0, 30]]), ValueError, "cu_seqlens_q: expected a 1-D integer array"),
+        (dict(max_seqlen_q=19), ValueError, r"max_seqlen_q: 19 is less than the longest sequence in cu_seqlens_q \(20\)"),
+        (dict(max_seqlen_k=-1), ValueError, "max_seqlen_q / max_seqlen_k: must be >= 0"),
+        (dict(max_seqlen_q=2.5), TypeError, "max_seqlen_q: expected an int"),
+        (dict(cu_seqlens_q=arr((4,), "int64")), TypeError, "cu_seqlens_q: expected dtype int32, got int64"),
+        (dict(cu_seqlens_q=arr((4,), "int32", strides=(2,))), ValueError, r"cu_seqlens_q: must be contiguous"),
+        (dict(cu_seqlens_q=arr((4,), "int32", device=1)), ValueError, "cu_seqlens_q: is on cuda:1 but q is on cuda:0"),
+        (dict(lse_out=arr((30, 4), "float32")), ValueError, r"lse_out: expected shape \(4, 30\)"),
+        (dict(v=arr((40, 2, 64), "bfloat16")), TypeError, "v: dtype bfloat16 does not match q's float16"),
+    ])
+    def test_errors(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            self.call(**kwargs)
+
+
+@pytest.mark.skipif(have_gpu(), reason="checks the message on machines without a GPU")
+def test_gpu_call_without_gpu_says_so():
+    with pytest.raises(mhakit.CudaUnavailableError, match="no usable NVIDIA GPU in this process"):
+        mhakit.mha_fwd(*qkv())
+    with pytest.raises(mhakit.CudaUnavailableError, match="mhakit.reference, mhakit.prebuild and the code generator "
+                                                          "work without"):
+        mhakit.mha_varlen_fwd(arr((30, 4, 64)), arr((40, 2, 64)), arr((40, 2, 64)), [0, 30], [0, 40], 30, 40)
+
+
+def test_empty_problem_needs_no_library(monkeypatch):
+    """Nothing to compute: outputs are allocated (empty) and no library is built or loaded."""
+    monkeypatch.setattr(jit, "library", lambda *a, **k: pytest.fail("no library for an empty problem"))
+    from mhakit import _cuda
+    monkeypatch.setattr(_cuda, "allocate", lambda nbytes, dev, stream, ref=None: _cuda.Allocation(0, 0, dev, stream,
+                                                                                                 ref, False))
+    o, lse = mhakit.mha_fwd(*qkv(sq=0), return_lse=True)
+    assert o.shape == (2, 0, 8, 128) and lse.shape == (2, 8, 0) and o.dtype.name == "float16"
+
+
+def test_import_is_torch_free_and_lazy():
+    """`import mhakit` and the front end's modules load without torch (blocked here), without touching CUDA, and do
+    not install a top-level `codegen` module."""
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'cupy', 'jax'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import mhakit\n"
+        "assert 'numpy' not in sys.modules and 'mhakit.api' not in sys.modules\n"
+        "from mhakit import api, jit, _arrays, _cuda\n"
+        "mhakit.mha_fwd, mhakit.mha_varlen_fwd, mhakit.prebuild, mhakit.reference.attention_fwd\n"
+        "e = jit.derive_entry('fwd', 'sm_90a', 'bf16', 128, 128, 'batch', False)\n"
+        "assert mhakit.codegen.__name__ == 'mhakit.codegen' and 'codegen' not in sys.modules\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'jax', 'cuda')]\n"
+        "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_reference_is_exposed():
+    assert mhakit.reference.attention_fwd is not None and "reference" in dir(mhakit)
+
+
+def test_installed_package_carries_what_a_build_reads():
+    """pyproject.toml ships codegen/, templates/ and csrc/ inside the package as the generator expects them; every
+    file a JIT build reads (rendered instances' includes, runtime sources, templates, catalogue) matches its globs."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        setup = tomllib.load(f)["tool"]["setuptools"]
+    dirs = setup["package-dir"]
+    assert dirs["mhakit.codegen"] == "codegen" and dirs["mhakit.templates"] == "templates" and dirs["mhakit.csrc"] == "csrc"
+    assert "codegen" not in setup["packages"]
+    data = setup["package-data"]
+
+    def shipped(package, rel):
+        return any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(rel, pat.replace("**/", "")) for pat in data[package])
+
+    build = _codegen.submodule("build")
+    plans = [jit.make_plan(jit.derive_entry("fwd", "sm_90a", dt, 128, 128, mode, m), None)
+             for dt in ("fp16", "bf16") for mode in ("batch", "group") for m in (False, True)]
+    needed = set().union(*(p.inputs["csrc"] for p in plans)) | set(build.RUNTIME_SOURCES["fwd"])
+    assert needed and all(shipped("mhakit.csrc", rel) for rel in needed), needed
+    assert all(shipped("mhakit.templates", p.name) for p in (REPO / "templates").iterdir() if p.is_file())
+    assert all(shipped("mhakit.codegen", p.relative_to(REPO / "codegen").as_posix())
+               for p in (REPO / "codegen").rglob("*.toml"))
+
+
+class FakeDriver:
+    """Enough of cuda.bindings.driver to run the Python call path on a machine without a GPU: allocations hand out
+    made-up addresses, every call is recorded. The library itself then runs for real up to its device check."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+        CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
+
+    class CUpointer_attribute:
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+    class CUevent_flags:
+        CU_EVENT_DISABLE_TIMING = 2
+
+    def __init__(self, cc=(8, 0)):
+        self.calls = []
+        self.cc = cc
+        self.next_ptr = 0x7E0000000000
+        self.current = 0
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            if name == "cuDeviceGetAttribute":
+                attr = args[0]
+                value = {75: self.cc[0], 76: self.cc[1], 115: 1}[attr]
+                return (0, value)
+            if name in ("cuMemAllocAsync", "cuMemAlloc"):
+                ptr, self.next_ptr = self.next_ptr, self.next_ptr + ((int(args[0]) + 255) // 256) * 256
+                return (0, ptr)
+            if name == "cuCtxGetCurrent":
+                return (0, self.current)
+            if name == "cuCtxSetCurrent":
+                self.current = args[0]
+                return (0,)
+            if name == "cuDevicePrimaryCtxRetain":
+                return (0, 0xC0)
+            if name == "cuCtxGetDevice":
+                return (0, 0)
+            if name in ("cuDeviceGet", "cuEventCreate"):
+                return (0, args[0] if args else 1)
+            return (0,)
+        return call
+
+
+@pytest.mark.compile
+def test_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatch):
+    """With a fake driver, a varlen call builds its library for the fake device's arch (sm_80), allocates O and LSE
+    on the call's stream, uploads host offsets, and the C library accepts every argument and chooses an instance
+    (it then stops at its own device check: there is no GPU here)."""
+    from conftest import have_nvcc
+    from mhakit import _capi, _cuda
+    if not have_nvcc():
+        pytest.skip("nvcc not found")
+    if have_gpu():
+        pytest.skip("the GPU tests cover this path for real")
+    fake = FakeDriver()
+    monkeypatch.setattr(_cuda, "_DRIVER", fake)
+    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
+        monkeypatch.setattr(module, memo, {})  # per-process memos start empty for the fake device
+    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    q, k, v = arr((30, 4, 64)), arr((40, 2, 64)), arr((40, 2, 64))
+    with pytest.raises(_capi.MhakitError, match="no usable CUDA device") as info:
+        mhakit.mha_varlen_fwd(q, k, v, [0, 10, 10, 30], [0, 0, 25, 40], 20, 25, causal=True, return_lse=True,
+                              stream=0x5000)
+    assert info.value.code == _capi.ERROR_UNSUPPORTED
+    names = [c[0] for c in fake.calls]
+    allocs = [c[1] for c in fake.calls if c[0] == "cuMemAllocAsync"]
+    assert allocs[:2] == [(30 * 4 * 64 * 2, 0x5000), (4 * 30 * 4, 0x5000)]  # O (fp16) and LSE (fp32)
+    uploads = [c[1] for c in fake.calls if c[0] == "cuMemcpyHtoDAsync"]
+    assert [u[2] for u in uploads] == [16, 16] and all(u[3] == 0x5000 for u in uploads)
+    assert "cuCtxSetCurrent" in names
+    assert (tmp_path / "cache" / "v1" / "fwd").is_dir()
+    lib_dirs = list((tmp_path / "cache" / "v1" / "fwd").iterdir())
+    assert [d.name.split("-")[0:2] for d in lib_dirs] == [["fwd_fp16_group_mask_sm80", "generic_d64"]]
+    # batch mode, head-major memory viewed as bshd, GQA, a sliding window: accepted by the library as well
+    q = arr((2, 33, 4, 64), strides=(4 * 33 * 64, 64, 33 * 64, 1))
+    k = arr((2, 47, 2, 64), strides=(2 * 47 * 64, 64, 47 * 64, 1))
+    with pytest.raises(_capi.MhakitError, match="no usable CUDA device"):
+        mhakit.mha_fwd(q, k, k, window=(8, 0), lse_out=arr((2, 4, 33), "float32"))
+    names = sorted(d.name.split("-")[0] for d in (tmp_path / "cache" / "v1" / "fwd").iterdir())
+    assert names == ["fwd_fp16_batch_mask_sm80", "fwd_fp16_group_mask_sm80"]
+
+
+def test_empty_arrays_may_report_any_strides(monkeypatch):
+    """CuPy exports zero-size arrays with all-zero strides: no key at all (s_k = 0) is still a valid call."""
+    from mhakit import _cuda
+
+    class ReachedAllocation(Exception):
+        pass
+
+    def allocate(nbytes, dev, stream, ref=None):
+        raise ReachedAllocation
+
+    monkeypatch.setattr(_cuda, "allocate", allocate)
+    q = arr((2, 40, 4, 128))
+    k = arr((2, 0, 4, 128), strides=(0, 0, 0, 0), ptr=0)
+    with pytest.raises(ReachedAllocation):  # every argument check passed
+        mhakit.mha_fwd(q, k, k)

@@ -1,0 +1,475 @@
+"""The JIT's instance derivation, cache keys, cross-process locking, atomic installs and corrupt-entry recovery.
+
+CPU only (fake toolchains and fake builders), except the tests marked `compile`, which run nvcc for one small
+library (two processes asking for it at once: one builds, the other waits and loads it)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, have_nvcc
+from mhakit import _codegen, jit
+
+toolchain_mod = _codegen.submodule("toolchain")
+catalogue_mod = _codegen.submodule("catalogue")
+profiles_mod = _codegen.submodule("profiles")
+render_mod = _codegen.submodule("render")
+build_mod = _codegen.submodule("build")
+
+
+def sub_env(**extra) -> dict:
+    """Environment for child Pythons: this checkout first on sys.path (an older mhakit may be installed)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra)
+    return env
+
+
+def fake_toolchain(arch="sm_90a", version="13.0.88", path="/opt/fake-cuda/bin/nvcc"):
+    return toolchain_mod.Nvcc(arch=arch, gencode=catalogue_mod.load("cuda").arch(arch).gencode, path=path,
+                              version=version, cutlass=Path("/opt/fake-cutlass"))
+
+
+def entry(dtype="bf16", hq=128, hv=128, mode="batch", masked=False, arch="sm_90a"):
+    return jit.derive_entry("fwd", arch, dtype, hq, hv, mode, masked)
+
+
+class FakeBuilder:
+    """Writes a small 'library' whose bytes depend on the key; counts calls."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls = 0
+        self.delay = delay
+
+    def __call__(self, plan, stage, build_dir, jobs):
+        self.calls += 1
+        time.sleep(self.delay)
+        lib = stage / "libmha_fwd.so"
+        lib.write_bytes(b"\x7fELF fake " + plan.key.encode() * 20)
+        return lib
+
+
+def make_cache(tmp_path, builder=None):
+    return jit.KernelCache(tmp_path / "cache", builder=builder or FakeBuilder(), log=lambda msg: None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Which instances a call needs
+# ----------------------------------------------------------------------------------------------------------------
+
+class TestDerive:
+    def test_hopper_batch_equal_dims_gets_hopper_and_generic_fallback(self):
+        e = entry()
+        assert e.instance_names == ["fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128",
+                                    "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"]
+        assert e.name == "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"
+
+    def test_mask_class_and_dtype_select_the_signature(self):
+        e = entry(dtype="fp16", masked=True)
+        assert all("_fp16_batch_mask_" in n for n in e.instance_names) and len(e.instance_names) == 2
+
+    @pytest.mark.parametrize("hq, hv, expected", [
+        (24, 24, ["fwd_d64_fp16_batch_nmask_sm90a_hopper_b192x128", "fwd_d32_fp16_batch_nmask_sm90a_generic_b128x128w4"]),
+        (96, 96, ["fwd_d128_fp16_batch_nmask_sm90a_hopper_b128x128", "fwd_d128_fp16_batch_nmask_sm90a_generic_b128x64w4"]),
+        (160, 128, ["fwd_d192x128_fp16_batch_nmask_sm90a_generic_b64x64w4"]),  # d != dv: no hopper
+        (160, 160, ["fwd_d256_fp16_batch_nmask_sm90a_hopper_b128x64", "fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (16, 256, ["fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
+    ])
+    def test_tightest_bucket_per_family(self, hq, hv, expected):
+        assert entry("fp16", hq, hv).instance_names == expected
+
+    def test_group_mode_and_other_arches_are_generic_only(self):
+        assert entry(mode="group").instance_names == ["fwd_d128_bf16_group_nmask_sm90a_generic_b128x64w4"]
+        assert entry(arch="sm_80").instance_names == ["fwd_d128_bf16_batch_nmask_sm80_generic_b128x64w4"]
+        assert entry(arch="sm_100", mode="group", masked=True).instance_names == [
+            "fwd_d128_bf16_group_mask_sm100_generic_b128x64w4"]
+
+    def test_unknown_values_are_refused(self):
+        with pytest.raises(ValueError, match="dtype must be one of"):
+            jit.derive_entry("fwd", "sm_90a", "fp32", 128, 128, "batch", False)
+        with pytest.raises(ValueError, match="no fwd kernel in the catalogue serves"):
+            jit.derive_entry("fwd", "sm_90a", "bf16", 264, 128, "batch", False)
+
+    def test_entries_within_a_profile(self):
+        minimal = profiles_mod.select("fwd", "sm_90a", "minimal").specs
+        names = [e.name for e in jit.entries_within("fwd", "sm_90a", minimal)]
+        assert names == ["fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
+                         "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
+        default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
+        assert len(default) == 56 and len({e.name for e in default}) == 56
+
+    def test_arch_for_compute_capability(self):
+        f = toolchain_mod.arch_for_compute_capability
+        assert (f(9, 0), f(8, 0), f(8, 6), f(10, 3), f(12, 1)) == ("sm_90a", "sm_80", "sm_86", "sm_100", "sm_120")
+        with pytest.raises(toolchain_mod.ToolchainError, match="compute capability 7.5 is not supported"):
+            f(7, 5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Keys: content, flags, toolchain and arch change them; times, PATH and locations do not
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def csrc_copy(tmp_path):
+    dest = tmp_path / "elsewhere" / "csrc"
+    shutil.copytree(toolchain_mod.CSRC, dest)
+    return dest
+
+
+class TestKeys:
+    def test_key_is_stable_and_location_independent(self, csrc_copy):
+        a = jit.make_plan(entry(), fake_toolchain())
+        b = jit.make_plan(entry(), fake_toolchain())
+        c = jit.make_plan(entry(), fake_toolchain(), csrc=csrc_copy)  # same content, another directory
+        assert a.key == b.key == c.key and a.dirname == c.dirname
+        assert a.dirname.startswith("fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128-")
+        assert set(a.inputs["csrc"]) >= {"include/mha_fwd.h", "kernels/common/mask.h", "runtime/mha_fwd.cpp",
+                                         "kernels/hopper/fmha_fwd_hopper.cuh", "kernels/generic/fmha_fwd_generic.cuh"}
+        assert "benchmark/benchmark_mha_fwd.cpp" not in a.inputs["csrc"]  # only what the library compiles
+        text = json.dumps(a.inputs)
+        assert str(REPO) not in text and "/opt/fake" not in text  # no machine paths in the key material
+
+    def test_header_edit_changes_the_key(self, csrc_copy):
+        base = jit.make_plan(entry(), fake_toolchain(), csrc=csrc_copy)
+        mask_h = csrc_copy / "kernels" / "common" / "mask.h"
+        mask_h.write_text(mask_h.read_text() + "\n// edited\n")
+        edited = jit.make_plan(entry(), fake_toolchain(), csrc=csrc_copy)
+        assert edited.source_key != base.source_key and edited.key != base.key
+        assert edited.toolchain_key == base.toolchain_key
+
+    def test_unrelated_csrc_edit_keeps_the_key(self, csrc_copy):
+        base = jit.make_plan(entry(), fake_toolchain(), csrc=csrc_copy)
+        bench = csrc_copy / "benchmark" / "benchmark_mha_fwd.cpp"
+        bench.write_text(bench.read_text() + "\n// edited\n")
+        assert jit.make_plan(entry(), fake_toolchain(), csrc=csrc_copy).key == base.key
+
+    def test_template_edit_changes_the_key(self, tmp_path, monkeypatch):
+        base = jit.make_plan(entry(), fake_toolchain())
+        templates = tmp_path / "templates"
+        shutil.copytree(render_mod.TEMPLATE_DIR, templates)
+        generic = templates / "instance_generic.cu.j2"
+        generic.write_text(generic.read_text() + "\n// edited\n")
+        monkeypatch.setattr(render_mod, "TEMPLATE_DIR", templates)
+        edited = jit.make_plan(entry(), fake_toolchain())
+        assert edited.source_key != base.source_key
+        changed = [k for k in base.inputs["rendered"] if base.inputs["rendered"][k] != edited.inputs["rendered"][k]]
+        assert changed == ["instances/fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4.cu"]
+
+    def test_flags_version_and_arch_change_the_key(self, monkeypatch):
+        base = jit.make_plan(entry(), fake_toolchain())
+        assert jit.make_plan(entry(), fake_toolchain(version="12.8.93")).key != base.key
+        generic_90 = jit.make_plan(entry(arch="sm_90a", mode="group"), fake_toolchain("sm_90a"))
+        generic_80 = jit.make_plan(entry(arch="sm_80", mode="group"), fake_toolchain("sm_80"))
+        assert generic_90.key != generic_80.key and generic_90.toolchain_key != generic_80.toolchain_key
+        original = toolchain_mod.Nvcc.compile_flags
+        monkeypatch.setattr(toolchain_mod.Nvcc, "compile_flags", lambda self: original(self) + ["-DMHAKIT_EXTRA=1"])
+        flagged = jit.make_plan(entry(), fake_toolchain())
+        assert flagged.toolchain_key != base.toolchain_key and flagged.source_key == base.source_key
+
+    def test_file_times_do_not_change_the_key(self, csrc_copy):
+        base = jit.make_plan(entry(), fake_toolchain(), csrc=csrc_copy)
+        future = time.time() + 86400
+        for path in csrc_copy.rglob("*"):
+            os.utime(path, (future, future))
+        assert jit.make_plan(entry(), fake_toolchain(), csrc=csrc_copy).key == base.key
+
+    def test_path_does_not_change_the_key_and_nvcc_is_probed_once(self, tmp_path, monkeypatch):
+        bindir = tmp_path / "cuda" / "bin"
+        bindir.mkdir(parents=True)
+        probes = tmp_path / "probes.txt"
+        nvcc = bindir / "nvcc"
+        nvcc.write_text(f'#!/bin/sh\necho probe >> "{probes}"\n'
+                        'echo "Cuda compilation tools, release 13.0, V13.0.88"\n')
+        nvcc.chmod(0o755)
+        for var in ("NVCC", "CUDA_HOME", "CUDA_PATH"):
+            monkeypatch.delenv(var, raising=False)
+        root = tmp_path / "cache" / "v1"
+        monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}/usr/bin:/bin")
+        tc1, why = jit.toolchain_for("sm_90a", root)
+        assert why is None and tc1.version == "13.0.88"
+        monkeypatch.setenv("PATH", f"/nonexistent{os.pathsep}{bindir}{os.pathsep}/bin:/usr/bin:/usr/local/bin")
+        tc2, _ = jit.toolchain_for("sm_90a", root)
+        assert probes.read_text().count("probe") == 1, "the version must come from the memo the second time"
+        assert jit.make_plan(entry(), tc1).key == jit.make_plan(entry(), tc2).key
+        # a different nvcc file (size/mtime change) is probed again
+        nvcc.write_text(nvcc.read_text().replace("V13.0.88", "V13.0.99"))
+        tc3, _ = jit.toolchain_for("sm_90a", root)
+        assert tc3.version == "13.0.99" and probes.read_text().count("probe") == 2
+        assert jit.make_plan(entry(), tc3).key != jit.make_plan(entry(), tc1).key
+
+    def test_no_nvcc_means_no_toolchain_key(self, monkeypatch, tmp_path):
+        for var in ("NVCC", "CUDA_HOME", "CUDA_PATH"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("PATH", str(tmp_path))
+        tc, why = jit.toolchain_for("sm_90a", tmp_path)
+        assert tc is None and "nvcc was not found" in why
+        plan = jit.make_plan(entry(), tc, why_no_toolchain=why)
+        assert plan.key is None and plan.dirname is None
+        assert plan.source_key == jit.make_plan(entry(), fake_toolchain()).source_key
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cache: install, lookup, corruption, locking, killed builds
+# ----------------------------------------------------------------------------------------------------------------
+
+class TestCache:
+    def test_build_once_then_hit(self, tmp_path):
+        builder = FakeBuilder()
+        cache = make_cache(tmp_path, builder)
+        plan = jit.make_plan(entry(), fake_toolchain())
+        assert cache.find(plan) is None
+        lib = cache.ensure(plan)
+        assert lib == cache.entry_dir(plan) / "libmha_fwd.so" and lib.is_file()
+        assert cache.ensure(plan) == lib and builder.calls == 1
+        manifest = json.loads((lib.parent / "manifest.json").read_text())
+        assert manifest["key"] == plan.key and manifest["instances"] == plan.entry.instance_names
+        assert manifest["inputs"]["toolchain"]["version"] == "13.0.88"
+        assert not list(cache.tmp_dir.iterdir()), "nothing may stay behind in tmp/"
+
+    @pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "bad_json", "wrong_key", "no_library"])
+    def test_corrupt_entries_are_detected_and_rebuilt(self, tmp_path, damage):
+        builder = FakeBuilder()
+        cache = make_cache(tmp_path, builder)
+        plan = jit.make_plan(entry(), fake_toolchain())
+        lib = cache.ensure(plan)
+        good = lib.read_bytes()
+        manifest = lib.parent / "manifest.json"
+        if damage == "truncate":
+            lib.write_bytes(good[: len(good) // 2])
+        elif damage == "flip":
+            lib.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, other content
+        elif damage == "no_manifest":
+            manifest.unlink()
+        elif damage == "bad_json":
+            manifest.write_text('{"format": 1, "key": ')
+        elif damage == "wrong_key":
+            m = json.loads(manifest.read_text())
+            m["key"] = "0" * 64
+            manifest.write_text(json.dumps(m))
+        else:
+            lib.unlink()
+        assert cache.find(plan) is None
+        assert cache.ensure(plan) == lib and builder.calls == 2
+        assert lib.read_bytes() == good and cache.find(plan) == lib
+
+    def test_no_toolchain_uses_any_intact_build_of_the_same_sources(self, tmp_path):
+        cache = make_cache(tmp_path)
+        built = cache.ensure(jit.make_plan(entry(), fake_toolchain(version="12.9.41")))
+        lookup = jit.make_plan(entry(), None, why_no_toolchain="nvcc was not found")
+        assert cache.find(lookup) == built and cache.ensure(lookup) == built
+        other = jit.make_plan(entry(masked=True), None, why_no_toolchain="nvcc was not found")
+        with pytest.raises(jit.NoCompilerError, match="nvcc was not found.*python -m mhakit prebuild"):
+            cache.ensure(other)
+
+    def test_progress_lines(self, tmp_path):
+        lines = []
+        cache = jit.KernelCache(tmp_path / "cache", builder=FakeBuilder(), log=lines.append)
+        cache.ensure(jit.make_plan(entry(), fake_toolchain()))
+        assert len(lines) == 2
+        assert lines[0].startswith("[mhakit] first use of fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128: "
+                                   "building 2 kernel instances for sm_90a with nvcc 13.0.88")
+        assert lines[1].startswith("[mhakit] built fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128 in ")
+
+    def test_builder_failure_leaves_nothing(self, tmp_path):
+        def failing(plan, stage, build_dir, jobs):
+            (stage / "libmha_fwd.so").write_bytes(b"half")
+            raise jit.JitError("compiler exploded")
+        cache = make_cache(tmp_path, failing)
+        plan = jit.make_plan(entry(), fake_toolchain())
+        with pytest.raises(jit.JitError, match="compiler exploded"):
+            cache.ensure(plan)
+        assert not cache.entry_dir(plan).exists() and not list(cache.tmp_dir.iterdir())
+
+    def test_index_skips_rendering_on_the_next_lookup(self, tmp_path, monkeypatch):
+        builder = FakeBuilder()
+        cache = make_cache(tmp_path, builder)
+        monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (fake_toolchain(arch), None))
+        monkeypatch.setattr(jit, "_toolchain_identity", lambda root: ("13.0.88", "4.2.0"))
+        lib = cache.library_for("fwd", "sm_90a", "bf16", 120, 120, "batch", False)
+        assert builder.calls == 1
+        assert [len(list((cache.root / "index" / kind).iterdir())) for kind in ("calls", "entries")] == [1, 1]
+        # another signature with the same instances is found through the entry index: derived, not rendered
+        monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("the entry index must serve this call"))
+        assert cache.library_for("fwd", "sm_90a", "bf16", 104, 104, "batch", False) == lib
+        assert len(list((cache.root / "index" / "calls").iterdir())) == 2
+
+        def no_render(*args, **kwargs):
+            raise AssertionError("an indexed call must not derive or render")
+        monkeypatch.setattr(jit, "derive_entry", no_render)
+        monkeypatch.setattr(jit, "make_plan", no_render)
+        assert cache.library_for("fwd", "sm_90a", "bf16", 120, 120, "batch", False) == lib
+        # a damaged entry behind the index is not trusted: the slow path rebuilds it
+        monkeypatch.undo()
+        monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (fake_toolchain(arch), None))
+        monkeypatch.setattr(jit, "_toolchain_identity", lambda root: ("13.0.88", "4.2.0"))
+        lib.write_bytes(b"garbage")
+        assert cache.library_for("fwd", "sm_90a", "bf16", 120, 120, "batch", False) == lib and builder.calls == 2
+
+    def test_cache_dir_environment(self, monkeypatch, tmp_path):
+        monkeypatch.delenv(jit.ENV_CACHE_DIR, raising=False)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert jit.cache_dir() == tmp_path / "xdg" / "mhakit"
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        assert jit.cache_dir() == tmp_path / "home" / ".cache" / "mhakit"
+        monkeypatch.setenv(jit.ENV_CACHE_DIR, str(tmp_path / "mine"))
+        assert jit.cache_dir() == tmp_path / "mine"
+        assert jit.default_cache().root == tmp_path / "mine" / f"v{jit.FORMAT}"
+
+
+_CHILD = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from mhakit import jit, _codegen
+    root, record, delay, mode = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    tc = _codegen.submodule("toolchain").Nvcc(arch="sm_90a", gencode="arch=compute_90a,code=sm_90a",
+                                              path="/opt/fake-cuda/bin/nvcc", version="13.0.88",
+                                              cutlass=Path("/opt/fake-cutlass"))
+    def builder(plan, stage, build_dir, jobs):
+        with open(record, "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        lib = stage / "libmha_fwd.so"
+        if mode == "die":
+            lib.write_bytes(b"\\x7fELF half a library")
+            Path(str(record) + ".started").touch()
+            time.sleep(120)
+        time.sleep(delay)
+        lib.write_bytes(b"\\x7fELF " + plan.key.encode() * 50)
+        return lib
+    cache = jit.KernelCache(root, builder=builder)
+    plan = jit.make_plan(jit.derive_entry("fwd", "sm_90a", "bf16", 128, 128, "batch", False), tc)
+    print(cache.ensure(plan), flush=True)
+""")
+
+
+class TestProcesses:
+    def spawn(self, tmp_path, delay, mode="ok"):
+        script = tmp_path / "child.py"
+        script.write_text(_CHILD)
+        return subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache"), str(tmp_path / "builds.txt"),
+                                 str(delay), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=sub_env())
+
+    def test_two_processes_build_once(self, tmp_path):
+        procs = [self.spawn(tmp_path, 1.5) for _ in range(2)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        assert len((tmp_path / "builds.txt").read_text().split()) == 1, "exactly one process may build"
+        paths = {out.strip() for out, _ in outs}
+        assert len(paths) == 1 and Path(paths.pop()).is_file()
+        stderr = "".join(err for _, err in outs)
+        assert stderr.count("first use of") == 1 and "waiting for another process" in stderr
+
+    def test_killed_build_leaves_no_loadable_entry(self, tmp_path):
+        proc = self.spawn(tmp_path, 0, mode="die")
+        started = Path(str(tmp_path / "builds.txt") + ".started")
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        cache = make_cache(tmp_path)
+        plan = jit.make_plan(entry(), fake_toolchain())
+        assert not cache.entry_dir(plan).exists() and cache.find(plan) is None
+        assert list(cache.tmp_dir.iterdir()), "the dead build's work directory is what remains"
+        lib = cache.ensure(plan)  # the lock died with the process; the leftover is cleaned up
+        assert cache.find(plan) == lib and not list(cache.tmp_dir.iterdir())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ahead of time
+# ----------------------------------------------------------------------------------------------------------------
+
+class TestPrebuild:
+    def test_prebuild_fills_the_cache_once(self, tmp_path, monkeypatch):
+        builder = FakeBuilder()
+        cache = make_cache(tmp_path, builder)
+        monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (fake_toolchain(arch), None))
+        monkeypatch.setattr(jit, "_toolchain_identity", lambda root: ("13.0.88", "4.2.0"))
+        compiled = []
+        monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
+        paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
+        assert len(paths) == 4 and builder.calls == 4 and compiled == [4]
+        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 4
+        # a first call of a prebuilt configuration finds it without building or rendering
+        monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
+        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 4
+        assert cache.library_for("fwd", "sm_90a", "bf16", 112, 64, "batch", False) in paths  # generic-only entry
+
+    def test_prebuild_errors(self, tmp_path, monkeypatch):
+        cache = make_cache(tmp_path)
+        with pytest.raises(profiles_mod.SelectionError, match="unknown profile 'huge'"):
+            jit.prebuild("huge", "sm_90a", cache=cache, quiet=True)
+        with pytest.raises(profiles_mod.SelectionError, match="holds no complete fwd library"):
+            jit.prebuild("default", "sm_90a", name_filter="hopper", cache=cache, quiet=True)
+        monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (None, "nvcc was not found"))
+        with pytest.raises(jit.NoCompilerError, match="prebuild needs a toolchain: nvcc was not found"):
+            jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
+
+    def test_cli(self, tmp_path):
+        env = sub_env(MHAKIT_CACHE_DIR=str(tmp_path / "c"))
+        bad = subprocess.run([sys.executable, "-m", "mhakit", "prebuild", "--profile", "huge", "--arch", "sm_90a"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert bad.returncode == 2 and "unknown profile 'huge'" in bad.stderr and "Traceback" not in bad.stderr
+        info = subprocess.run([sys.executable, "-m", "mhakit", "cache"], capture_output=True, text=True, env=env,
+                              cwd=tmp_path)
+        assert info.returncode == 0 and str(tmp_path / "c" / "v1") in info.stdout and "0 entries" in info.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Real builds (nvcc)
+# ----------------------------------------------------------------------------------------------------------------
+
+_REAL_CHILD = textwrap.dedent("""
+    import sys
+    from mhakit import jit
+    cache = jit.KernelCache(sys.argv[1])
+    print(cache.library_for("fwd", "sm_80", "fp16", 64, 64, "group", False, jobs=2), flush=True)
+""")
+
+
+@pytest.mark.compile
+def test_real_build_two_processes_one_compile(tmp_path):
+    """Two processes need the same small library (one generic instance for sm_80): one runs nvcc, the other waits
+    for it and loads the result; the library serves the call's traits and nothing else is left behind."""
+    if not have_nvcc():
+        pytest.skip("nvcc not found")
+    script = tmp_path / "real_child.py"
+    script.write_text(_REAL_CHILD)
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=sub_env()) for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    paths = {out.strip() for out, _ in outs}
+    assert len(paths) == 1
+    lib_path = Path(paths.pop())
+    stderr = "".join(err for _, err in outs)
+    assert stderr.count("first use of fwd_fp16_group_nmask_sm80-generic_d64") == 1, stderr
+    assert stderr.count("[mhakit] built fwd_fp16_group_nmask_sm80-generic_d64 in") == 1, stderr
+    manifest = json.loads((lib_path.parent / "manifest.json").read_text())
+    assert manifest["instances"] == ["fwd_d64_fp16_group_nmask_sm80_generic_b128x128w4"]
+    assert manifest["inputs"]["toolchain"]["version"] and manifest["inputs"]["toolchain"]["arch"] == "sm_80"
+    cache = jit.KernelCache(tmp_path / "cache")
+    assert not list(cache.tmp_dir.iterdir())
+
+    from mhakit import _capi
+    lib = _capi.load_library(lib_path)
+    args = _capi.make_fwd_args(dtype="fp16", q_ptr=256, k_ptr=256, v_ptr=256, o_ptr=256, batch=2, nhead_q=4, nhead_k=2,
+                               hdim_q=40, hdim_v=64, q_strides=(0, 64, 256), k_strides=(0, 64, 128),
+                               v_strides=(0, 64, 128), o_strides=(0, 64, 256), seqstart_q_ptr=512,
+                               seqstart_k_ptr=512, max_seqlen_q=7)
+    assert lib.kernel_name(args) == "fwd_d64_fp16_group_nmask_sm80_generic_b128x128w4"
+    # a third process finds it through the cache (and the index) without building
+    again = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,
+                           env=sub_env(), timeout=300)
+    assert again.returncode == 0 and again.stdout.strip() == str(lib_path) and "first use" not in again.stderr
