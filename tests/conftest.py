@@ -85,3 +85,12 @@ def gpu_libraries(build_root) -> Path:
                            cwd=out, timeout=3000)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def minimal_bwd_build(minimal_fwd_build, build_root) -> Path:
+    """libmha_bwd.so of the minimal profile (+ benchmark_mha_bwd, which links the forward library beside it)."""
+    proc = run_compile(["--api", "bwd", "--profile", "minimal", "--arch", "sm_90a", "--benchmark",
+                        "--build-dir", str(build_root / "objects")], cwd=minimal_fwd_build)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return minimal_fwd_build

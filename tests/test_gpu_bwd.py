@@ -24,6 +24,12 @@ def lib(gpu_libraries):
     return _capi.load_bwd_library(gpu_libraries / "libmha_bwd.so")
 
 
+def uniform(rng, shape):
+    """aiter's backward default (-init=1): uniform in [-1, 1). With N(0, 1) inputs, bf16 gradients can land at
+    the 1e-2 tolerance itself, through the rounding of P that every bf16 kernel (FlashAttention's too) performs."""
+    return rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+
+
 def upload_exact(rounded_bhsd: np.ndarray, dtype: str, order: str):
     """Upload values that are already representable in dtype (e.g. a rounded reference O)."""
     return upload(rounded_bhsd, dtype, order, 0)[0]
@@ -65,10 +71,10 @@ def test_batch_mode_gradients_match_reference(lib, case):
     dtype, b, hq, hk, sq, sk, d, dv, order, gorder, gpad, mask, deterministic = case
     rng = np.random.default_rng(hash(case) % 2**32)
     m = reference.parse_mask(mask)
-    q, qr = upload(rng.standard_normal((b, hq, sq, d), np.float32), dtype, order, 0)
-    k, kr = upload(rng.standard_normal((b, hk, sk, d), np.float32), dtype, order, 0)
-    v, vr = upload(rng.standard_normal((b, hk, sk, dv), np.float32), dtype, order, 0)
-    do, dor = upload(rng.standard_normal((b, hq, sq, dv), np.float32), dtype, order, 0)
+    q, qr = upload(uniform(rng, (b, hq, sq, d)), dtype, order, 0)
+    k, kr = upload(uniform(rng, (b, hk, sk, d)), dtype, order, 0)
+    v, vr = upload(uniform(rng, (b, hk, sk, dv)), dtype, order, 0)
+    do, dor = upload(uniform(rng, (b, hq, sq, dv)), dtype, order, 0)
     ref_o, ref_lse = reference.attention_fwd(qr, kr, vr, mask_type=m.mask_type, window_left=m.left,
                                              window_right=m.right, return_lse=True)
     o = upload_exact(to_bits(ref_o, dtype)[1], dtype, order)
@@ -114,10 +120,10 @@ def test_group_mode_gradients_match_reference(lib, case):
     cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
     tq, tk = int(cu_q[-1]), int(cu_k[-1])
-    q, qr = upload(rng.standard_normal((1, hq, tq, d), np.float32), dtype, "bshd", 0)
-    k, kr = upload(rng.standard_normal((1, hk, tk, d), np.float32), dtype, "bshd", 0)
-    v, vr = upload(rng.standard_normal((1, hk, tk, dv), np.float32), dtype, "bshd", 0)
-    do, dor = upload(rng.standard_normal((1, hq, tq, dv), np.float32), dtype, "bshd", 0)
+    q, qr = upload(uniform(rng, (1, hq, tq, d)), dtype, "bshd", 0)
+    k, kr = upload(uniform(rng, (1, hk, tk, d)), dtype, "bshd", 0)
+    v, vr = upload(uniform(rng, (1, hk, tk, dv)), dtype, "bshd", 0)
+    do, dor = upload(uniform(rng, (1, hq, tq, dv)), dtype, "bshd", 0)
     packed = lambda a: a[0].transpose(1, 0, 2)  # noqa: E731  [1, h, total, d] -> [total, h, d]
     ref_o, ref_lse = reference.attention_varlen_fwd(packed(qr), packed(kr), packed(vr), cu_q, cu_k,
                                                     mask_type=m.mask_type, window_left=m.left, window_right=m.right,
