@@ -81,4 +81,4 @@ def download(t: Strided, dtype: str) -> np.ndarray:
 def assert_close(out, ref, tolerances: tuple[float, float], what: str) -> None:
     rtol, atol = tolerances
     res = reference.check_close(out, ref, rtol, atol)
-    assert res.ok, f"{what}: {res.num_bad}/{res.total} bad, first at {res.first_bad}, max abs {res.max_abs:.3g}"
+    assert res.ok, f"{what}: {res.num_bad}/{res.num_total} bad, first at {res.first_bad}, max abs {res.max_abs_err:.3g}"

@@ -96,8 +96,8 @@ class TestProfiles:
             profiles.select("fwd", "sm_90a", "huge")
         with pytest.raises(profiles.SelectionError, match="selects no fwd instance"):
             profiles.select("fwd", "sm_90a", "default", "no_such_kernel")
-        with pytest.raises(profiles.SelectionError, match="no kernel family for api 'bwd'"):
-            profiles.select("bwd", "sm_90a")
+        with pytest.raises(profiles.SelectionError, match="no kernel family for api 'fwd_v3' on sm_80"):
+            profiles.select("fwd_v3", "sm_80")
         with pytest.raises(profiles.SelectionError, match="unknown api"):
             profiles.select("fwdx", "sm_90a")
 

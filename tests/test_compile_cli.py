@@ -24,7 +24,7 @@ def test_list_prints_names_and_count(tmp_path):
     (["--arch", "sm_75", "--list"], "unknown arch 'sm_75'"),
     (["--arch", "banana"], "unknown arch 'banana'"),
     (["--arch", "sm_90a", "--filter", "no_such_instance"], "selects no fwd instance"),
-    (["--arch", "sm_90a", "--api", "bwd"], "no kernel family for api 'bwd'"),
+    (["--arch", "sm_80", "--api", "fwd_v3"], "no kernel family for api 'fwd_v3' on sm_80"),
     (["--arch", "sm_90a", "-j", "0"], "-j must be >= 1"),
 ])
 def test_bad_requests_give_one_line_and_no_traceback(tmp_path, args, message):
