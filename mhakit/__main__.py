@@ -1,6 +1,6 @@
 """``python -m mhakit``: fill, inspect and clear the kernel cache.
 
-    python -m mhakit prebuild --profile default [--arch sm_90a] [-j 16] [--filter d128]
+    python -m mhakit prebuild --profile default [--api fwd|bwd|all] [--arch sm_90a] [-j 16] [--filter d128]
     python -m mhakit cache [--verbose]        # where the cache is and what it holds
     python -m mhakit clear                    # remove the cache's entries
 """
@@ -17,7 +17,9 @@ def _parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("prebuild", help="build every library a profile's calls need into the cache, ahead of time")
     pre.add_argument("--profile", default="default", help="build profile from codegen/profiles.toml (default: default)")
     pre.add_argument("--arch", default=None, help="target arch, e.g. sm_90a (default: the GPU present, else sm_90a)")
-    pre.add_argument("--api", default="fwd", help="which API's kernels (default: fwd)")
+    pre.add_argument("--api", default="fwd", choices=("fwd", "bwd", "all"),
+                     help="whose kernels: fwd (mha_fwd, mha_varlen_fwd), bwd (mha_bwd, mha_varlen_bwd) or all "
+                          "(default: fwd)")
     pre.add_argument("--filter", default=None, dest="name_filter", help="keep instances whose name matches (glob)")
     pre.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     info = sub.add_parser("cache", help="print the cache directory and its entries")
@@ -37,8 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs is not None and args.jobs < 1:
             print("python -m mhakit prebuild: error: -j must be >= 1", file=sys.stderr)
             return 2
+        apis = ("fwd", "bwd") if args.api == "all" else (args.api,)
         try:
-            paths = jit.prebuild(args.profile, args.arch, api=args.api, name_filter=args.name_filter, jobs=args.jobs)
+            paths = [p for api in apis
+                     for p in jit.prebuild(args.profile, args.arch, api=api, name_filter=args.name_filter,
+                                           jobs=args.jobs)]
         except (profiles.SelectionError, toolchain.ToolchainError, catalogue.CatalogueError, jit.NoCompilerError) as exc:
             print(f"python -m mhakit prebuild: error: {exc}", file=sys.stderr)
             return 2

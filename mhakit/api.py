@@ -1,9 +1,12 @@
-"""The Python calls: ``mha_fwd`` (batch mode) and ``mha_varlen_fwd`` (group mode, packed tokens).
+"""The Python calls: ``mha_fwd`` / ``mha_bwd`` (batch mode) and ``mha_varlen_fwd`` / ``mha_varlen_bwd`` (group
+mode, packed tokens).
 
 Arrays come in through DLPack or ``__cuda_array_interface__`` (CuPy, PyTorch, JAX, ...): pointers, shapes and
 element strides are read, nothing is copied. Outputs are allocated on the inputs' device, stream-ordered on the call's
-stream, and returned as :class:`mhakit.DeviceArray` (DLPack and CAI capable), or written into ``out=`` / ``lse_out=``.
-The library a call needs is built on first use and cached (:mod:`mhakit.jit`).
+stream, and returned as :class:`mhakit.DeviceArray` (DLPack and CAI capable), or written into ``out=`` / ``lse_out=``
+(forward) and ``dq=`` / ``dk=`` / ``dv=`` (backward). The backward's scratch memory is allocated per call on the
+call's stream and freed after the launch, stream-ordered. The library a call needs (libmha_fwd.so or libmha_bwd.so)
+is built on first use and cached (:mod:`mhakit.jit`).
 
 Every argument is checked before anything touches the GPU; a mismatch raises ValueError (shapes, devices, values)
 or TypeError (types and dtypes) that names the argument and says what was expected.
@@ -15,15 +18,17 @@ import ctypes
 import math
 import numbers
 import os
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _arrays
 from ._arrays import ArrayView, DeviceArray
 
-__all__ = ["mha_fwd", "mha_varlen_fwd"]
+__all__ = ["mha_fwd", "mha_varlen_fwd", "mha_bwd", "mha_varlen_bwd"]
 
 MAX_HDIM = 256
-# MHAKIT_LOG_LEVEL=1: each call prints the kernel instance it launches ("[mhakit] mha_fwd -> <name>") to stdout.
+# MHAKIT_LOG_LEVEL=1: each call prints the kernel instance it launches ("[mhakit] mha_fwd -> <name>", likewise
+# mha_bwd) to stdout.
 LOG_LEVEL = int(os.environ.get("MHAKIT_LOG_LEVEL", "0") or 0)
 _DTYPE_NAMES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 _STORAGE_OF = {"fp16": "float16", "bf16": "bfloat16"}
@@ -189,12 +194,225 @@ def _check_output(view: ArrayView, shape: Tuple[int, ...], storage: str, what: s
         raise TypeError(f"{view.name}: expected dtype {storage}, got {view.dtype.name}")
 
 
+def _check_layout(layout: Any) -> None:
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+
+
+def _check_input_shape(view: ArrayView, shape: Tuple[int, ...], what: str) -> None:
+    if tuple(view.shape) != tuple(shape):
+        raise ValueError(f"{view.name}: expected shape {tuple(shape)} ({what}), got {view.shape}")
+
+
+def _as_flag(value: Any, what: str) -> bool:
+    if isinstance(value, (bool, numbers.Integral)) or type(value).__name__ == "bool_":  # numpy.bool_ too
+        return bool(value)
+    raise TypeError(f"{what}: expected a bool, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Inputs both directions share: q, k, v in batch or packed (group) layout, and the cumulative sequence offsets
+# ------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Batch:
+    """q, k, v of a batch-mode call, checked against each other, and how the call's layout maps to the C API."""
+
+    layout: str
+    q: ArrayView
+    k: ArrayView
+    v: ArrayView
+    kind: str                      # 'fp16' or 'bf16'
+    b: int
+    sq: int
+    sk: int
+    hq: int
+    hk: int
+    d: int
+    dv: int
+    axes: Tuple[int, int, int]     # the array axes of (batch, head, row)
+
+    def shape(self, heads: int, rows: int, hdim: int) -> Tuple[int, ...]:
+        """The shape of a [batch, heads, rows, hdim] tensor in the call's layout."""
+        return (self.b, rows, heads, hdim) if self.layout == "bshd" else (self.b, heads, rows, hdim)
+
+    def dims(self, rows: str, heads: str, hdim: str) -> str:
+        names = ("batch", rows, heads, hdim) if self.layout == "bshd" else ("batch", heads, rows, hdim)
+        return "[" + ", ".join(names) + "]"
+
+    def strides(self, view: ArrayView, heads: int, rows: int, hdim: int) -> Tuple[int, int, int]:
+        """(batch, head, row) element strides as the C API takes them."""
+        extents = (self.b, heads, rows)
+        return tuple(_stride(view, a, n, row_align=hdim if a == self.axes[2] else None)
+                     for a, n in zip(self.axes, extents))
+
+
+def _batch_inputs(call: "_Call", q: Any, k: Any, v: Any, layout: str) -> _Batch:
+    qv, kv, vv = call.view(q, "q"), call.view(k, "k"), call.view(v, "v")
+    dims = "[batch, seqlen, nheads, headdim]" if layout == "bshd" else "[batch, nheads, seqlen, headdim]"
+    for view in (qv, kv, vv):
+        _check_ndim(view, 4, f"{dims} (layout {layout!r})")
+    kind = _same_dtype((qv, kv, vv), qv, call.override)
+    if layout == "bshd":
+        (b, sq, hq, d), (bk, sk, hk, dk), (bv, skv, hkv, dv) = qv.shape, kv.shape, vv.shape
+        axes = (0, 2, 1)  # batch, head, row
+    else:
+        (b, hq, sq, d), (bk, hk, sk, dk), (bv, hkv, skv, dv) = qv.shape, kv.shape, vv.shape
+        axes = (0, 1, 2)
+    if bk != b or bv != b:
+        raise ValueError(f"{'k' if bk != b else 'v'}: batch {bk if bk != b else bv} does not match q's batch {b}")
+    if dk != d:
+        raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
+    if (skv, hkv) != (sk, hk):
+        raise ValueError(f"v: shape {vv.shape} does not match k's {kv.shape} in seqlen and heads (layout {layout!r})")
+    if hk < 1 or hq % hk:
+        raise ValueError(f"k: {hk} kv heads; q's head count {hq} must be a positive multiple of it (GQA/MQA)")
+    _check_head_dim(qv, d, "head dim")
+    _check_head_dim(kv, d, "head dim")
+    _check_head_dim(vv, dv, "head dim of v")
+    return _Batch(layout, qv, kv, vv, kind, b, sq, sk, hq, hk, d, dv, axes)
+
+
+@dataclass
+class _Packed:
+    """q, k, v of a group-mode call: [total_tokens, nheads, headdim], checked against each other."""
+
+    q: ArrayView
+    k: ArrayView
+    v: ArrayView
+    kind: str
+    tq: int
+    tk: int
+    hq: int
+    hk: int
+    d: int
+    dv: int
+
+    @staticmethod
+    def strides(view: ArrayView, tokens: int, heads: int, hdim: int) -> Tuple[int, int, int]:
+        """(batch = unused, head, row) element strides as the C API takes them."""
+        return (0, _stride(view, 1, heads), _stride(view, 0, tokens, row_align=hdim))
+
+
+def _packed_inputs(call: "_Call", q: Any, k: Any, v: Any) -> _Packed:
+    qv, kv, vv = call.view(q, "q"), call.view(k, "k"), call.view(v, "v")
+    for view in (qv, kv, vv):
+        _check_ndim(view, 3, "[total_tokens, nheads, headdim]")
+    kind = _same_dtype((qv, kv, vv), qv, call.override)
+    (tq, hq, d), (tk, hk, dk), (tkv, hkv, dv) = qv.shape, kv.shape, vv.shape
+    if dk != d:
+        raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
+    if (tkv, hkv) != (tk, hk):
+        raise ValueError(f"v: shape {vv.shape} does not match k's {kv.shape} in tokens and heads")
+    if hk < 1 or hq % hk:
+        raise ValueError(f"k: {hk} kv heads; q's head count {hq} must be a positive multiple of it (GQA/MQA)")
+    _check_head_dim(qv, d, "head dim")
+    _check_head_dim(kv, d, "head dim")
+    _check_head_dim(vv, dv, "head dim of v")
+    return _Packed(qv, kv, vv, kind, tq, tk, hq, hk, d, dv)
+
+
+def _host_seqstarts(obj: Any, name: str):
+    """A host cu_seqlens as int32 numpy (validated later against the totals), or None for a device array."""
+    if _arrays.is_device_array(obj):
+        return None
+    import numpy as np
+    try:
+        arr = np.asarray(obj)
+    except Exception:
+        raise TypeError(f"{name}: expected a 1-D int32 array (device or host) of batch+1 offsets, got "
+                        f"{type(obj).__name__}") from None
+    if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected a 1-D integer array of batch+1 cumulative offsets, got shape "
+                         f"{arr.shape} dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+@dataclass
+class _Seqstarts:
+    """cu_seqlens_q / cu_seqlens_k of a group-mode call: host offsets (validated; uploaded at launch) or device
+    views (taken as they are), and the max_seqlen bounds."""
+
+    batch: int
+    max_q: int
+    max_k: int
+    host: dict    # name -> int32 numpy array
+    device: dict  # name -> ArrayView
+
+    def pointers(self, call: "_Call", device: int):
+        """({name: device pointer}, allocations to free once the launch is queued). Host offsets are copied on the
+        call's stream, so the launch that follows sees them."""
+        from . import _cuda
+        uploads, ptrs = [], {}
+        for name in ("cu_seqlens_q", "cu_seqlens_k"):
+            if name in self.host:
+                arr = self.host[name]
+                alloc = _cuda.allocate(arr.nbytes, device, call.stream, call.stream_ref)
+                _cuda.copy_from_host(alloc.ptr, arr.ctypes.data, arr.nbytes, device, call.stream)
+                uploads.append(alloc)
+                ptrs[name] = alloc.ptr
+            else:
+                ptrs[name] = self.device[name].ptr
+        return ptrs, uploads
+
+
+def _seqstarts(call: "_Call", cu_seqlens_q: Any, cu_seqlens_k: Any, tq: int, tk: int, max_seqlen_q: Any,
+               max_seqlen_k: Any) -> _Seqstarts:
+    max_q = _as_int(max_seqlen_q, "max_seqlen_q")
+    max_k = _as_int(max_seqlen_k, "max_seqlen_k")
+    if max_q < 0 or max_k < 0:
+        raise ValueError(f"max_seqlen_q / max_seqlen_k: must be >= 0, got {max_q} / {max_k}")
+    host, seq_views, counts = {}, {}, {}
+    for name, obj, total, bound in (("cu_seqlens_q", cu_seqlens_q, tq, max_q),
+                                    ("cu_seqlens_k", cu_seqlens_k, tk, max_k)):
+        arr = _host_seqstarts(obj, name)
+        if arr is None:
+            sv = call.view(obj, name)
+            if sv.ndim != 1 or sv.shape[0] < 1:
+                raise ValueError(f"{name}: expected a 1-D array of batch+1 cumulative offsets, got shape {sv.shape}")
+            if sv.dtype.name != "int32":
+                raise TypeError(f"{name}: expected dtype int32, got {sv.dtype.name}")
+            if sv.shape[0] > 1 and sv.strides[0] != 1:
+                raise ValueError(f"{name}: must be contiguous (stride 1), got stride {sv.strides[0]}")
+            seq_views[name] = sv
+            counts[name] = sv.shape[0]
+        else:
+            import numpy as np
+            if arr[0] < 0 or np.any(np.diff(arr) < 0) or arr[-1] > total:
+                raise ValueError(f"{name}: offsets must be non-decreasing within [0, {total}], got {arr.tolist()}")
+            longest = int(np.max(np.diff(arr))) if arr.shape[0] > 1 else 0
+            if longest > bound:
+                which = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+                raise ValueError(f"{which}: {bound} is less than the longest sequence in {name} ({longest})")
+            host[name] = arr.astype(np.int32)
+            counts[name] = arr.shape[0]
+    if counts["cu_seqlens_k"] != counts["cu_seqlens_q"]:
+        raise ValueError(f"cu_seqlens_k: has {counts['cu_seqlens_k']} entries but cu_seqlens_q has "
+                         f"{counts['cu_seqlens_q']}")
+    return _Seqstarts(counts["cu_seqlens_q"] - 1, max_q, max_k, host, seq_views)
+
+
+def _lse_input(call: "_Call", lse: Any, shape: Tuple[int, ...], what: str, row_axis: int, rows: str) -> ArrayView:
+    """The forward's LSE as the backward reads it: float32, `shape`, rows contiguous (the C API has no row stride)."""
+    lv = call.view(lse, "lse")
+    _check_input_shape(lv, shape, what)
+    if lv.dtype.name != "float32":
+        raise TypeError(f"lse: expected dtype float32 (the forward's LSE), got {lv.dtype.name}")
+    if shape[row_axis] > 1 and lv.strides[row_axis] != 1:
+        raise ValueError(f"lse: the {rows} dimension must be contiguous (stride 1), as the forward writes it; got "
+                         f"strides {lv.strides}")
+    return lv
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Launch
 # ------------------------------------------------------------------------------------------------------------------
 
+_WORKSPACE_ALIGN = 256  # mha_bwd.h: the workspace must be aligned as cudaMalloc aligns
+
+
 class _Call:
-    """The part both calls share once the arguments are understood: device, outputs, stream order, launch."""
+    """The part every call shares once the arguments are understood: device, outputs, stream order, launch."""
 
     def __init__(self, stream: Any, dtype: Any):
         from . import _cuda
@@ -234,22 +452,33 @@ class _Call:
         if LOG_LEVEL > 0:  # the library printf()s the chosen instance; show it now, not at exit
             ctypes.CDLL(None).fflush(None)
 
+    def launch_bwd(self, lib, args, device: int) -> None:
+        """Ask the library how much scratch the instance it chooses for `args` needs, allocate it on the call's
+        stream, launch, and free it on the same stream (the free is ordered after the kernels that use it)."""
+        from . import _capi, _cuda
+        config = _capi.make_stream_config(self.stream, log_level=LOG_LEVEL)
+        with _cuda.device_scope(device):
+            need = lib.workspace_size(args)  # MhakitError when the library refuses the arguments; nothing allocated
+            work = None
+            try:
+                if need > 0:
+                    work = _cuda.allocate(need, device, self.stream, self.stream_ref)
+                    if work.ptr % _WORKSPACE_ALIGN:  # pools align far more in practice; never rely on it
+                        work.free()
+                        work = _cuda.allocate(need + _WORKSPACE_ALIGN, device, self.stream, self.stream_ref)
+                    args.workspace_ptr = -(-work.ptr // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+                    args.workspace_bytes = need
+                lib.mha_bwd(args, config)
+            finally:
+                if work is not None:
+                    work.free()
+        if LOG_LEVEL > 0:
+            ctypes.CDLL(None).fflush(None)
 
-def _host_seqstarts(obj: Any, name: str):
-    """A host cu_seqlens as int32 numpy (validated later against the totals), or None for a device array."""
-    if _arrays.is_device_array(obj):
-        return None
-    import numpy as np
-    try:
-        arr = np.asarray(obj)
-    except Exception:
-        raise TypeError(f"{name}: expected a 1-D int32 array (device or host) of batch+1 offsets, got "
-                        f"{type(obj).__name__}") from None
-    if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"{name}: expected a 1-D integer array of batch+1 cumulative offsets, got shape "
-                         f"{arr.shape} dtype {arr.dtype}")
-    return arr.astype(np.int64)
 
+# ------------------------------------------------------------------------------------------------------------------
+# Forward
+# ------------------------------------------------------------------------------------------------------------------
 
 def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
             scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
@@ -272,44 +501,20 @@ def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, w
     stream: int CUstream or a stream object (``torch.cuda.current_stream()``, a CuPy stream, ...); default: the
     legacy default stream. dtype: how to read 16-bit integer storage (e.g. 'bf16' for CuPy arrays of bf16 bits).
     """
-    if layout not in ("bshd", "bhsd"):
-        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+    _check_layout(layout)
     call = _Call(stream, dtype)
-    qv, kv, vv = call.view(q, "q"), call.view(k, "k"), call.view(v, "v")
-    dims = "[batch, seqlen, nheads, headdim]" if layout == "bshd" else "[batch, nheads, seqlen, headdim]"
-    for view in (qv, kv, vv):
-        _check_ndim(view, 4, f"{dims} (layout {layout!r})")
-    kind = _same_dtype((qv, kv, vv), qv, call.override)
-    if layout == "bshd":
-        (b, sq, hq, d), (bk, sk, hk, dk), (bv, skv, hkv, dv) = qv.shape, kv.shape, vv.shape
-        axes = (0, 2, 1)  # batch, head, row
-    else:
-        (b, hq, sq, d), (bk, hk, sk, dk), (bv, hkv, skv, dv) = qv.shape, kv.shape, vv.shape
-        axes = (0, 1, 2)
-    if bk != b or bv != b:
-        raise ValueError(f"{'k' if bk != b else 'v'}: batch {bk if bk != b else bv} does not match q's batch {b}")
-    if dk != d:
-        raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
-    if (skv, hkv) != (sk, hk):
-        raise ValueError(f"v: shape {vv.shape} does not match k's {kv.shape} in seqlen and heads (layout {layout!r})")
-    if hk < 1 or hq % hk:
-        raise ValueError(f"k: {hk} kv heads; q's head count {hq} must be a positive multiple of it (GQA/MQA)")
-    _check_head_dim(qv, d, "head dim")
-    _check_head_dim(kv, d, "head dim")
-    _check_head_dim(vv, dv, "head dim of v")
+    g = _batch_inputs(call, q, k, v, layout)
+    qv, kv, vv, kind = g.q, g.k, g.v, g.kind
+    b, sq, sk, hq, hk, d, dv = g.b, g.sq, g.sk, g.hq, g.hk, g.d, g.dv
     mask_type, left, right = _resolve_mask(causal, mask, window)
     scale = _resolve_scale(scale, d)
-
-    def strides3(view: ArrayView, extents, hdim):  # (batch, head, row) element strides as the C API takes them
-        return tuple(_stride(view, a, n, row_align=hdim if a == axes[2] else None) for a, n in zip(axes, extents))
-
-    q_strides, k_strides, v_strides = strides3(qv, (b, hq, sq), d), strides3(kv, (b, hk, sk), d), strides3(vv, (b, hk, sk), dv)
+    q_strides, k_strides, v_strides = g.strides(qv, hq, sq, d), g.strides(kv, hk, sk, d), g.strides(vv, hk, sk, dv)
     storage = qv.dtype.name
-    o_shape = (b, sq, hq, dv) if layout == "bshd" else (b, hq, sq, dv)
+    o_shape = g.shape(hq, sq, dv)
     ov = call.output(out, "out", o_shape, storage, f"{layout} output")
     if ov is not None:
         _check_head_dim(ov, dv, "head dim")
-        strides3(ov, (b, hq, sq), dv)
+        g.strides(ov, hq, sq, dv)
     lse_shape = (b, hq, sq)
     lv = call.output(lse_out, "lse_out", lse_shape, "float32", "[batch, nheads, seqlen_q] float32")
     if lv is not None and sq > 1 and lv.strides[2] != 1:
@@ -338,7 +543,7 @@ def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, w
     args = _capi.make_fwd_args(
         dtype=kind, q_ptr=qv.ptr, k_ptr=kv.ptr or None, v_ptr=vv.ptr or None, o_ptr=ov.ptr, batch=b, nhead_q=hq,
         nhead_k=hk, hdim_q=d, hdim_v=dv, seqlen_q=sq, seqlen_k=sk, q_strides=q_strides, k_strides=k_strides,
-        v_strides=v_strides, o_strides=strides3(ov, (b, hq, sq), dv),
+        v_strides=v_strides, o_strides=g.strides(ov, hq, sq, dv),
         lse_ptr=lv.ptr if lv is not None else None, lse_strides=lse_strides, scale=scale, mask_type=mask_type,
         window_left=left, window_right=right)
     call.launch(lib, args, device)
@@ -359,58 +564,12 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     [h_q, total_q]. The other arguments are those of :func:`mha_fwd`.
     """
     call = _Call(stream, dtype)
-    qv, kv, vv = call.view(q, "q"), call.view(k, "k"), call.view(v, "v")
-    for view in (qv, kv, vv):
-        _check_ndim(view, 3, "[total_tokens, nheads, headdim]")
-    kind = _same_dtype((qv, kv, vv), qv, call.override)
-    (tq, hq, d), (tk, hk, dk), (tkv, hkv, dv) = qv.shape, kv.shape, vv.shape
-    if dk != d:
-        raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
-    if (tkv, hkv) != (tk, hk):
-        raise ValueError(f"v: shape {vv.shape} does not match k's {kv.shape} in tokens and heads")
-    if hk < 1 or hq % hk:
-        raise ValueError(f"k: {hk} kv heads; q's head count {hq} must be a positive multiple of it (GQA/MQA)")
-    _check_head_dim(qv, d, "head dim")
-    _check_head_dim(kv, d, "head dim")
-    _check_head_dim(vv, dv, "head dim of v")
-    def strides3(view: ArrayView, tokens: int, heads: int, hdim: int):  # (batch = unused, head, row)
-        return (0, _stride(view, 1, heads), _stride(view, 0, tokens, row_align=hdim))
-
-    q_strides, k_strides, v_strides = strides3(qv, tq, hq, d), strides3(kv, tk, hk, d), strides3(vv, tk, hk, dv)
-    max_q = _as_int(max_seqlen_q, "max_seqlen_q")
-    max_k = _as_int(max_seqlen_k, "max_seqlen_k")
-    if max_q < 0 or max_k < 0:
-        raise ValueError(f"max_seqlen_q / max_seqlen_k: must be >= 0, got {max_q} / {max_k}")
-
-    host = {}
-    seq_views = {}
-    for name, obj, total, bound in (("cu_seqlens_q", cu_seqlens_q, tq, max_q), ("cu_seqlens_k", cu_seqlens_k, tk, max_k)):
-        arr = _host_seqstarts(obj, name)
-        if arr is None:
-            sv = call.view(obj, name)
-            if sv.ndim != 1 or sv.shape[0] < 1:
-                raise ValueError(f"{name}: expected a 1-D array of batch+1 cumulative offsets, got shape {sv.shape}")
-            if sv.dtype.name != "int32":
-                raise TypeError(f"{name}: expected dtype int32, got {sv.dtype.name}")
-            if sv.shape[0] > 1 and sv.strides[0] != 1:
-                raise ValueError(f"{name}: must be contiguous (stride 1), got stride {sv.strides[0]}")
-            seq_views[name] = sv
-            count = sv.shape[0]
-        else:
-            import numpy as np
-            if arr[0] < 0 or np.any(np.diff(arr) < 0) or arr[-1] > total:
-                raise ValueError(f"{name}: offsets must be non-decreasing within [0, {total}], got {arr.tolist()}")
-            longest = int(np.max(np.diff(arr))) if arr.shape[0] > 1 else 0
-            if longest > bound:
-                which = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
-                raise ValueError(f"{which}: {bound} is less than the longest sequence in {name} ({longest})")
-            host[name] = arr.astype(np.int32)
-            count = arr.shape[0]
-        if name == "cu_seqlens_q":
-            count_q = count
-        elif count != count_q:
-            raise ValueError(f"cu_seqlens_k: has {count} entries but cu_seqlens_q has {count_q}")
-    batch = count_q - 1
+    g = _packed_inputs(call, q, k, v)
+    qv, kv, vv, kind = g.q, g.k, g.v, g.kind
+    tq, tk, hq, hk, d, dv = g.tq, g.tk, g.hq, g.hk, g.d, g.dv
+    q_strides, k_strides, v_strides = g.strides(qv, tq, hq, d), g.strides(kv, tk, hk, d), g.strides(vv, tk, hk, dv)
+    seqs = _seqstarts(call, cu_seqlens_q, cu_seqlens_k, tq, tk, max_seqlen_q, max_seqlen_k)
+    batch, max_q = seqs.batch, seqs.max_q
     mask_type, left, right = _resolve_mask(causal, mask, window)
     scale = _resolve_scale(scale, d)
     storage = qv.dtype.name
@@ -418,14 +577,14 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     ov = call.output(out, "out", o_shape, storage, "[total_q, nheads, headdim_v]")
     if ov is not None:
         _check_head_dim(ov, dv, "head dim")
-        strides3(ov, tq, hq, dv)
+        g.strides(ov, tq, hq, dv)
     lse_shape = (hq, tq)
     lv = call.output(lse_out, "lse_out", lse_shape, "float32", "[nheads, total_q] float32")
     if lv is not None and tq > 1 and lv.strides[1] != 1:
         raise ValueError(f"lse_out: the token dimension must be contiguous (stride 1), got strides {lv.strides}")
     want_lse = bool(return_lse) or lv is not None
 
-    views = [qv, kv, vv] + list(seq_views.values()) + [x for x in (ov, lv) if x is not None]
+    views = [qv, kv, vv] + list(seqs.device.values()) + [x for x in (ov, lv) if x is not None]
     device = _resolve_device(views)
     o = out if ov is not None else call.allocate(device, o_shape, storage)
     if ov is None:
@@ -438,31 +597,195 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     if batch == 0 or tq == 0 or hq == 0 or max_q == 0:
         return (o, lse) if return_lse else o
 
-    from . import _capi, _cuda, jit
+    from . import _capi, jit
     lib = jit.library("fwd", device, kind, d, dv, "group", mask_type != 0)
     call.order_inputs(views, device)
-    uploads = []
-    seq_ptrs = {}
-    for name in ("cu_seqlens_q", "cu_seqlens_k"):
-        if name in host:
-            arr = host[name]
-            alloc = _cuda.allocate(arr.nbytes, device, call.stream, call.stream_ref)
-            _cuda.copy_from_host(alloc.ptr, arr.ctypes.data, arr.nbytes, device, call.stream)
-            uploads.append(alloc)  # freed stream-ordered after the launch below
-            seq_ptrs[name] = alloc.ptr
-        else:
-            seq_ptrs[name] = seq_views[name].ptr
+    seq_ptrs, uploads = seqs.pointers(call, device)
     # No sequence has keys when total_k == 0; the C API still wants non-null k/v pointers in group mode.
     k_ptr = kv.ptr or qv.ptr
     v_ptr = vv.ptr or qv.ptr
     args = _capi.make_fwd_args(
         dtype=kind, q_ptr=qv.ptr, k_ptr=k_ptr, v_ptr=v_ptr, o_ptr=ov.ptr, batch=batch, nhead_q=hq, nhead_k=hk,
         hdim_q=d, hdim_v=dv, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides,
-        o_strides=strides3(ov, tq, hq, dv),
+        o_strides=g.strides(ov, tq, hq, dv),
         lse_ptr=lv.ptr if lv is not None else None, lse_strides=(0, _stride(lv, 0, hq)) if lv is not None else (0, 0),
         seqstart_q_ptr=seq_ptrs["cu_seqlens_q"], seqstart_k_ptr=seq_ptrs["cu_seqlens_k"], max_seqlen_q=max_q,
         scale=scale, mask_type=mask_type, window_left=left, window_right=right)
-    call.launch(lib, args, device)
-    for alloc in uploads:
-        alloc.free()
+    try:
+        call.launch(lib, args, device)
+    finally:
+        for alloc in uploads:  # freed stream-ordered, after the launch
+            alloc.free()
     return (o, lse) if return_lse else o
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Backward
+# ------------------------------------------------------------------------------------------------------------------
+
+def _check_query_heads(hq: int, keys: int) -> None:
+    if hq == 0 and keys > 0:
+        raise ValueError("q: has 0 heads; the backward needs at least one query head (with none, dK and dV are zero)")
+
+
+def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
+            window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
+            dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
+    """Fused attention backward, batch mode: the gradients of :func:`mha_fwd` with respect to q, k and v.
+
+    do: the gradient of O; q, k, v: the forward's inputs; o: the forward's output; lse: the forward's float32 LSE
+    [b, h_q, s_q] (``mha_fwd(..., return_lse=True)``; natural log, the seqlen dimension contiguous). q, k, v, o and
+    do are [b, s, h, d] for ``layout='bshd'`` (default) or [b, h, s, d] for ``layout='bhsd'``, any strides with a
+    contiguous head dim, all fp16 or all bf16; do has o's shape [.., h_q, .., d_v]. causal / mask / window / scale /
+    layout / dtype / stream mean what they mean in :func:`mha_fwd` and must be the forward's (causal is
+    bottom-right aligned, as in FlashAttention; scale defaults to 1/sqrt(d)).
+
+    deterministic: bitwise-identical gradients run to run (dQ reduced in a fixed order; slower).
+    Returns (dq, dk, dv) shaped like q, k, v (dk, dv have h_k heads: with GQA/MQA they are the sums over the query
+    heads of each kv head), with q's storage dtype, as :class:`mhakit.DeviceArray` — or the caller's ``dq=`` /
+    ``dk=`` / ``dv=`` arrays (any strides with a contiguous head dim), filled and returned. The scratch memory the
+    kernels need is allocated on ``stream`` for the call and freed after it, stream-ordered.
+    """
+    _check_layout(layout)
+    call = _Call(stream, dtype)
+    g = _batch_inputs(call, q, k, v, layout)
+    qv, kv, vv, kind = g.q, g.k, g.v, g.kind
+    b, sq, sk, hq, hk, d, d_v = g.b, g.sq, g.sk, g.hq, g.hk, g.d, g.dv
+    o_shape = g.shape(hq, sq, d_v)
+    o_dims = g.dims("seqlen_q", "nheads_q", "headdim_v")
+    ov, dov = call.view(o, "o"), call.view(do, "do")
+    _check_input_shape(ov, o_shape, f"the forward's output, {o_dims}")
+    _check_input_shape(dov, o_shape, f"the gradient of o, {o_dims}")
+    _same_dtype((qv, ov, dov), qv, call.override)
+    _check_head_dim(ov, d_v, "head dim")
+    _check_head_dim(dov, d_v, "head dim")
+    lv = _lse_input(call, lse, (b, hq, sq), "the forward's LSE, [batch, nheads_q, seqlen_q] float32", 2, "seqlen")
+    _check_query_heads(hq, b * sk * hk)
+    mask_type, left, right = _resolve_mask(causal, mask, window)
+    scale = _resolve_scale(scale, d)
+    deterministic = _as_flag(deterministic, "deterministic")
+    strides = {"q": g.strides(qv, hq, sq, d), "k": g.strides(kv, hk, sk, d), "v": g.strides(vv, hk, sk, d_v),
+               "o": g.strides(ov, hq, sq, d_v), "do": g.strides(dov, hq, sq, d_v)}
+    lse_strides = (_stride(lv, 0, b), _stride(lv, 1, hq))
+
+    storage = qv.dtype.name
+    grads = {}  # name -> [given array or None, its view or None, shape, heads, rows, hdim]
+    for name, given, heads, rows, hdim, like in (("dq", dq, hq, sq, d, "q"), ("dk", dk, hk, sk, d, "k"),
+                                                 ("dv", dv, hk, sk, d_v, "v")):
+        shape = g.shape(heads, rows, hdim)
+        view = call.output(given, name, shape, storage, f"like {like}, {layout}")
+        if view is not None:
+            _check_head_dim(view, hdim, "head dim")
+            g.strides(view, heads, rows, hdim)
+        grads[name] = [given, view, shape, heads, rows, hdim]
+
+    views = [qv, kv, vv, ov, dov, lv] + [gr[1] for gr in grads.values() if gr[1] is not None]
+    device = _resolve_device(views)
+    for name, gr in grads.items():
+        if gr[1] is None:
+            gr[0] = call.allocate(device, gr[2], storage)
+            gr[1] = call.view(gr[0], name)
+    result = tuple(grads[name][0] for name in ("dq", "dk", "dv"))
+    if b == 0 or hq == 0 or (sq == 0 and sk == 0):
+        return result
+
+    from . import _capi, jit
+    lib = jit.library("bwd", device, kind, d, d_v, "batch", mask_type != 0)
+    call.order_inputs(views, device)
+    dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
+    args = _capi.make_bwd_args(
+        dtype=kind, q_ptr=qv.ptr, k_ptr=kv.ptr, v_ptr=vv.ptr, o_ptr=ov.ptr, lse_ptr=lv.ptr, do_ptr=dov.ptr,
+        dq_ptr=dqv.ptr, dk_ptr=dkv.ptr, dv_ptr=dvv.ptr, batch=b, nhead_q=hq, nhead_k=hk, hdim_q=d, hdim_v=d_v,
+        seqlen_q=sq, seqlen_k=sk, q_strides=strides["q"], k_strides=strides["k"], v_strides=strides["v"],
+        o_strides=strides["o"], do_strides=strides["do"], lse_strides=lse_strides,
+        dq_strides=g.strides(dqv, hq, sq, d), dk_strides=g.strides(dkv, hk, sk, d),
+        dv_strides=g.strides(dvv, hk, sk, d_v), deterministic=deterministic, scale=scale, mask_type=mask_type,
+        window_left=left, window_right=right)
+    call.launch_bwd(lib, args, device)
+    return result
+
+
+def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                   max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False, mask: Any = None,
+                   window: Any = None, scale: Optional[float] = None, deterministic: bool = False, dq: Any = None,
+                   dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
+    """Fused attention backward, group mode (variable sequence lengths, packed tokens): the gradients of
+    :func:`mha_varlen_fwd`.
+
+    q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v], o and do: [total_q, h_q, d_v]; lse: the
+    forward's float32 LSE [h_q, total_q] (token dimension contiguous). cu_seqlens_q / cu_seqlens_k: batch+1 int32
+    offsets as in :func:`mha_varlen_fwd` (device arrays, or host sequences that are validated and uploaded);
+    sequences may be empty. max_seqlen_q and max_seqlen_k must bound every query and key length (they size the launch
+    and the scratch memory; host offsets are checked against them). Returns (dq [total_q, h_q, d],
+    dk [total_k, h_k, d], dv [total_k, h_k, d_v]); rows outside every sequence are not written. The other
+    arguments are those of :func:`mha_bwd`.
+    """
+    call = _Call(stream, dtype)
+    g = _packed_inputs(call, q, k, v)
+    qv, kv, vv, kind = g.q, g.k, g.v, g.kind
+    tq, tk, hq, hk, d, d_v = g.tq, g.tk, g.hq, g.hk, g.d, g.dv
+    o_shape = (tq, hq, d_v)
+    ov, dov = call.view(o, "o"), call.view(do, "do")
+    _check_ndim(ov, 3, "[total_q, nheads_q, headdim_v]")
+    _check_ndim(dov, 3, "[total_q, nheads_q, headdim_v]")
+    _check_input_shape(ov, o_shape, "the forward's output, [total_q, nheads_q, headdim_v]")
+    _check_input_shape(dov, o_shape, "the gradient of o, [total_q, nheads_q, headdim_v]")
+    _same_dtype((qv, ov, dov), qv, call.override)
+    _check_head_dim(ov, d_v, "head dim")
+    _check_head_dim(dov, d_v, "head dim")
+    lv = _lse_input(call, lse, (hq, tq), "the forward's LSE, [nheads_q, total_q] float32", 1, "token")
+    _check_query_heads(hq, tk * hk)
+    seqs = _seqstarts(call, cu_seqlens_q, cu_seqlens_k, tq, tk, max_seqlen_q, max_seqlen_k)
+    mask_type, left, right = _resolve_mask(causal, mask, window)
+    scale = _resolve_scale(scale, d)
+    deterministic = _as_flag(deterministic, "deterministic")
+    strides = {"q": g.strides(qv, tq, hq, d), "k": g.strides(kv, tk, hk, d), "v": g.strides(vv, tk, hk, d_v),
+               "o": g.strides(ov, tq, hq, d_v), "do": g.strides(dov, tq, hq, d_v)}
+    lse_strides = (0, _stride(lv, 0, hq))
+
+    storage = qv.dtype.name
+    grads = {}  # name -> [given array or None, its view or None, shape, tokens, heads, hdim]
+    for name, given, tokens, heads, hdim, like in (("dq", dq, tq, hq, d, "q"), ("dk", dk, tk, hk, d, "k"),
+                                                   ("dv", dv, tk, hk, d_v, "v")):
+        shape = (tokens, heads, hdim)
+        view = call.output(given, name, shape, storage, f"like {like}, [total, nheads, headdim]")
+        if view is not None:
+            _check_head_dim(view, hdim, "head dim")
+            g.strides(view, tokens, heads, hdim)
+        grads[name] = [given, view, shape, tokens, heads, hdim]
+
+    views = ([qv, kv, vv, ov, dov, lv] + list(seqs.device.values())
+             + [gr[1] for gr in grads.values() if gr[1] is not None])
+    device = _resolve_device(views)
+    for name, gr in grads.items():
+        if gr[1] is None:
+            gr[0] = call.allocate(device, gr[2], storage)
+            gr[1] = call.view(gr[0], name)
+    result = tuple(grads[name][0] for name in ("dq", "dk", "dv"))
+    if seqs.batch == 0 or hq == 0 or (tq == 0 and tk == 0) or (seqs.max_q == 0 and seqs.max_k == 0):
+        return result
+
+    from . import _capi, jit
+    lib = jit.library("bwd", device, kind, d, d_v, "group", mask_type != 0)
+    call.order_inputs(views, device)
+    dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
+    # Group mode: the C API wants every pointer non-null. A side without tokens (total 0) is never addressed, so any
+    # valid address stands in for its pointers.
+    stand_in = next(x.ptr for x in (qv, kv, ov, dov, lv, dqv, dkv) if x.ptr)
+    ptr = lambda view: view.ptr or stand_in  # noqa: E731
+    seq_ptrs, uploads = seqs.pointers(call, device)
+    try:
+        args = _capi.make_bwd_args(
+            dtype=kind, q_ptr=ptr(qv), k_ptr=ptr(kv), v_ptr=ptr(vv), o_ptr=ptr(ov), lse_ptr=ptr(lv), do_ptr=ptr(dov),
+            dq_ptr=ptr(dqv), dk_ptr=ptr(dkv), dv_ptr=ptr(dvv), batch=seqs.batch, nhead_q=hq, nhead_k=hk, hdim_q=d,
+            hdim_v=d_v, q_strides=strides["q"], k_strides=strides["k"], v_strides=strides["v"],
+            o_strides=strides["o"], do_strides=strides["do"], lse_strides=lse_strides,
+            dq_strides=g.strides(dqv, tq, hq, d), dk_strides=g.strides(dkv, tk, hk, d),
+            dv_strides=g.strides(dvv, tk, hk, d_v), seqstart_q_ptr=seq_ptrs["cu_seqlens_q"],
+            seqstart_k_ptr=seq_ptrs["cu_seqlens_k"], max_seqlen_q=seqs.max_q, max_seqlen_k=seqs.max_k,
+            deterministic=deterministic, scale=scale, mask_type=mask_type, window_left=left, window_right=right)
+        call.launch_bwd(lib, args, device)
+    finally:
+        for alloc in uploads:  # freed stream-ordered, after the launch
+            alloc.free()
+    return result

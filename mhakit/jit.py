@@ -33,7 +33,11 @@ checks the entry's manifest and library checksum and loads it. A signature not s
 after ``prebuild``) is found through v1/index/entries/<entry key>.json after deriving its instance list (the
 catalogue, no rendering). Only when both miss are the sources rendered and the full keys computed.
 
-This module is API-neutral: the forward pass registers its loader in ``LOADERS``; the backward pass adds its own.
+This module is API-neutral: ``api`` is "fwd" (libmha_fwd.so) or "bwd" (libmha_bwd.so) throughout; an entry holds
+instances of one API only, and ``LOADERS`` says how each API's library is loaded. The backward's entries follow the
+same rule as the forward's: on sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance (when the catalogue
+has a [bwd.hopper] family) and the generic one, which also serves what the fast family refuses at run time (e.g.
+deterministic mode, unaligned strides).
 """
 
 from __future__ import annotations
@@ -119,9 +123,9 @@ def _read_json(path: Path):
 # Which instances a call needs
 # ------------------------------------------------------------------------------------------------------------------
 
-# The static part of a family's run-time guard, as the kernels state it in supports(): the hopper family computes
-# Q·Kᵀ and P·V with one head-dim tile, so it serves only hdim_q == hdim_v. (Alignment, empty sequences and the like
-# are checked at run time; the generic instance built alongside serves those calls.)
+# The static part of a family's run-time guard, as the kernels state it in supports(): the hopper families (forward
+# and backward) compute with one head-dim tile, so they serve only hdim_q == hdim_v. (Alignment, empty sequences,
+# deterministic mode and the like are checked at run time; the generic instance built alongside serves those calls.)
 FAMILY_ADMITS: dict[str, Callable[[int, int], bool]] = {
     "hopper": lambda hdim_q, hdim_v: hdim_q == hdim_v,
 }
@@ -615,8 +619,13 @@ def _load_fwd(path: Path):
     return _capi.load_library(path)
 
 
-# How each API's library is loaded (the backward pass registers "bwd" here).
-LOADERS: dict[str, Callable[[Path], object]] = {"fwd": _load_fwd}
+def _load_bwd(path: Path):
+    from . import _capi
+    return _capi.load_bwd_library(path)
+
+
+# How each API's library is loaded: libmha_fwd.so as _capi.FwdLibrary, libmha_bwd.so as _capi.BwdLibrary.
+LOADERS: dict[str, Callable[[Path], object]] = {"fwd": _load_fwd, "bwd": _load_bwd}
 
 _LIBS: dict = {}
 _LIBS_LOCK = threading.RLock()
@@ -643,11 +652,14 @@ def device_arch(device: int) -> str:
 
 
 def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool):
-    """The loaded library serving a call on `device` (memoised: a dict lookup after the first call)."""
+    """The loaded library serving a call on `device` (memoised: a dict lookup after the first call): a
+    _capi.FwdLibrary for api "fwd", a _capi.BwdLibrary for "bwd"."""
     key = (api, device, dtype, hdim_q, hdim_v, mode, masked)
     lib = _LIBS.get(key)
     if lib is not None:
         return lib
+    if api not in LOADERS:
+        raise ValueError(f"api must be one of {sorted(LOADERS)}, got {api!r}")
     with _LIBS_LOCK:
         lib = _LIBS.get(key)
         if lib is None:
@@ -675,10 +687,13 @@ def default_arch() -> str:
 def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str = "fwd",
              name_filter: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[KernelCache] = None,
              quiet: bool = False) -> list[Path]:
-    """Fill the cache with every library a call could need within a build profile (see codegen/profiles.toml), so
-    that deployment needs no compiler. Reuses the JIT path: the same entries, keys and atomic installs. All instance
-    objects are compiled first in one parallel ninja run; each library then only compiles its dispatch table and
-    links. Returns the library paths. Already cached entries are kept."""
+    """Fill the cache with every library a call of `api` ("fwd": mha_fwd / mha_varlen_fwd, "bwd": mha_bwd /
+    mha_varlen_bwd) could need within a build profile (see codegen/profiles.toml), so that deployment needs no
+    compiler. Reuses the JIT path: the same entries, keys and atomic installs. All instance objects are compiled
+    first in one parallel ninja run; each library then only compiles its dispatch table and links. Returns the
+    library paths. Already cached entries are kept."""
+    if api not in LOADERS:
+        raise ValueError(f"api must be one of {sorted(LOADERS)}, got {api!r}")
     cache = cache or default_cache()
     log = (lambda *_: None) if quiet else cache.log
     arch = arch or default_arch()

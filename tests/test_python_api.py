@@ -176,7 +176,8 @@ def test_import_is_torch_free_and_lazy():
         "import mhakit\n"
         "assert 'numpy' not in sys.modules and 'mhakit.api' not in sys.modules\n"
         "from mhakit import api, jit, _arrays, _cuda\n"
-        "mhakit.mha_fwd, mhakit.mha_varlen_fwd, mhakit.prebuild, mhakit.reference.attention_fwd\n"
+        "mhakit.mha_fwd, mhakit.mha_varlen_fwd, mhakit.mha_bwd, mhakit.mha_varlen_bwd, mhakit.prebuild\n"
+        "mhakit.reference.attention_fwd, mhakit.reference.attention_bwd\n"
         "e = jit.derive_entry('fwd', 'sm_90a', 'bf16', 128, 128, 'batch', False)\n"
         "assert mhakit.codegen.__name__ == 'mhakit.codegen' and 'codegen' not in sys.modules\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'jax', 'cuda')]\n"
@@ -316,3 +317,199 @@ def test_empty_arrays_may_report_any_strides(monkeypatch):
     k = arr((2, 0, 4, 128), strides=(0, 0, 0, 0), ptr=0)
     with pytest.raises(ReachedAllocation):  # every argument check passed
         mhakit.mha_fwd(q, k, k)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The backward calls
+# ----------------------------------------------------------------------------------------------------------------
+
+def bwd_batch(b=2, sq=64, sk=80, hq=8, hk=2, d=128, d_v=128, storage="float16", layout="bshd", **overrides):
+    """Keyword arguments of a valid mha_bwd call (fake CUDA arrays), with `overrides` (mha_bwd's own keyword names:
+    dq, dk, dv, o, lse, ...) replacing some."""
+    q, k, v = qkv(b, sq, sk, hq, hk, d, d_v, storage, layout)
+    o_shape = (b, sq, hq, d_v) if layout == "bshd" else (b, hq, sq, d_v)
+    args = dict(do=arr(o_shape, storage), q=q, k=k, v=v, o=arr(o_shape, storage), lse=arr((b, hq, sq), "float32"),
+                layout=layout)
+    args.update(overrides)
+    return args
+
+
+class TestBwdArguments:
+    @pytest.mark.parametrize("kwargs, error, message", [
+        (dict(layout="sbhd"), ValueError, "layout: expected 'bshd' or 'bhsd'"),
+        (dict(mask="b", causal=True), ValueError, "mask: give either mask= or causal=/window="),
+        (dict(window=(1, 2, 3)), TypeError, r"window: expected \(left, right\)"),
+        (dict(scale=0.0), ValueError, "scale: must be finite and > 0"),
+        (dict(deterministic="yes"), TypeError, "deterministic: expected a bool, got 'yes'"),
+        (dict(stream=1.5), TypeError, "stream: expected None, an int CUstream handle"),
+        (dict(dtype="bf16"), TypeError, "q: has dtype float16 but dtype='bf16' was given"),
+    ])
+    def test_option_errors(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            mhakit.mha_bwd(**bwd_batch(**kwargs))
+
+    @pytest.mark.parametrize("kwargs, error, message", [
+        (dict(o=arr((2, 64, 8, 64))), ValueError,
+         r"o: expected shape \(2, 64, 8, 128\) \(the forward's output, \[batch, seqlen_q, nheads_q, headdim_v\]\), "
+         r"got \(2, 64, 8, 64\)"),
+        (dict(do=arr((2, 8, 64, 128))), ValueError, r"do: expected shape \(2, 64, 8, 128\) \(the gradient of o"),
+        (dict(do=arr((2, 64, 8, 128), "bfloat16")), TypeError, "do: dtype bfloat16 does not match q's float16"),
+        (dict(o=arr((2, 64, 8, 128), "float32")), TypeError, "o: dtype float32 is not supported"),
+        (dict(o=arr((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2))), ValueError,
+         r"o: the head dimension must be contiguous \(stride 1\)"),
+        (dict(lse=arr((2, 64, 8), "float32")), ValueError,
+         r"lse: expected shape \(2, 8, 64\) \(the forward's LSE, \[batch, nheads_q, seqlen_q\] float32\)"),
+        (dict(lse=arr((2, 8, 64))), TypeError, r"lse: expected dtype float32 \(the forward's LSE\), got float16"),
+        (dict(lse=arr((2, 8, 64), "float32", strides=(8 * 128, 128, 2))), ValueError,
+         r"lse: the seqlen dimension must be contiguous \(stride 1\)"),
+        (dict(lse=np.zeros((2, 8, 64), np.float32)), ValueError, r"lse: is a cpu array"),
+        (dict(lse=arr((2, 8, 64), "float32", device=1)), ValueError, "lse: is on cuda:1 but q is on cuda:0"),
+        (dict(k=arr((2, 80, 3, 128)), v=arr((2, 80, 3, 128))), ValueError, "k: 3 kv heads; q's head count 8"),
+    ])
+    def test_input_errors_name_the_argument(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            mhakit.mha_bwd(**bwd_batch(**kwargs))
+
+    @pytest.mark.parametrize("kwargs, error, message", [
+        (dict(dq=arr((2, 64, 8, 64))), ValueError, r"dq: expected shape \(2, 64, 8, 128\) \(like q, bshd\)"),
+        (dict(dk=arr((2, 80, 8, 128))), ValueError, r"dk: expected shape \(2, 80, 2, 128\) \(like k, bshd\)"),
+        (dict(dv=arr((2, 80, 2, 128), "bfloat16")), TypeError, "dv: expected dtype float16, got bfloat16"),
+        (dict(dq=arr((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2))), ValueError,
+         r"dq: the head dimension must be contiguous"),
+        (dict(dk=arr((2, 80, 2, 128), strides=(80 * 2 * 128, -2 * 128, 128, 1))), ValueError,
+         "dk: negative strides are not supported"),
+        (dict(dv=arr((2, 80, 2, 128), device=2)), ValueError, "dv: is on cuda:2 but q is on cuda:0"),
+    ])
+    def test_output_errors(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            mhakit.mha_bwd(**bwd_batch(**kwargs))
+
+    def test_bhsd_layout_shapes(self):
+        with pytest.raises(ValueError, match=r"o: expected shape \(2, 8, 64, 128\) \(the forward's output, "
+                                             r"\[batch, nheads_q, seqlen_q, headdim_v\]\)"):
+            mhakit.mha_bwd(**bwd_batch(layout="bhsd", o=arr((2, 64, 8, 128))))
+        with pytest.raises(ValueError, match=r"dk: expected shape \(2, 2, 80, 128\) \(like k, bhsd\)"):
+            mhakit.mha_bwd(**bwd_batch(layout="bhsd", dk=arr((2, 80, 2, 128))))
+
+    def test_no_query_heads_is_refused_when_keys_exist(self):
+        with pytest.raises(ValueError, match="q: has 0 heads; the backward needs at least one query head"):
+            mhakit.mha_bwd(**bwd_batch(hq=0))
+
+
+class TestVarlenBwdArguments:
+    def call(self, **kw):
+        args = dict(do=arr((30, 4, 64)), q=arr((30, 4, 64)), k=arr((40, 2, 64)), v=arr((40, 2, 64)),
+                    o=arr((30, 4, 64)), lse=arr((4, 30), "float32"), cu_seqlens_q=[0, 10, 10, 30],
+                    cu_seqlens_k=[0, 0, 25, 40], max_seqlen_q=20, max_seqlen_k=25)
+        args.update(kw)
+        return mhakit.mha_varlen_bwd(**args)
+
+    @pytest.mark.parametrize("kwargs, error, message", [
+        (dict(o=arr((30, 4, 64, 1))), ValueError, r"o: expected 3 dims \[total_q, nheads_q, headdim_v\]"),
+        (dict(do=arr((30, 2, 64))), ValueError, r"do: expected shape \(30, 4, 64\) \(the gradient of o"),
+        (dict(lse=arr((30, 4), "float32")), ValueError,
+         r"lse: expected shape \(4, 30\) \(the forward's LSE, \[nheads_q, total_q\] float32\)"),
+        (dict(lse=arr((4, 30), "float32", strides=(1, 4))), ValueError,
+         r"lse: the token dimension must be contiguous \(stride 1\)"),
+        (dict(cu_seqlens_k=[0, 25, 40]), ValueError, "cu_seqlens_k: has 3 entries but cu_seqlens_q has 4"),
+        (dict(max_seqlen_k=24), ValueError, r"max_seqlen_k: 24 is less than the longest sequence in cu_seqlens_k"),
+        (dict(cu_seqlens_q=arr((4,), "int64")), TypeError, "cu_seqlens_q: expected dtype int32, got int64"),
+        (dict(dk=arr((40, 4, 64))), ValueError, r"dk: expected shape \(40, 2, 64\) \(like k"),
+        (dict(dq=arr((30, 4, 64), "bfloat16")), TypeError, "dq: expected dtype float16, got bfloat16"),
+        (dict(deterministic=None), TypeError, "deterministic: expected a bool"),
+    ])
+    def test_errors(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            self.call(**kwargs)
+
+
+@pytest.mark.skipif(have_gpu(), reason="checks the message on machines without a GPU")
+def test_bwd_call_without_gpu_says_so():
+    with pytest.raises(mhakit.CudaUnavailableError, match="no usable NVIDIA GPU in this process"):
+        mhakit.mha_bwd(**bwd_batch())
+
+
+def _no_gpu_memory(monkeypatch):
+    monkeypatch.setattr(jit, "library", lambda *a, **k: pytest.fail("no library for an empty problem"))
+    from mhakit import _cuda
+    monkeypatch.setattr(_cuda, "allocate", lambda nbytes, dev, stream, ref=None: _cuda.Allocation(0, 0, dev, stream,
+                                                                                                 ref, False))
+
+
+@pytest.mark.parametrize("sizes", [dict(b=0), dict(sq=0, sk=0)])
+def test_empty_backward_needs_no_library(monkeypatch, sizes):
+    """Nothing to compute: the gradients are allocated (empty) and no library is built or loaded."""
+    _no_gpu_memory(monkeypatch)
+    args = bwd_batch(**sizes)
+    dq, dk, dv = mhakit.mha_bwd(**args)
+    assert dq.shape == args["q"].shape and dk.shape == args["k"].shape and dv.shape == args["v"].shape
+    assert dq.dtype.name == "float16"
+
+
+def test_empty_varlen_backward_needs_no_library(monkeypatch):
+    _no_gpu_memory(monkeypatch)
+    empty = arr((0, 4, 64), ptr=0)
+    kv = arr((0, 2, 64), ptr=0)
+    dq, dk, dv = mhakit.mha_varlen_bwd(empty, empty, kv, kv, empty, arr((4, 0), "float32", ptr=0), [0, 0, 0],
+                                       [0, 0, 0], 0, 0)
+    assert dq.shape == (0, 4, 64) and dk.shape == (0, 2, 64) and dv.shape == (0, 2, 64)
+
+
+@pytest.mark.compile
+def test_bwd_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatch):
+    """With a fake driver, mha_varlen_bwd and mha_bwd build libmha_bwd.so for the fake device's arch (sm_80),
+    allocate dQ/dK/dV on the call's stream, upload host offsets, ask the library for the workspace, allocate it on
+    the stream (256-byte aligned) and pass it in; the C library accepts every argument, chooses an instance and
+    finds the workspace large enough (it then stops at its own device check: there is no GPU here); the workspace is
+    freed on the call's stream."""
+    from conftest import have_nvcc
+    from mhakit import _capi, _cuda
+    if not have_nvcc():
+        pytest.skip("nvcc not found")
+    if have_gpu():
+        pytest.skip("the GPU tests cover this path for real")
+    fake = FakeDriver()
+    monkeypatch.setattr(_cuda, "_DRIVER", fake)
+    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
+        monkeypatch.setattr(module, memo, {})
+    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    launches = []
+    original = _capi.BwdLibrary.mha_bwd
+
+    def spy(self, args, config=None):
+        launches.append(dict(name=self.kernel_name(args), need=self.workspace_size(args), ptr=args.workspace_ptr,
+                             bytes=args.workspace_bytes, stream=config.stream, group=args.is_group_mode,
+                             deterministic=args.deterministic, dk=(args.batch_stride_dk, args.nhead_stride_dk,
+                                                                   args.stride_dk), lse=(args.batch_stride_lse,
+                                                                                         args.nhead_stride_lse)))
+        return original(self, args, config)
+
+    monkeypatch.setattr(_capi.BwdLibrary, "mha_bwd", spy)
+    q, k, v = arr((30, 4, 64)), arr((40, 2, 64)), arr((40, 2, 64))
+    with pytest.raises(_capi.MhakitError, match="no usable CUDA device") as info:
+        mhakit.mha_varlen_bwd(q, q, k, v, q, arr((4, 30), "float32"), [0, 10, 10, 30], [0, 0, 25, 40], 20, 25,
+                              causal=True, deterministic=True, stream=0x5000)
+    assert info.value.code == _capi.ERROR_UNSUPPORTED
+    allocs = [c[1] for c in fake.calls if c[0] == "cuMemAllocAsync"]
+    assert allocs[:3] == [(30 * 4 * 64 * 2, 0x5000), (40 * 2 * 64 * 2, 0x5000), (40 * 2 * 64 * 2, 0x5000)]
+    uploads = [c[1] for c in fake.calls if c[0] == "cuMemcpyHtoDAsync"]
+    assert [u[2] for u in uploads] == [16, 16] and all(u[3] == 0x5000 for u in uploads)
+    (launch,) = launches
+    assert launch["name"].startswith("bwd_d64_fp16_group_mask_sm80_generic_")
+    assert launch["group"] == 1 and launch["deterministic"] == 1 and launch["stream"] == 0x5000
+    assert launch["dk"] == (0, 64, 128) and launch["lse"] == (0, 30)
+    assert launch["need"] > 0 and launch["bytes"] == launch["need"] and launch["ptr"] % 256 == 0
+    assert allocs[5] == (launch["need"], 0x5000)  # after dQ, dK, dV and the two offset uploads
+    frees = [c[1] for c in fake.calls if c[0] == "cuMemFreeAsync"]
+    assert (launch["ptr"], 0x5000) in frees, "the workspace is freed on the call's stream"
+    # batch mode, head-major memory viewed as bshd, GQA, a window, dK into a caller's array of another layout
+    q = arr((2, 33, 4, 64), strides=(4 * 33 * 64, 64, 33 * 64, 1))
+    kk = arr((2, 47, 2, 64), strides=(2 * 47 * 64, 64, 47 * 64, 1))
+    dk = arr((2, 47, 2, 64), strides=(47 * 2 * 72, 2 * 72, 72, 1))  # rows padded to 72 elements
+    with pytest.raises(_capi.MhakitError, match="no usable CUDA device"):
+        mhakit.mha_bwd(q, q, kk, kk, q, arr((2, 4, 33), "float32"), window=(8, 0), dk=dk, stream=0x5000)
+    assert launches[1]["name"].startswith("bwd_d64_fp16_batch_mask_sm80_generic_")
+    assert launches[1]["group"] == 0 and launches[1]["deterministic"] == 0
+    assert launches[1]["dk"] == (47 * 2 * 72, 72, 144) and launches[1]["lse"] == (4 * 33, 33)
+    names = sorted(d.name.split("-")[0] for d in (tmp_path / "cache" / "v1" / "bwd").iterdir())
+    assert names == ["bwd_fp16_batch_mask_sm80", "bwd_fp16_group_mask_sm80"]

@@ -473,3 +473,187 @@ def test_real_build_two_processes_one_compile(tmp_path):
     again = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,
                            env=sub_env(), timeout=300)
     assert again.returncode == 0 and again.stdout.strip() == str(lib_path) and "first use" not in again.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The backward: the same derivation, cache and prebuild path for libmha_bwd.so
+# ----------------------------------------------------------------------------------------------------------------
+
+spec_mod = _codegen.submodule("spec")
+
+
+def bwd_hopper_candidates(arch="sm_90a"):
+    """The catalogue's backward specs plus a [bwd.hopper] family as it is announced (batch mode, hdim_q == hdim_v in
+    {64, 128, 256}, priority above the generic family), whether or not the catalogue lists it yet."""
+    real = [sp for sp in jit._catalogue_specs("bwd", arch) if sp.algorithm.family != "hopper"]
+    tiles = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
+    hopper = [spec_mod.KernelSpec(spec_mod.Signature("bwd", dtype, d, d, "batch", mask),
+                                  spec_mod.Algorithm("hopper", arch, (("block_m", bm), ("block_n", bn),
+                                                                      ("hdim_q", d), ("hdim_v", d))),
+                                  priority=10, template="instance_hopper.cu.j2")
+              for d, (bm, bn) in tiles.items() for dtype in ("fp16", "bf16") for mask in ("nmask", "mask")]
+    return real + hopper
+
+
+class TestDeriveBwd:
+    @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+    @pytest.mark.parametrize("dtype, hq, hv, mode, masked", [
+        ("bf16", 128, 128, "batch", False), ("fp16", 64, 64, "batch", True), ("bf16", 96, 96, "batch", True),
+        ("fp16", 160, 128, "batch", False), ("bf16", 128, 128, "group", True), ("fp16", 256, 256, "group", False),
+        ("bf16", 16, 256, "batch", False),
+    ])
+    def test_every_entry_ends_with_its_generic_fallback(self, arch, dtype, hq, hv, mode, masked):
+        """Whatever fast family the catalogue has, an entry holds the generic instance (last) that serves what the
+        fast one refuses at run time (deterministic mode, unaligned strides, group mode)."""
+        e = jit.derive_entry("bwd", arch, dtype, hq, hv, mode, masked)
+        families = [sp.algorithm.family for sp in e.specs]
+        assert families[-1] == "generic" and families.count("generic") == 1
+        assert all(name.startswith("bwd_") and f"_{dtype}_{mode}_{'mask' if masked else 'nmask'}_" in name
+                   for name in e.instance_names)
+        assert e.name.startswith(f"bwd_{dtype}_{mode}_{'mask' if masked else 'nmask'}_{arch.replace('_', '')}-")
+        if "hopper" in families:
+            assert arch == "sm_90a" and mode == "batch" and hq == hv
+
+    def test_generic_buckets(self):
+        e = jit.derive_entry("bwd", "sm_90a", "fp16", 160, 128, "batch", False)
+        assert e.instance_names == ["bwd_d192x128_fp16_batch_nmask_sm90a_generic_b32x64w8"]
+        assert jit.derive_entry("bwd", "sm_80", "bf16", 40, 40, "group", True).instance_names == [
+            "bwd_d64_bf16_group_mask_sm80_generic_b64x128w8"]
+
+    @pytest.mark.parametrize("hq, hv, mode, expected", [
+        (128, 128, "batch", ["bwd_d128_bf16_batch_nmask_sm90a_hopper_b64x128",
+                             "bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (96, 96, "batch", ["bwd_d128_bf16_batch_nmask_sm90a_hopper_b64x128",
+                           "bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (40, 40, "batch", ["bwd_d64_bf16_batch_nmask_sm90a_hopper_b128x128",
+                           "bwd_d64_bf16_batch_nmask_sm90a_generic_b64x128w8"]),
+        (256, 256, "batch", ["bwd_d256_bf16_batch_nmask_sm90a_hopper_b64x64",
+                             "bwd_d256_bf16_batch_nmask_sm90a_generic_b32x32w4"]),
+        (160, 128, "batch", ["bwd_d192x128_bf16_batch_nmask_sm90a_generic_b32x64w8"]),   # d != d_v: no hopper
+        (128, 128, "group", ["bwd_d128_bf16_group_nmask_sm90a_generic_b64x64w4"]),       # group mode: no hopper
+    ])
+    def test_with_a_hopper_backward_family(self, hq, hv, mode, expected):
+        e = jit.derive_entry("bwd", "sm_90a", "bf16", hq, hv, mode, False, candidates=bwd_hopper_candidates())
+        assert e.instance_names == expected
+        if len(expected) == 2:
+            bucket = expected[0].split("_")[1]
+            assert e.name == f"bwd_bf16_{mode}_nmask_sm90a-hopper_{bucket}-generic_{bucket}"
+
+    def test_library_loads_the_backward_through_its_loader(self, monkeypatch, tmp_path):
+        from mhakit import _capi
+        assert jit.LOADERS["bwd"] is jit._load_bwd and jit.LOADERS["fwd"] is jit._load_fwd
+        asked, loaded = [], []
+
+        class Cache:
+            def library_for(self, *args):
+                asked.append(args)
+                return tmp_path / "libmha_bwd.so"
+
+        monkeypatch.setattr(jit, "_LIBS", {})
+        monkeypatch.setattr(jit, "default_cache", lambda: Cache())
+        monkeypatch.setattr(jit, "device_arch", lambda device: "sm_90a")
+        monkeypatch.setattr(_capi, "load_bwd_library", lambda path: loaded.append(path) or ("bwd", path))
+        monkeypatch.setattr(_capi, "load_library", lambda path: pytest.fail("the forward loader must not be used"))
+        lib = jit.library("bwd", 0, "bf16", 128, 128, "group", True)
+        assert lib == ("bwd", tmp_path / "libmha_bwd.so")
+        assert jit.library("bwd", 0, "bf16", 128, 128, "group", True) is lib
+        assert asked == [("bwd", "sm_90a", "bf16", 128, 128, "group", True)] and len(loaded) == 1
+        with pytest.raises(ValueError, match="api must be one of"):
+            jit.library("bwd_v3", 0, "bf16", 128, 128, "group", True)
+
+    def test_bwd_and_fwd_entries_never_share_a_cache_directory(self, tmp_path):
+        cache = make_cache(tmp_path)
+        fwd = jit.make_plan(entry(mode="group"), fake_toolchain())
+        bwd = jit.make_plan(jit.derive_entry("bwd", "sm_90a", "bf16", 128, 128, "group", False), fake_toolchain())
+        assert cache.entry_dir(bwd).parent.name == "bwd" and cache.entry_dir(fwd).parent.name == "fwd"
+        assert bwd.key != fwd.key and "runtime/mha_bwd.cpp" in bwd.inputs["csrc"]
+        assert "runtime/mha_fwd.cpp" not in bwd.inputs["csrc"]
+
+
+class ApiBuilder(FakeBuilder):
+    """FakeBuilder naming the library after the entry's API (libmha_fwd.so / libmha_bwd.so)."""
+
+    def __call__(self, plan, stage, build_dir, jobs):
+        lib = super().__call__(plan, stage, build_dir, jobs)
+        return lib.rename(stage / f"libmha_{plan.entry.api}.so")
+
+
+class TestPrebuildBwd:
+    def test_prebuild_bwd_fills_the_cache_once(self, tmp_path, monkeypatch):
+        builder = ApiBuilder()
+        cache = make_cache(tmp_path, builder)
+        monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (fake_toolchain(arch), None))
+        monkeypatch.setattr(jit, "_toolchain_identity", lambda root: ("13.0.88", "4.2.0"))
+        compiled = []
+        monkeypatch.setattr(build_mod, "build",
+                            lambda request, log=None: compiled.append((request.api, len(request.specs))))
+        minimal = profiles_mod.select("bwd", "sm_90a", "minimal").specs
+        expected = jit.entries_within("bwd", "sm_90a", minimal)
+        paths = jit.prebuild("minimal", "sm_90a", api="bwd", cache=cache, quiet=True)
+        assert len(paths) == len(expected) >= 2 and builder.calls == len(paths)
+        assert compiled == [("bwd", len(minimal))]
+        assert all(p.name == "libmha_bwd.so" and p.parent.parent.name == "bwd" for p in paths)
+        assert jit.prebuild("minimal", "sm_90a", api="bwd", cache=cache, quiet=True) == paths
+        assert builder.calls == len(paths)
+        # a first mha_bwd call of a prebuilt configuration finds it without building or rendering
+        monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
+        assert cache.library_for("bwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths
+        assert cache.library_for("bwd", "sm_90a", "bf16", 120, 128, "batch", False) in paths
+        assert builder.calls == len(paths)
+
+    def test_prebuild_bwd_errors(self, tmp_path, monkeypatch):
+        cache = make_cache(tmp_path)
+        with pytest.raises(ValueError, match="api must be one of"):
+            jit.prebuild("minimal", "sm_90a", api="backward", cache=cache, quiet=True)
+        with pytest.raises(profiles_mod.SelectionError, match="bwd"):
+            jit.prebuild("default", "sm_90a", api="bwd", name_filter="*_hopper_*", cache=cache, quiet=True)
+        monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (None, "nvcc was not found"))
+        with pytest.raises(jit.NoCompilerError, match="prebuild needs a toolchain: nvcc was not found"):
+            jit.prebuild("minimal", "sm_90a", api="bwd", cache=cache, quiet=True)
+
+    def test_cli(self, tmp_path):
+        env = sub_env(MHAKIT_CACHE_DIR=str(tmp_path / "c"))
+        run = lambda *args: subprocess.run([sys.executable, "-m", "mhakit", *args], capture_output=True,  # noqa: E731
+                                           text=True, env=env, cwd=tmp_path)
+        bad = run("prebuild", "--api", "bwd", "--profile", "huge", "--arch", "sm_90a")
+        assert bad.returncode == 2 and "unknown profile 'huge'" in bad.stderr and "Traceback" not in bad.stderr
+        wrong = run("prebuild", "--api", "backward")
+        assert wrong.returncode == 2 and "invalid choice: 'backward'" in wrong.stderr
+        helptext = run("prebuild", "--help")
+        assert helptext.returncode == 0 and "mha_bwd" in helptext.stdout
+
+
+_REAL_BWD_CHILD = textwrap.dedent("""
+    import sys
+    from mhakit import jit
+    cache = jit.KernelCache(sys.argv[1])
+    print(cache.library_for("bwd", "sm_80", "fp16", 64, 64, "group", True, jobs=2), flush=True)
+""")
+
+
+@pytest.mark.compile
+def test_real_bwd_build_and_load(tmp_path):
+    """The backward's JIT path builds a real libmha_bwd.so (one generic instance for sm_80) that loads as a
+    BwdLibrary, chooses that instance and sizes its workspace; a second process loads it without building."""
+    if not have_nvcc():
+        pytest.skip("nvcc not found")
+    script = tmp_path / "real_bwd_child.py"
+    script.write_text(_REAL_BWD_CHILD)
+    first = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,
+                           env=sub_env(), timeout=900)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("first use of bwd_fp16_group_mask_sm80-generic_d64") == 1, first.stderr
+    lib_path = Path(first.stdout.strip())
+    assert lib_path.name == "libmha_bwd.so" and lib_path.parent.parent.name == "bwd"
+    from mhakit import _capi
+    lib = _capi.load_bwd_library(lib_path)
+    args = _capi.make_bwd_args(dtype="fp16", q_ptr=256, k_ptr=256, v_ptr=256, o_ptr=256, lse_ptr=256, do_ptr=256,
+                               dq_ptr=256, dk_ptr=256, dv_ptr=256, batch=2, nhead_q=4, nhead_k=2, hdim_q=64,
+                               hdim_v=64, q_strides=(0, 64, 256), k_strides=(0, 64, 128), v_strides=(0, 64, 128),
+                               o_strides=(0, 64, 256), lse_strides=(0, 100), seqstart_q_ptr=512, seqstart_k_ptr=512,
+                               max_seqlen_q=50, max_seqlen_k=70, mask_type=2, window_right=0, deterministic=True)
+    assert lib.kernel_name(args) == "bwd_d64_fp16_group_mask_sm80_generic_b64x128w8"
+    assert lib.workspace_size(args) > 0
+    again = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,
+                           env=sub_env(), timeout=300)
+    assert again.returncode == 0 and again.stdout.strip() == str(lib_path) and "first use" not in again.stderr
