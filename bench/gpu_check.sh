@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU, in one go (one device session): build the default profile with every core, run the
-# GPU tests, the full forward smoke grid, compute-sanitizer memcheck over a representative subset, and the peer
-# benchmark. Logs go to $OUT (or ./gpu_check_logs); the last lines printed are the summary.
+# Everything that needs the GPU, in one go (one device session): build the default profile of both directions with
+# every core, run the GPU tests, the full forward and backward smoke grids, compute-sanitizer memcheck over a
+# representative subset, and the peer benchmarks. Logs go to $OUT (or ./gpu_check_logs); the last lines printed are
+# the summary.
 #
 #   bash bench/gpu_check.sh [all|build|tests|smoke|sanitizer|bench]...     (default: all)
 set -uo pipefail
@@ -19,58 +20,73 @@ note() { summary+=("$1"); echo "== $1"; }
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$logs/gpu.txt"
 
 if want build; then
-    start=$(date +%s)
-    (cd "$work/lib" && python3 "$repo/compile.py" --api fwd --profile default --benchmark -j "$(nproc)" \
-        --build-dir "$work/objects") >"$logs/build_default.log" 2>&1
-    rc=$?
-    note "build default: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($(grep -c '^fwd_' <(python3 compile.py --list --arch sm_90a)) instances)"
-    tail -3 "$logs/build_default.log"
+    for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
+        start=$(date +%s)
+        (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile default --benchmark -j "$(nproc)" \
+            --build-dir "$work/objects") >"$logs/build_default_$api.log" 2>&1
+        rc=$?
+        count=$(python3 compile.py --api $api --list --arch sm_90a | tail -1)
+        note "build default $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
+        tail -2 "$logs/build_default_$api.log"
+    done
 fi
 lib_dir="$work/lib"
 
 if want tests; then
-    MHAKIT_TEST_BUILD_DIR="$work" python3 -m pytest -q -m gpu -x tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
+    MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \
+        python3 -m pytest -q -m gpu tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
     note "pytest -m gpu: $(tail -1 "$logs/pytest_gpu.log")"
 fi
 
 if want smoke; then
-    start=$(date +%s)
-    (cd "$lib_dir" && bash "$repo/smoke_tests/smoke_test_fwd.sh" -j "$(nproc)") >"$logs/smoke_fwd.log" 2>&1
-    note "smoke_test_fwd (full grid, -v=1): $(tail -1 "$logs/smoke_fwd.log") in $(( $(date +%s) - start )) s"
-    grep -A3 '^FAILED' "$logs/smoke_fwd.log" | head -40
+    for api in fwd bwd; do
+        start=$(date +%s)
+        (cd "$lib_dir" && bash "$repo/smoke_tests/smoke_test_$api.sh" -j "$(nproc)") >"$logs/smoke_$api.log" 2>&1
+        note "smoke_test_$api (full grid, -v=1): $(tail -1 "$logs/smoke_$api.log") in $(( $(date +%s) - start )) s"
+        grep -A3 '^FAILED' "$logs/smoke_$api.log" | head -40
+    done
 fi
 
 if want sanitizer; then
     : >"$logs/sanitizer.log"
     bad=0; n=0
-    while read -r args; do
-        [ -z "$args" ] && continue
+    while read -r api args; do
+        [ -z "$api" ] && continue
         n=$((n + 1))
         # shellcheck disable=SC2086
-        out=$(compute-sanitizer --tool memcheck --error-exitcode 99 "$lib_dir/benchmark_mha_fwd" $args -v=1 -warmup=0 -repeat=1 -kname=1 2>&1)
+        out=$(compute-sanitizer --tool memcheck --error-exitcode 99 "$lib_dir/benchmark_mha_$api" $args -v=1 -warmup=0 -repeat=1 -kname=1 2>&1)
         rc=$?
-        printf '### %s (rc=%d)\n%s\n' "$args" "$rc" "$out" >>"$logs/sanitizer.log"
-        [ "$rc" -ne 0 ] && bad=$((bad + 1)) && echo "sanitizer FAILED: $args"
+        printf '### %s %s (rc=%d)\n%s\n' "$api" "$args" "$rc" "$out" >>"$logs/sanitizer.log"
+        [ "$rc" -ne 0 ] && bad=$((bad + 1)) && echo "sanitizer FAILED: $api $args"
     done <<'CASES'
--prec=bf16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=0 -lse=1
--prec=fp16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=1 -lse=1
--prec=bf16 -b=1 -h=2 -h_k=1 -s=1024 -s_k=256 -d=128 -mask=2
--prec=fp16 -b=2 -h=2 -s=257 -s_k=129 -d=64 -mask=b -lse=1 -iperm=0 -operm=0
--prec=bf16 -b=1 -h=2 -s=130 -s_k=200 -d=256 -mask=t -lse=1
--prec=bf16 -b=2 -h=2 -h_k=1 -d=16 -d_v=256 -s=55 -s_k=256
--prec=fp16 -b=2 -h=1 -d=256 -d_v=24 -s=3 -s_k=99 -mask=2
--prec=bf16 -b=3 -h=2 -h_k=1 -d=192 -d_v=128 -s=200 -s_k=520 -mask=t:128,30 -lse=1
--prec=fp16 -b=2 -h=1 -d=32 -s=99 -s_k=32 -mask=b:4,35
--prec=bf16 -b=1 -h=2 -h_k=1 -d=128 -s=33 -s_k=0 -mask=2 -lse=1
--prec=fp16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -d=128 -mask=t -lse=1
--prec=bf16 -mode=1 -b=2 -h=2 -s=513,77 -s_k=300,600 -d=64 -mask=g:40,9 -lse=1 -iperm=0 -operm=0
+fwd -prec=bf16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=0 -lse=1
+fwd -prec=fp16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=1 -lse=1
+fwd -prec=bf16 -b=1 -h=2 -h_k=1 -s=1024 -s_k=256 -d=128 -mask=2
+fwd -prec=fp16 -b=2 -h=2 -s=257 -s_k=129 -d=64 -mask=b -lse=1 -iperm=0 -operm=0
+fwd -prec=bf16 -b=1 -h=2 -s=130 -s_k=200 -d=256 -mask=t -lse=1
+fwd -prec=bf16 -b=2 -h=2 -h_k=1 -d=16 -d_v=256 -s=55 -s_k=256
+fwd -prec=fp16 -b=2 -h=1 -d=256 -d_v=24 -s=3 -s_k=99 -mask=2
+fwd -prec=bf16 -b=3 -h=2 -h_k=1 -d=192 -d_v=128 -s=200 -s_k=520 -mask=t:128,30 -lse=1
+fwd -prec=fp16 -b=2 -h=1 -d=32 -s=99 -s_k=32 -mask=b:4,35
+fwd -prec=bf16 -b=1 -h=2 -h_k=1 -d=128 -s=33 -s_k=0 -mask=2 -lse=1
+fwd -prec=fp16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -d=128 -mask=t -lse=1
+fwd -prec=bf16 -mode=1 -b=2 -h=2 -s=513,77 -s_k=300,600 -d=64 -mask=g:40,9 -lse=1 -iperm=0 -operm=0
+bwd -prec=bf16 -b=1 -h=4 -h_k=2 -s=259 -d=128
+bwd -prec=fp16 -b=2 -h=2 -s=516 -s_k=253 -d=64 -mask=1 -iperm=0 -operm=0
+bwd -prec=bf16 -b=1 -h=4 -h_k=1 -s=500 -s_k=251 -d=128 -mask=1 -deterministic=1
+bwd -prec=bf16 -b=2 -h=1 -s=987 -s_k=219 -d=256 -mask=t:128,30
+bwd -prec=fp16 -b=2 -h=3 -h_k=1 -s=244 -s_k=499 -d=192 -d_v=128 -mask=b:4,35
+bwd -prec=bf16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -d=128 -mask=b
 CASES
     note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
 fi
 
 if want bench; then
-    python3 bench/bench_fwd.py --lib "$lib_dir/libmha_fwd.so" --json "$logs/bench_fwd.json" 2>&1 | tee "$logs/bench_fwd.md" | tail -25
-    note "bench_fwd: see bench_fwd.md"
+    python3 bench/bench_fwd.py --lib "$lib_dir/libmha_fwd.so" --dtype bf16,fp16 --json "$logs/bench_fwd.json" \
+        2>&1 | tee "$logs/bench_fwd.md" | tail -40
+    python3 bench/bench_bwd.py --lib "$lib_dir/libmha_bwd.so" --fwd-lib "$lib_dir/libmha_fwd.so" --dtype bf16 \
+        --json "$logs/bench_bwd.json" 2>&1 | tee "$logs/bench_bwd.md" | tail -25
+    note "bench: see bench_fwd.md, bench_bwd.md"
 fi
 
 echo

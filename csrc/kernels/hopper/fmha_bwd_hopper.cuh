@@ -1,0 +1,238 @@
+// mhakit hopper family — backward FMHA on sm_90a (TMA + wgmma + warp specialization), batch mode.
+//
+//   template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+//   struct mhakit::hopper::BwdKernel {
+//       static bool supports(const BwdParams& p);           // runtime guard, pure host arithmetic
+//       static size_t workspace_bytes(const BwdParams& p);  // pure host arithmetic
+//       static cudaError_t run(const BwdParams& p, cudaStream_t stream);  // 3 launches, no allocation, no sync
+//   };
+//
+// Stages (all on `stream`): (1) preprocess — D = rowsum(dO∘O), LSE·log2e, zero the fp32 dQ accumulator;
+// (2) main kernel — one CTA per (key block, kv head, batch) recomputes P and accumulates dK, dV in registers and dQ
+// into the workspace (fmha_bwd_hopper_kernel.hpp); (3) convert — dQ = scale·accumulator into dq's dtype/strides.
+//
+// Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); batch mode only
+// (group mode: refused); hdim_q == hdim_v, a multiple of 8, <= kHdim (kHdim in {64, 128, 256}; smaller head dims
+// are zero-padded by TMA); any seqlen_q, seqlen_k >= 1; GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head
+// loops over its query heads); deterministic = false only (dQ is accumulated with fp32 reductions in arbitrary
+// order: refused when p.deterministic). Masks: kMasked = false serves mask_type 0; kMasked = true serves
+// mask_type 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see
+// no key of a block are skipped, keys that no query sees get dK = dV = 0.
+// Layout: q, k, v, o, do, dq, dk, dv 16-byte aligned with every row / head / batch stride a multiple of 8 elements
+// (16 bytes); lse any fp32 strides.
+//
+// Tiles (kBlockM x kBlockN), measured on H200 (bf16, 16k tokens, .scratch/hopper_bwd): 64 x 128 for hdim 64 and 128
+// (key split: each of the two consumer warpgroups owns 64 keys), 64 x 64 for hdim 256 (query split, dQ by vector
+// atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
+// kBlockM in {64, 128}, kBlockN in {64, 128} with kHdim + kBlockM <= 192 when kBlockN = 128.
+//
+// Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM), times batch·nhead_q.
+//
+// Build: nvcc -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -O3
+//        -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUTLASS/examples -I<repo>/csrc -I<repo>/csrc/include
+//        -I$CUDA_HOME/include/cccl (nvcc 13)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cutlass/device_kernel.h"
+
+#include "kernels/common/bwd_params.h"
+#include "kernels/common/mask.h"
+#include "mha_common.h"
+
+#include "fmha_bwd_hopper_aux.hpp"
+#include "fmha_bwd_hopper_common.hpp"
+#include "fmha_bwd_hopper_kernel.hpp"
+#include "fmha_fwd_hopper.cuh"  // DtypeOf
+
+namespace mhakit::hopper {
+
+template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+struct BwdKernel {
+    using Element = typename DtypeOf<kDtype>::type;
+    using Impl = HopperBwdKernelImpl<Element, kHdim, kMasked, kBlockM, kBlockN>;
+
+    static constexpr int kAlignElems = 16 / int(sizeof(Element));
+
+    // Generic (y, x), clamped to x in [-sq, sk], y in [-sk, sq] (beyond that nothing changes; keeps sums in range).
+    static MaskCoord mask_yx(const BwdParams& p) {
+        MaskCoord c;
+        if (p.mask_type == 0) {
+            c.y = p.seqlen_q;
+            c.x = p.seqlen_k;
+            return c;
+        }
+        c = make_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k);
+        if (c.x > p.seqlen_k) c.x = p.seqlen_k;
+        if (c.x < -p.seqlen_q) c.x = -p.seqlen_q;
+        if (c.y > p.seqlen_q) c.y = p.seqlen_q;
+        if (c.y < -p.seqlen_k) c.y = -p.seqlen_k;
+        return c;
+    }
+
+    static bool aligned_ptr(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+    // Strides that TMA or the 16-byte accesses see must be multiples of 16 bytes (and below 2^40 bytes); the stride
+    // of a size-1 mode is never used.
+    static bool ok_stride(int64_t s, int64_t extent) {
+        if (extent <= 1) return true;
+        if (s <= 0) return false;
+        return (s % kAlignElems) == 0 && s * int64_t(sizeof(Element)) < (int64_t(1) << 40);
+    }
+    static bool ok_tensor(const void* ptr, int64_t row, int64_t head, int64_t batch, int nhead, int nbatch) {
+        return aligned_ptr(ptr) && ok_stride(row, 2) && ok_stride(head, nhead) && ok_stride(batch, nbatch);
+    }
+
+    static bool supports(const BwdParams& p) {
+        if (p.seqstart_q != nullptr || p.seqstart_k != nullptr) return false;  // batch mode only
+        if (p.deterministic) return false;
+        if (p.batch < 1 || p.batch > 65535 || p.nhead_q < 1 || p.nhead_q > 65535 || p.nhead_k < 1) return false;
+        if (p.nhead_q % p.nhead_k != 0) return false;
+        if (p.seqlen_q < 1 || p.seqlen_k < 1) return false;
+        if (int64_t(p.seqlen_q) + kBlockM > int64_t(INT32_MAX)) return false;
+        if ((int64_t(p.seqlen_k) + kBlockN - 1) / kBlockN > int64_t(INT32_MAX)) return false;
+        if (p.hdim_q != p.hdim_v || p.hdim_q < 8 || p.hdim_q > kHdim || p.hdim_q % 8 != 0) return false;
+        if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
+        if (p.mask_type < 0 || p.mask_type > 3) return false;
+        if (p.lse == nullptr) return false;
+        if (!ok_tensor(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.nhead_q, p.batch)) return false;
+        if (!ok_tensor(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.nhead_k, p.batch)) return false;
+        if (!ok_tensor(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p.nhead_k, p.batch)) return false;
+        if (!ok_tensor(p.o, p.o_row_stride, p.o_head_stride, p.o_batch_stride, p.nhead_q, p.batch)) return false;
+        if (!ok_tensor(p.dout, p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.nhead_q, p.batch)) return false;
+        if (!ok_tensor(p.dq, p.dq_row_stride, p.dq_head_stride, p.dq_batch_stride, p.nhead_q, p.batch)) return false;
+        if (!ok_tensor(p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.nhead_k, p.batch)) return false;
+        if (!ok_tensor(p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, p.nhead_k, p.batch)) return false;
+        return true;
+    }
+
+    static size_t workspace_bytes(const BwdParams& p) {
+        const int sq = p.seqstart_q != nullptr ? p.max_seqlen_q : p.seqlen_q;
+        if (p.batch < 1 || p.nhead_q < 1 || sq < 1) return 0;
+        return bwd::WorkspaceLayout(p.batch, p.nhead_q, sq, kBlockM, kHdim).total;
+    }
+
+    static typename Impl::Params make_params(const BwdParams& p, const bwd::WorkspaceLayout& ws) {
+        using namespace cute;
+        // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
+        auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
+        auto tma_for = [&](const void* ptr, int seqlen, int nhead, int64_t row, int64_t head, int64_t batch,
+                           auto slayout) {
+            Tensor t = make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                                   make_shape(seqlen, p.hdim_q, nhead, p.batch),
+                                   make_stride(fix(row, seqlen), _1{}, fix(head, nhead), fix(batch, p.batch)));
+            return make_tma_copy(SM90_TMA_LOAD{}, t, slayout);
+        };
+        const MaskCoord mc = mask_yx(p);
+        char* wsb = static_cast<char*>(p.workspace);
+
+        typename Impl::Params params{};
+        params.tma_q = tma_for(p.q, p.seqlen_q, p.nhead_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                               typename Impl::SmemLayoutQ1{});
+        params.tma_do = tma_for(p.dout, p.seqlen_q, p.nhead_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride,
+                                typename Impl::SmemLayoutDO1{});
+        params.tma_k = tma_for(p.k, p.seqlen_k, p.nhead_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+                               typename Impl::SmemLayoutK{});
+        params.tma_v = tma_for(p.v, p.seqlen_k, p.nhead_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                               typename Impl::SmemLayoutK{});
+        params.batch = p.batch;
+        params.nhead_q = p.nhead_q;
+        params.nhead_k = p.nhead_k;
+        params.group = p.nhead_q / p.nhead_k;
+        params.seqlen_q = p.seqlen_q;
+        params.seqlen_k = p.seqlen_k;
+        params.hdim = p.hdim_q;
+        params.mask_x = mc.x;
+        params.mask_y = mc.y;
+        params.scale = p.scale;
+        params.scale_log2 = p.scale_log2;
+        params.lse2 = reinterpret_cast<float const*>(wsb + ws.lse_off);
+        params.dsum = reinterpret_cast<float const*>(wsb + ws.dsum_off);
+        params.dq_acc = reinterpret_cast<float*>(wsb + ws.dq_off);
+        params.sq_pad = ws.sq_pad;
+        params.m_tiles = int(ws.sq_pad / kBlockM);
+        params.dk = static_cast<Element*>(p.dk);
+        params.dk_row = p.dk_row_stride;
+        params.dk_head = p.dk_head_stride;
+        params.dk_batch = p.dk_batch_stride;
+        params.dv = static_cast<Element*>(p.dv);
+        params.dv_row = p.dv_row_stride;
+        params.dv_head = p.dv_head_stride;
+        params.dv_batch = p.dv_batch_stride;
+        return params;
+    }
+
+    static cudaError_t prepare_device() {
+        // Opt in to the large dynamic shared memory once per device (a bit per device id; racy sets are harmless).
+        static unsigned long long done_mask = 0;
+        int dev = 0;
+        cudaError_t err = cudaGetDevice(&dev);
+        if (err != cudaSuccess) return err;
+        const unsigned long long bit = (dev < 64) ? (1ull << dev) : 0ull;
+        if (bit != 0 && (__atomic_load_n(&done_mask, __ATOMIC_ACQUIRE) & bit)) return cudaSuccess;
+        err = cudaFuncSetAttribute(cutlass::device_kernel<Impl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   Impl::SharedStorageSize);
+        if (err != cudaSuccess) return err;
+        __atomic_fetch_or(&done_mask, bit, __ATOMIC_ACQ_REL);
+        return cudaSuccess;
+    }
+
+    static cudaError_t run(const BwdParams& p, cudaStream_t stream) {
+        const bwd::WorkspaceLayout ws(p.batch, p.nhead_q, p.seqlen_q, kBlockM, kHdim);
+        if (p.workspace == nullptr || p.workspace_bytes < ws.total) return cudaErrorInvalidValue;
+        cudaError_t err = prepare_device();
+        if (err != cudaSuccess) return err;
+        char* wsb = static_cast<char*>(p.workspace);
+        const int m_tiles = int(ws.sq_pad / kBlockM);
+        const dim3 grid_q(m_tiles, p.nhead_q, p.batch);
+
+        bwd::PreprocessParams pp;
+        pp.o = p.o;
+        pp.dout = p.dout;
+        pp.lse = p.lse;
+        pp.o_row = p.o_row_stride;
+        pp.o_head = p.o_head_stride;
+        pp.o_batch = p.o_batch_stride;
+        pp.do_row = p.do_row_stride;
+        pp.do_head = p.do_head_stride;
+        pp.do_batch = p.do_batch_stride;
+        pp.lse_head = p.lse_head_stride;
+        pp.lse_batch = p.lse_batch_stride;
+        pp.lse2 = reinterpret_cast<float*>(wsb + ws.lse_off);
+        pp.dsum = reinterpret_cast<float*>(wsb + ws.dsum_off);
+        pp.dq_acc = reinterpret_cast<float*>(wsb + ws.dq_off);
+        pp.sq_pad = ws.sq_pad;
+        pp.m_tiles = m_tiles;
+        pp.nhead_q = p.nhead_q;
+        pp.seqlen_q = p.seqlen_q;
+        pp.hdim = p.hdim_q;
+        bwd::preprocess_kernel<Element, kHdim, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+
+        const typename Impl::Params params = make_params(p, ws);
+        const dim3 grid((p.seqlen_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
+        cutlass::device_kernel<Impl><<<grid, Impl::MaxThreadsPerBlock, Impl::SharedStorageSize, stream>>>(params);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+
+        bwd::ConvertParams cp;
+        cp.dq_acc = reinterpret_cast<float const*>(wsb + ws.dq_off);
+        cp.dq = p.dq;
+        cp.dq_row = p.dq_row_stride;
+        cp.dq_head = p.dq_head_stride;
+        cp.dq_batch = p.dq_batch_stride;
+        cp.m_tiles = m_tiles;
+        cp.nhead_q = p.nhead_q;
+        cp.seqlen_q = p.seqlen_q;
+        cp.hdim = p.hdim_q;
+        cp.scale = p.scale;
+        bwd::convert_dq_kernel<Impl><<<grid_q, 256, 0, stream>>>(cp);
+        return cudaGetLastError();
+    }
+};
+
+}  // namespace mhakit::hopper

@@ -1,0 +1,146 @@
+// mhakit hopper family, backward pass — the two light kernels around the main one:
+//   preprocess: per query row, D = rowsum(dO ∘ O) (fp32), LSE·log2(e) (+inf for padding rows and for rows whose
+//               LSE is -inf, so that their P is exactly 0), and zeroing of the row tile's fp32 dQ accumulator;
+//   convert:    dQ = scale · accumulator, from the main kernel's fragment order to the caller's dtype and strides.
+// One CTA of 256 threads per (query tile, query head, batch) for both; the tile height is the main kernel's BM.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+
+#include "fmha_bwd_hopper_common.hpp"
+#include "fmha_hopper_kernel.hpp"  // detail::pack2
+
+namespace mhakit::hopper::bwd {
+
+struct PreprocessParams {
+    void const* o;
+    void const* dout;
+    float const* lse;
+    int64_t o_row, o_head, o_batch;
+    int64_t do_row, do_head, do_batch;
+    int64_t lse_head, lse_batch;
+    float* lse2;
+    float* dsum;
+    float* dq_acc;
+    int64_t sq_pad;
+    int m_tiles;
+    int nhead_q, seqlen_q, hdim;
+};
+
+template <class Element>
+CUTLASS_DEVICE float dot8(uint4 a, uint4 b) {
+    float acc = 0.f;
+    Element const* x = reinterpret_cast<Element const*>(&a);
+    Element const* y = reinterpret_cast<Element const*>(&b);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 8; ++i) acc = fmaf(float(x[i]), float(y[i]), acc);
+    return acc;
+}
+
+template <class Element, int kHdim, int kBlockM>
+__global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const p) {
+    constexpr int T = kHdim / 8;  // threads per row, 16 bytes each
+    constexpr int kRowsPerPass = 256 / T;
+    static_assert(kBlockM % kRowsPerPass == 0);
+    const int m = int(blockIdx.x);
+    const int h = int(blockIdx.y);
+    const int b = int(blockIdx.z);
+    const int lt = int(threadIdx.x) % T;
+    const int col = lt * 8;
+    const int64_t ws_row0 = (int64_t(b) * p.nhead_q + h) * p.sq_pad + int64_t(m) * kBlockM;
+    Element const* o = static_cast<Element const*>(p.o) + b * p.o_batch + h * p.o_head;
+    Element const* g = static_cast<Element const*>(p.dout) + b * p.do_batch + h * p.do_head;
+
+    #pragma unroll 1
+    for (int r = int(threadIdx.x) / T; r < kBlockM; r += kRowsPerPass) {
+        const int row = m * kBlockM + r;
+        float acc = 0.f;
+        if (row < p.seqlen_q && col < p.hdim) {
+            const uint4 a = *reinterpret_cast<uint4 const*>(o + int64_t(row) * p.o_row + col);
+            const uint4 c = *reinterpret_cast<uint4 const*>(g + int64_t(row) * p.do_row + col);
+            acc = dot8<Element>(a, c);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int off = T / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lt == 0) {
+            float l2 = INFINITY;
+            if (row < p.seqlen_q) {
+                const float l = p.lse[b * p.lse_batch + h * p.lse_head + row];
+                l2 = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+            }
+            p.lse2[ws_row0 + r] = l2;
+            p.dsum[ws_row0 + r] = (row < p.seqlen_q) ? acc : 0.f;
+        }
+    }
+
+    float4* z = reinterpret_cast<float4*>(p.dq_acc + ((int64_t(b) * p.nhead_q + h) * p.m_tiles + m) *
+                                                         int64_t(kBlockM * kHdim));
+    #pragma unroll 4
+    for (int i = int(threadIdx.x); i < kBlockM * kHdim / 4; i += 256) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+struct ConvertParams {
+    float const* dq_acc;
+    void* dq;
+    int64_t dq_row, dq_head, dq_batch;
+    int m_tiles;
+    int nhead_q, seqlen_q, hdim;
+    float scale;
+};
+
+// Impl: HopperBwdKernelImpl (its TiledMmadQ and tile sizes define the fragment order).
+template <class Impl>
+__global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) {
+    using namespace cute;
+    using Element = typename Impl::Element;
+    constexpr int BM = Impl::kBlockM;
+    constexpr int D = Impl::kHdim;
+    constexpr int F = Impl::kDqFrag;
+    const int m = int(blockIdx.x);
+    const int h = int(blockIdx.y);
+    const int b = int(blockIdx.z);
+    const int tid = int(threadIdx.x);
+    const int wg = tid / 128;
+    const int t = tid % 128;
+
+    typename Impl::TiledMmadQ mma;
+    auto thr = mma.get_thread_slice(tid);
+    Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<D>>{}));
+    static_assert(decltype(size(c))::value == F);
+
+    float4 const* src = reinterpret_cast<float4 const*>(
+                            p.dq_acc + ((int64_t(b) * p.nhead_q + h) * p.m_tiles + m) * int64_t(BM * D) +
+                            wg * F * 128) +
+                        t;
+    Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch + h * p.dq_head;
+    const int row0 = m * BM;
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < F / 4; ++v) {
+        const float4 a = src[v * 128];
+        {
+            const int row = row0 + get<0>(c(4 * v));
+            const int col = get<1>(c(4 * v));
+            if (row < p.seqlen_q && col < p.hdim) {
+                *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dq_row + col) =
+                    mhakit::hopper::detail::pack2<Element>(a.x * p.scale, a.y * p.scale);
+            }
+        }
+        {
+            const int row = row0 + get<0>(c(4 * v + 2));
+            const int col = get<1>(c(4 * v + 2));
+            if (row < p.seqlen_q && col < p.hdim) {
+                *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dq_row + col) =
+                    mhakit::hopper::detail::pack2<Element>(a.z * p.scale, a.w * p.scale);
+            }
+        }
+    }
+}
+
+}  // namespace mhakit::hopper::bwd

@@ -1,0 +1,131 @@
+// mhakit hopper family, backward pass — pieces shared by the three kernels of the backward
+// (preprocess, main, dQ convert): the mask geometry seen from a key block, the workspace layout, and the PTX
+// wrappers for the 1-D bulk copies (TMA engine without a tensor map).
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+
+#include "fmha_hopper_mask.hpp"  // floor_div_int / ceil_div_int
+
+namespace mhakit::hopper::bwd {
+
+// ---- mask geometry from the key side ----------------------------------------------------------------------
+//
+// Generic coordinate (y, x) of kernels/common/mask.h: row i sees key j iff  i - y + 1 <= j < min(i + x, sk).
+// Key j is therefore seen by rows i in [j - x + 1, j + y - 1] (clamped to [0, sq)). A CTA owns keys
+// [n0, n0 + BN) and visits the query tiles that intersect the union of those row ranges, in ascending order.
+// x, y arrive clamped (x in [-sq, sk], y in [-sk, sq]) so none of the sums below overflow.
+struct QueryTileRange {
+    int m_begin, m_end;  // query tiles [m_begin, m_end); empty when m_end <= m_begin
+};
+
+template <bool kMasked, int kBlockM, int kBlockN>
+CUTLASS_HOST_DEVICE QueryTileRange query_tiles(int n_block, int sq, int sk, int x, int y) {
+    const int m_tiles = (sq + kBlockM - 1) / kBlockM;
+    QueryTileRange r{0, m_tiles};
+    if constexpr (kMasked) {
+        const int n0 = n_block * kBlockN;
+        const int n1 = (n0 + kBlockN < sk ? n0 + kBlockN : sk) - 1;  // last real key of the block
+        int lo = n0 - x + 1;
+        if (lo < 0) lo = 0;
+        int hi = n1 + y - 1;
+        if (hi > sq - 1) hi = sq - 1;
+        if (lo > hi) {
+            r.m_begin = 0;
+            r.m_end = 0;
+        } else {
+            r.m_begin = lo / kBlockM;
+            r.m_end = hi / kBlockM + 1;
+        }
+    }
+    return r;
+}
+
+// True when some (query, key) pair of the tile pair (m, n) must be masked element-wise: keys past sk, or (masked
+// kernels) pairs outside the band. Query rows past sq need no mask: their LSE is +inf in the workspace, so P = 0.
+template <bool kMasked, int kBlockM, int kBlockN>
+CUTLASS_HOST_DEVICE bool tile_needs_mask(int m_block, int n_block, int sk, int x, int y) {
+    const int n0 = n_block * kBlockN;
+    if (n0 + kBlockN > sk) return true;
+    if constexpr (kMasked) {
+        const int r0 = m_block * kBlockM;
+        const int r1 = r0 + kBlockM - 1;
+        // every pair visible iff  n0 >= r1 - y + 1  and  n0 + BN - 1 < r0 + x
+        if (n0 < r1 - y + 1) return true;
+        if (n0 + kBlockN - 1 >= r0 + x) return true;
+    }
+    return false;
+}
+
+// ---- workspace ---------------------------------------------------------------------------------------------
+//
+//   lse2 [b][hq][sq_pad]            LSE * log2(e) (+inf for padding rows and rows whose LSE is -inf)
+//   dsum [b][hq][sq_pad]            D = rowsum(dO * O) (0 for padding rows)
+//   dq   [b][hq][m_tiles][BM * D]   fp32 dQ accumulator, each query tile in "fragment order" (see the main kernel)
+// with sq_pad = m_tiles * BM. Every region starts on a 256-byte boundary.
+struct WorkspaceLayout {
+    size_t lse_off, dsum_off, dq_off, total;
+    int64_t sq_pad;
+
+    CUTLASS_HOST_DEVICE static size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
+
+    CUTLASS_HOST_DEVICE WorkspaceLayout(int batch, int nhead_q, int seqlen_q, int block_m, int hdim_bucket) {
+        const int64_t m_tiles = (int64_t(seqlen_q) + block_m - 1) / block_m;
+        sq_pad = m_tiles * block_m;
+        const size_t rows = size_t(batch) * size_t(nhead_q) * size_t(sq_pad);
+        lse_off = 0;
+        dsum_off = align256(lse_off + rows * sizeof(float));
+        dq_off = align256(dsum_off + rows * sizeof(float));
+        total = align256(dq_off + rows * size_t(hdim_bucket) * sizeof(float));
+    }
+};
+
+// ---- PTX: 1-D bulk copies ----------------------------------------------------------------------------------
+
+// global -> shared, completion reported to an mbarrier as transaction bytes. bytes % 16 == 0, both 16B aligned.
+CUTLASS_DEVICE void bulk_load(void* smem_dst, void const* gmem_src, uint32_t bytes, uint64_t* mbar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t s = cute::cast_smem_ptr_to_uint(smem_dst);
+    const uint32_t b = cute::cast_smem_ptr_to_uint(mbar);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :
+                 : "r"(s), "l"(gmem_src), "r"(bytes), "r"(b)
+                 : "memory");
+#endif
+}
+
+// shared -> global fp32 add-reduction (one bulk-group operation).
+CUTLASS_DEVICE void bulk_reduce_add_f32(float* gmem_dst, void const* smem_src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t s = cute::cast_smem_ptr_to_uint(smem_src);
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 :
+                 : "l"(gmem_dst), "r"(s), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+CUTLASS_DEVICE void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+CUTLASS_DEVICE void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+template <int N>
+CUTLASS_DEVICE void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+}  // namespace mhakit::hopper::bwd

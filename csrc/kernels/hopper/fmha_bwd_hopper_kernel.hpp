@@ -1,0 +1,642 @@
+// mhakit hopper family, backward pass — the main kernel (dQ/dK/dV) on sm_90a: one CTA per (key block, kv head,
+// batch), three warpgroups:
+//   * warpgroup 0, warp 0: TMA producer. K and V of the block once; then, for every query head of the kv group and
+//     every query tile that sees the block, Q (+ its LSE·log2e row) and dO (+ its D row) through two 2-stage
+//     mbarrier pipelines (tiles via TMA, the fp32 rows via 1-D bulk copies on the same barriers);
+//   * warpgroup 0, warp 1: dQ writer. Each consumer warpgroup leaves its fp32 dQ tile in shared memory; this warp
+//     adds it into the workspace accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32) per tile;
+//   * warpgroups 1 and 2: consumers (tensor-core math, 240 registers each).
+//
+// Per query tile (BM query rows against BN keys) the consumers compute, all products on wgmma:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ                        (SS, operands from shared memory)
+//   Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e)           (masked pairs: 0)
+//   dSᵀ = Pᵀ ∘ (dPᵀ − D)
+//   dV += Pᵀ·dO,  dK += dSᵀ·Q                        (fp32 accumulators in registers for the whole CTA life)
+//   dQ_tile = dS·K                                   (dS through shared memory; added into the workspace)
+// Two layouts, chosen by the tile:
+//   * key split (BN = 128; head dims 64 / 128): warpgroup w owns keys [64w, 64w + 64): its Sᵀ/dPᵀ rows and its
+//     dK/dV rows; Pᵀ and dSᵀ stay in registers as the A operand of the dV/dK products (RS wgmma); dSᵀ is also
+//     stored to shared memory for the dQ product, which needs all BN keys (one 256-thread named barrier per tile).
+//   * query split (BN = 64; head dim 256, where 64 x 256 fp32 dK + dV would not fit one warpgroup's registers):
+//     warpgroup w computes Sᵀ/dPᵀ for query columns [BM/2·w, BM/2·(w+1)), both store Pᵀ and dSᵀ to shared memory,
+//     and each warpgroup then owns half of the head dim of dK, dV and dQ (SS wgmma). dQ is added straight into the
+//     workspace with 16-byte fp32 vector atomics (no shared memory left for a dQ tile at this head dim).
+// dQ tiles are added in "fragment order": the element i of consumer thread t (t in [0, 256)) of query tile m lives
+// at float offset ((t / 128) · F · 128 + (i / 4) · 512 + (t % 128) · 4 + i % 4) of the tile's BM·D block
+// (F = BM·D/256), so that both the shared-memory writes and the bulk reduction are contiguous; the convert kernel
+// (fmha_bwd_hopper_aux.hpp) maps it back with the same tiled-MMA partition.
+//
+// Masks: the CTA visits only query tiles that see some key of the block (bwd::query_tiles) and masks element-wise
+// only tiles on the band's edges or the key tail (bwd::tile_needs_mask). Rows past seqlen_q carry LSE = +inf in the
+// workspace, which makes their P (hence dS) exactly zero.
+// GQA: the CTA owns one kv head and loops over its query heads, accumulating dK/dV in registers (no atomics, no
+// extra workspace for dK/dV).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/pipeline/pipeline.hpp"
+
+#include "88_hopper_fmha/collective/fmha_common.hpp"  // gemm_zero_acc, convert_c_layout_to_a_layout
+
+#include "fmha_bwd_hopper_common.hpp"
+#include "fmha_hopper_kernel.hpp"  // detail::exp2_approx, detail::pack2
+
+namespace mhakit::hopper {
+
+using namespace cute;
+
+using BwdGmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;     // (seqlen, d, head, batch)
+using BwdGmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;  // elements
+
+template <class Element_, int kHdim_, bool kMasked_, int kBlockM_, int kBlockN_>
+struct HopperBwdKernelImpl {
+    using Element = Element_;
+    static constexpr int kHdim = kHdim_;
+    static constexpr bool kMasked = kMasked_;
+    static constexpr int kBlockM = kBlockM_;
+    static constexpr int kBlockN = kBlockN_;
+    static_assert(kHdim == 64 || kHdim == 128 || kHdim == 256, "head-dim buckets: 64, 128, 256");
+    static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
+    static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 128 (key split) or 64 (query split)");
+
+    static constexpr int NumMmaWG = 2;
+    static constexpr int NumMmaThreads = NumMmaWG * 128;
+    static constexpr bool kKeySplit = (kBlockN == 128);
+    static constexpr int kWgN = kKeySplit ? 2 : 1;  // warpgroups along the key dim of Sᵀ (and of dK/dV)
+    static constexpr int kWgQ = 2 / kWgN;           // warpgroups along the query dim of Sᵀ (head dim of dK/dV)
+    static constexpr int kWgM_dQ = kBlockM / 64;    // warpgroups along the query dim of dQ
+    static constexpr bool kDqViaSmem = (kHdim < 256);
+    static_assert(!kKeySplit || kHdim + kBlockM <= 192, "key split: dK + dV + Sᵀ + dPᵀ must fit 240 registers");
+
+    // ---- tiled MMAs ----
+    using TileSdP = Shape<_64, Int<kBlockM / kWgQ>, Int<kHdim>>;  // (keys, queries, d) per warpgroup
+    using TiledMmaSdP = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, TileSdP, GMMA::Major::K, GMMA::Major::K>(),
+        Layout<Shape<Int<kWgN>, Int<kWgQ>, _1>>{}));
+    using TileKV = Shape<_64, Int<kHdim / kWgQ>, Int<kBlockM>>;  // (keys, d, queries) per warpgroup
+    using MmaKVOp = std::conditional_t<
+        kKeySplit, decltype(GMMA::rs_op_selector<Element, Element, float, TileKV, GMMA::Major::K, GMMA::Major::MN>()),
+        decltype(GMMA::ss_op_selector<Element, Element, float, TileKV, GMMA::Major::K, GMMA::Major::MN>())>;
+    using TiledMmadKV = decltype(make_tiled_mma(MmaKVOp{}, Layout<Shape<Int<kWgN>, Int<kWgQ>, _1>>{}));
+    using TileQ = Shape<_64, Int<kHdim * kWgM_dQ / 2>, Int<kBlockN>>;  // (queries, d, keys) per warpgroup
+    using TiledMmadQ = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, TileQ, GMMA::Major::MN, GMMA::Major::MN>(),
+        Layout<Shape<Int<kWgM_dQ>, Int<2 / kWgM_dQ>, _1>>{}));
+    static constexpr int kDqFrag = kBlockM * kHdim / NumMmaThreads;  // dQ floats per consumer thread
+    static_assert(kDqFrag % 4 == 0);
+
+    // ---- shared memory ----
+    static constexpr int kSmemLimit = 232448;
+    static constexpr int kQBytes = kBlockM * kHdim * int(sizeof(Element));
+    static constexpr int kKBytes = kBlockN * kHdim * int(sizeof(Element));
+    static constexpr int kPdSBytes = 2 * kBlockN * kBlockM * int(sizeof(Element));  // double-buffered
+    static constexpr int kDqSmemBytes = kDqViaSmem ? kBlockM * kHdim * 4 : 0;
+    static constexpr int kFixedBytes =
+        2 * kKBytes + (kKeySplit ? 1 : 2) * kPdSBytes + kDqSmemBytes + 2048 /* rows, barriers, slack */;
+    static constexpr int kStagesQ = 2;
+    static constexpr int kStagesDO = (kFixedBytes + 4 * kQBytes <= kSmemLimit) ? 2 : 1;
+    static_assert(kFixedBytes + (kStagesQ + kStagesDO) * kQBytes <= kSmemLimit, "tile too large for shared memory");
+
+    using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;  // 8 rows x 128 bytes, 128B swizzle
+    using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesQ>{})));
+    using SmemLayoutDO = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesDO>{})));
+    // (d, queries) views of Q / dO, the B operand (MN-major) of dK / dV
+    using SmemLayoutQt = decltype(composition(
+        SmemLayoutQ{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockM>{}, Int<kStagesQ>{}),
+                                   make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHdim>{}))));
+    using SmemLayoutDOt = decltype(composition(
+        SmemLayoutDO{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockM>{}, Int<kStagesDO>{}),
+                                    make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHdim>{}))));
+    using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kHdim>{})));
+    using SmemLayoutKt = decltype(composition(
+        SmemLayoutK{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockN>{}), make_stride(Int<kBlockN>{}, _1{}))));
+    // Pᵀ / dSᵀ: (keys, queries, 2) with queries contiguous; dS: its (queries, keys, 2) view for the dQ product.
+    using SmemLayoutPdSt = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kBlockM>{}, _2{})));
+    using SmemLayoutPdS = decltype(composition(
+        SmemLayoutPdSt{}, make_layout(make_shape(Int<kBlockM>{}, Int<kBlockN>{}, _2{}),
+                                      make_stride(Int<kBlockN>{}, _1{}, Int<kBlockM * kBlockN>{}))));
+
+    using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;
+    using PipelineDO = cutlass::PipelineTmaAsync<kStagesDO>;
+    using StateQ = typename PipelineQ::PipelineState;
+    using StateDO = typename PipelineDO::PipelineState;
+
+    template <class T, int N, int Align>
+    using SmemArray = std::conditional_t<(N > 0), cute::array_aligned<T, (N > 0 ? N : 1), Align>, cute::array<T, 0>>;
+
+    struct SharedStorage {
+        cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> smem_k;
+        cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> smem_v;
+        cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> smem_q;
+        cute::array_aligned<Element, cosize_v<SmemLayoutDO>, 1024> smem_do;
+        cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>, 1024> smem_ds;
+        SmemArray<Element, (kKeySplit ? 0 : cosize_v<SmemLayoutPdSt>), 1024> smem_p;
+        SmemArray<float, kDqSmemBytes / 4, 128> smem_dq;
+        alignas(128) float smem_lse[kStagesQ][kBlockM];
+        alignas(128) float smem_dsum[kStagesDO][kBlockM];
+        alignas(16) typename PipelineQ::SharedStorage pipe_q;
+        alignas(16) typename PipelineDO::SharedStorage pipe_do;
+        alignas(16) uint64_t bar_kv;
+    };
+    static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
+    static_assert(SharedStorageSize <= kSmemLimit);
+
+    // ---- TMA ----
+    template <class SLayout>
+    using TmaFor = decltype(make_tma_copy(
+        SM90_TMA_LOAD{},
+        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), BwdGmemShape{}, BwdGmemStride{}),
+        SLayout{}));
+    using SmemLayoutQ1 = decltype(SmemLayoutQ{}(_, _, _0{}));
+    using SmemLayoutDO1 = decltype(SmemLayoutDO{}(_, _, _0{}));
+    using TmaQ = TmaFor<SmemLayoutQ1>;
+    using TmaDO = TmaFor<SmemLayoutDO1>;
+    using TmaK = TmaFor<SmemLayoutK>;
+
+    static constexpr int MaxThreadsPerBlock = 128 + NumMmaThreads;
+    static constexpr int MinBlocksPerMultiprocessor = 1;
+    static constexpr uint32_t kLoadRegs = 24;
+    static constexpr uint32_t kMmaRegs = 240;
+
+    // Named barriers (CUTLASS adds its reserved offset).
+    static constexpr uint32_t kBarDS = 0;       // 256 consumers: dSᵀ (and Pᵀ) of both warpgroups in smem
+    static constexpr uint32_t kBarDqFull = 1;   // + wg: 128 consumers arrive, writer warp syncs
+    static constexpr uint32_t kBarDqEmpty = 3;  // + wg: writer warp arrives, 128 consumers sync
+
+    struct Params {
+        TmaQ tma_q;
+        TmaDO tma_do;
+        TmaK tma_k;
+        TmaK tma_v;
+        int batch, nhead_q, nhead_k, group;
+        int seqlen_q, seqlen_k, hdim;
+        int mask_x, mask_y;
+        float scale, scale_log2;
+        float const* lse2;  // workspace
+        float const* dsum;
+        float* dq_acc;
+        int64_t sq_pad;
+        int m_tiles;
+        Element* dk;
+        int64_t dk_row, dk_head, dk_batch;
+        Element* dv;
+        int64_t dv_row, dv_head, dv_batch;
+    };
+
+    // ------------------------------------------------------------------------------------------------------------
+    CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
+#if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
+        auto& st = *reinterpret_cast<SharedStorage*>(smem);
+        const int warp_idx = cutlass::canonical_warp_idx_sync();
+        const int wg_idx = cutlass::canonical_warp_group_idx();
+        const int warp_in_wg = warp_idx % 4;
+        const int lane_predicate = cute::elect_one_sync();
+
+        if (warp_idx == 0 && lane_predicate) {
+            cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+            cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
+            cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+            cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+            cutlass::arch::ClusterTransactionBarrier::init(&st.bar_kv, 1);
+        }
+
+        const bool producer_warp = (wg_idx == 0 && warp_in_wg == 0);
+        typename PipelineQ::Params pq;
+        pq.transaction_bytes = kQBytes + kBlockM * 4;
+        pq.is_leader = producer_warp && lane_predicate;
+        pq.num_consumers = NumMmaThreads;
+        typename PipelineDO::Params pdo;
+        pdo.transaction_bytes = kQBytes + kBlockM * 4;
+        pdo.is_leader = producer_warp && lane_predicate;
+        pdo.num_consumers = NumMmaThreads;
+        if (producer_warp) {
+            pq.role = PipelineQ::ThreadCategory::Producer;
+            pdo.role = PipelineDO::ThreadCategory::Producer;
+        } else if (wg_idx > 0) {
+            pq.role = PipelineQ::ThreadCategory::Consumer;
+            pdo.role = PipelineDO::ThreadCategory::Consumer;
+        }
+        PipelineQ pipe_q(st.pipe_q, pq, Shape<_1, _1, _1>{});
+        PipelineDO pipe_do(st.pipe_do, pdo, Shape<_1, _1, _1>{});
+        cutlass::arch::fence_barrier_init();
+        __syncthreads();
+
+        const int n_block = int(blockIdx.x);
+        const int hk = int(blockIdx.y);
+        const int b = int(blockIdx.z);
+        const bwd::QueryTileRange range = bwd::query_tiles<kMasked, kBlockM, kBlockN>(
+            n_block, params.seqlen_q, params.seqlen_k, params.mask_x, params.mask_y);
+        const int n_m = range.m_end > range.m_begin ? range.m_end - range.m_begin : 0;
+        const int n_iters = n_m * params.group;
+
+        if (wg_idx == 0) {
+            cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
+            if (warp_in_wg == 0) {
+                producer(params, st, pipe_q, pipe_do, n_block, hk, b, range.m_begin, n_m, n_iters);
+            } else if (warp_in_wg == 1) {
+                if constexpr (kDqViaSmem) dq_writer(params, st, hk, b, range.m_begin, n_m, n_iters);
+            }
+        } else {
+            cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
+            consumer(params, st, pipe_q, pipe_do, n_block, hk, b, range.m_begin, n_m, n_iters, wg_idx - 1);
+        }
+#endif
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
+    CUTLASS_DEVICE void producer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
+                                 int n_block, int hk, int b, int m_begin, int n_m, int n_iters) {
+        if (n_iters == 0) return;
+        if (!cute::elect_one_sync()) return;
+
+        Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, params.hdim, params.nhead_q, params.batch));
+        Tensor mDO = params.tma_do.get_tma_tensor(make_shape(params.seqlen_q, params.hdim, params.nhead_q, params.batch));
+        Tensor mK = params.tma_k.get_tma_tensor(make_shape(params.seqlen_k, params.hdim, params.nhead_k, params.batch));
+        Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.seqlen_k, params.hdim, params.nhead_k, params.batch));
+
+        Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
+        Tensor sDO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDO{});
+        Tensor sK = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutK{});
+        Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutK{});
+
+        // K, V: one barrier, both tiles
+        {
+            using TileKD = Shape<Int<kBlockN>, Int<kHdim>>;
+            Tensor gK = local_tile(mK(_, _, hk, b), TileKD{}, make_coord(n_block, _0{}));
+            Tensor gV = local_tile(mV(_, _, hk, b), TileKD{}, make_coord(n_block, _0{}));
+            Tensor sK1 = make_tensor(sK.data(), make_layout(sK.layout(), Layout<_1>{}));
+            Tensor sV1 = make_tensor(sV.data(), make_layout(sV.layout(), Layout<_1>{}));
+            Tensor gK1 = make_tensor(gK.data(), make_layout(gK.layout(), Layout<_1>{}));
+            Tensor gV1 = make_tensor(gV.data(), make_layout(gV.layout(), Layout<_1>{}));
+            auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK1), group_modes<0, 2>(gK1));
+            auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV1), group_modes<0, 2>(gV1));
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&st.bar_kv, 2 * kKBytes);
+            copy(params.tma_k.with(st.bar_kv), tKg, tKs);
+            copy(params.tma_v.with(st.bar_kv), tVg, tVs);
+        }
+
+        using TileQD = Shape<Int<kBlockM>, Int<kHdim>>;
+        StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
+        StateDO wdo = cutlass::make_producer_start_state<PipelineDO>();
+        int h_in = 0;
+        int m = m_begin;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int it = 0; it < n_iters; ++it) {
+            const int h = hk * params.group + h_in;
+            const int64_t row_ws = (int64_t(b) * params.nhead_q + h) * params.sq_pad + int64_t(m) * kBlockM;
+            {
+                Tensor gQ = local_tile(mQ(_, _, h, b), TileQD{}, make_coord(m, _0{}));
+                Tensor gQ1 = make_tensor(gQ.data(), make_layout(gQ.layout(), Layout<_1>{}));
+                auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ1));
+                pipe_q.producer_acquire(wq);
+                uint64_t* bar = pipe_q.producer_get_barrier(wq);
+                copy(params.tma_q.with(*bar), tQg, tQs(_, wq.index()));
+                bwd::bulk_load(&st.smem_lse[wq.index()][0], params.lse2 + row_ws, kBlockM * 4, bar);
+                ++wq;
+            }
+            {
+                Tensor gDO = local_tile(mDO(_, _, h, b), TileQD{}, make_coord(m, _0{}));
+                Tensor gDO1 = make_tensor(gDO.data(), make_layout(gDO.layout(), Layout<_1>{}));
+                auto [tDg, tDs] = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO), group_modes<0, 2>(gDO1));
+                pipe_do.producer_acquire(wdo);
+                uint64_t* bar = pipe_do.producer_get_barrier(wdo);
+                copy(params.tma_do.with(*bar), tDg, tDs(_, wdo.index()));
+                bwd::bulk_load(&st.smem_dsum[wdo.index()][0], params.dsum + row_ws, kBlockM * 4, bar);
+                ++wdo;
+            }
+            if (++m == m_begin + n_m) {
+                m = m_begin;
+                ++h_in;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
+    CUTLASS_DEVICE void dq_writer(Params const& params, SharedStorage& st, int hk, int b, int m_begin, int n_m,
+                                  int n_iters) {
+        using cutlass::arch::NamedBarrier;
+        const bool leader = cute::elect_one_sync();
+        constexpr uint32_t kWgBytes = uint32_t(kDqFrag) * 128u * 4u;
+        int h_in = 0;
+        int m = m_begin;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int it = 0; it < n_iters; ++it) {
+            const int h = hk * params.group + h_in;
+            float* tile = params.dq_acc +
+                          ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
+            CUTLASS_PRAGMA_UNROLL
+            for (int w = 0; w < NumMmaWG; ++w) {
+                NamedBarrier::sync(128 + 32, kBarDqFull + w);
+                if (leader) {
+                    bwd::bulk_reduce_add_f32(tile + w * kDqFrag * 128, st.smem_dq.data() + w * kDqFrag * 128, kWgBytes);
+                    bwd::bulk_commit();
+                }
+            }
+            if (leader) bwd::bulk_wait_read<0>();
+            __syncwarp();
+            if (it + 1 < n_iters) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int w = 0; w < NumMmaWG; ++w) NamedBarrier::arrive(128 + 32, kBarDqEmpty + w);
+            }
+            if (++m == m_begin + n_m) {
+                m = m_begin;
+                ++h_in;
+            }
+        }
+        if (leader) bwd::bulk_wait<0>();
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
+    CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
+                                 int n_block, int hk, int b, int m_begin, int n_m, int n_iters, int wg) {
+        using cutlass::arch::NamedBarrier;
+        using namespace cutlass::fmha::collective;
+
+        const int tid = int(threadIdx.x) - 128;  // [0, 256)
+        const int sq = params.seqlen_q;
+        const int sk = params.seqlen_k;
+        const int xr = params.mask_x;
+        const int yr = params.mask_y;
+        const float scale_log2 = params.scale_log2;
+        const int n0 = n_block * kBlockN;
+
+        TiledMmaSdP mma_sdp;
+        TiledMmadKV mma_dkv;
+        TiledMmadQ mma_dq;
+        auto thr_sdp = mma_sdp.get_thread_slice(tid);
+        auto thr_dkv = mma_dkv.get_thread_slice(tid);
+        auto thr_dq = mma_dq.get_thread_slice(tid);
+
+        Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
+        Tensor sQt = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQt{});
+        Tensor sDO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDO{});
+        Tensor sDOt = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDOt{});
+        Tensor sK = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutK{});
+        Tensor sKt = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutKt{});
+        Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutK{});
+        Tensor sDSt = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdSt{});
+        Tensor sDS = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdS{});
+
+        Tensor tSrK = thr_sdp.partition_fragment_A(sK);    // (MMA, M, K)
+        Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);    // (MMA, N, K, stages)
+        Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+        Tensor tdPrDO = thr_sdp.partition_fragment_B(sDO);
+        Tensor tdVrDO = thr_dkv.partition_fragment_B(sDOt);  // (MMA, N, K, stages)
+        Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+        Tensor tdQrDS = thr_dq.partition_fragment_A(sDS);    // (MMA, M, K, 2)
+        Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+
+        Tensor tSsDSt = thr_sdp.partition_C(sDSt);  // (MMA, M, N, 2): where this thread's dSᵀ values go
+
+        Tensor acc_dK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHdim>>{});
+        Tensor acc_dV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHdim>>{});
+        clear(acc_dK);
+        clear(acc_dV);
+
+        // (key, query) coordinate of each Sᵀ accumulator element
+        Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+        constexpr int kSFrag = decltype(size(cS))::value;
+
+        if (n_iters > 0) {
+            if constexpr (kDqViaSmem) {
+                if (tid % 128 < 32) NamedBarrier::arrive(128 + 32, kBarDqEmpty + wg);  // the dQ tile starts empty
+            }
+            cutlass::arch::ClusterBarrier::wait(&st.bar_kv, 0);
+        }
+
+        StateQ rq;
+        StateDO rdo;
+        int h_in = 0;
+        int m = m_begin;
+        int ds_stage = 0;
+
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int it = 0; it < n_iters; ++it) {
+            const int h = hk * params.group + h_in;
+            const bool need_mask = bwd::tile_needs_mask<kMasked, kBlockM, kBlockN>(m, n_block, sk, xr, yr);
+            const int r0 = m * kBlockM;
+
+            Tensor acc_S = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+            Tensor acc_dP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+
+            // ---- Sᵀ = K Qᵀ, dPᵀ = V dOᵀ ----
+            pipe_q.consumer_wait(rq);
+            warpgroup_fence_operand(acc_S);
+            warpgroup_arrive();
+            gemm_zero_acc(mma_sdp, tSrK, tSrQ(_, _, _, rq.index()), acc_S);
+            warpgroup_commit_batch();
+            pipe_do.consumer_wait(rdo);
+            warpgroup_fence_operand(acc_dP);
+            warpgroup_arrive();
+            gemm_zero_acc(mma_sdp, tdPrV, tdPrDO(_, _, _, rdo.index()), acc_dP);
+            warpgroup_commit_batch();
+
+            // ---- Pᵀ ----
+            warpgroup_wait<1>();
+            warpgroup_fence_operand(acc_S);
+            {
+                float const* lse = &st.smem_lse[rq.index()][0];
+                CUTLASS_PRAGMA_UNROLL
+                for (int i = 0; i < kSFrag; ++i) {
+                    const int kk = get<0>(cS(i));
+                    const int qq = get<1>(cS(i));
+                    float s = acc_S(i);
+                    if (need_mask) {
+                        const int key = n0 + kk;
+                        bool vis = key < sk;
+                        if constexpr (kMasked) {
+                            const int d = key - (r0 + qq);  // visible iff 1 - y <= key - row < x
+                            vis = vis && d >= 1 - yr && d < xr;
+                        }
+                        if (!vis) s = -INFINITY;
+                    }
+                    acc_S(i) = detail::exp2_approx(fmaf(s, scale_log2, -lse[qq]));
+                }
+            }
+
+            // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----
+            auto a_layout = [&] {  // key split: the A-operand view of the accumulator registers; else plain C layout
+                if constexpr (kKeySplit) {
+                    return convert_c_layout_to_a_layout(acc_S.layout(), shape<1>(typename TiledMmadKV::LayoutA_TV{}));
+                } else {
+                    return acc_S.layout();
+                }
+            }();
+            Tensor rP = make_tensor<Element>(a_layout);
+            Tensor rdS = make_tensor<Element>(a_layout);
+            static_assert(decltype(size(rP))::value == kSFrag);
+            {
+                float const* ps = raw_pointer_cast(acc_S.data());
+                uint32_t* pd = reinterpret_cast<uint32_t*>(raw_pointer_cast(rP.data()));
+                CUTLASS_PRAGMA_UNROLL
+                for (int k = 0; k < kSFrag / 2; ++k) pd[k] = detail::pack2<Element>(ps[2 * k], ps[2 * k + 1]);
+            }
+            if constexpr (kKeySplit) {
+                // dV += Pᵀ dO right away (registers x smem; only this warpgroup's keys): it runs under the dSᵀ math,
+                // and issuing it here keeps the softmax above ahead of the dPᵀ wait in the instruction stream.
+                warpgroup_fence_operand(rP);
+                warpgroup_fence_operand(acc_dV);
+                warpgroup_arrive();
+                mma_dkv.accumulate_ = GMMA::ScaleOut::One;
+                cute::gemm(mma_dkv, rP, tdVrDO(_, _, _, rdo.index()), acc_dV);
+                warpgroup_commit_batch();
+            } else {
+                Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
+                Tensor tSsPt = thr_sdp.partition_C(sPt);
+                Tensor rP_c = make_tensor(rP.data(), acc_S.layout());
+                Tensor src = recast<uint32_t>(rP_c);
+                Tensor dst = recast<uint32_t>(tSsPt(_, _, _, ds_stage));
+                CUTLASS_PRAGMA_UNROLL
+                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+            }
+
+            // ---- dSᵀ = Pᵀ (dPᵀ - D) ----
+            if constexpr (kKeySplit) {
+                warpgroup_wait<1>();  // dPᵀ done, dV may run
+            } else {
+                warpgroup_wait<0>();
+            }
+            warpgroup_fence_operand(acc_dP);
+            {
+                float const* dsum = &st.smem_dsum[rdo.index()][0];
+                CUTLASS_PRAGMA_UNROLL
+                for (int i = 0; i < kSFrag; ++i) {
+                    const int qq = get<1>(cS(i));
+                    acc_dP(i) = acc_S(i) * (acc_dP(i) - dsum[qq]);
+                }
+            }
+            {
+                float const* ds = raw_pointer_cast(acc_dP.data());
+                uint32_t* dd = reinterpret_cast<uint32_t*>(raw_pointer_cast(rdS.data()));
+                CUTLASS_PRAGMA_UNROLL
+                for (int k = 0; k < kSFrag / 2; ++k) dd[k] = detail::pack2<Element>(ds[2 * k], ds[2 * k + 1]);
+            }
+            {
+                Tensor rdS_c = make_tensor(rdS.data(), acc_dP.layout());
+                Tensor src = recast<uint32_t>(rdS_c);
+                Tensor dst = recast<uint32_t>(tSsDSt(_, _, _, ds_stage));
+                CUTLASS_PRAGMA_UNROLL
+                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+            }
+
+            Tensor acc_dQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHdim>>{});
+            static_assert(decltype(size(acc_dQ))::value == kDqFrag);
+
+            if constexpr (kKeySplit) {
+                cutlass::arch::fence_view_async_shared();
+                NamedBarrier::sync(NumMmaThreads, kBarDS);
+
+                // dQ = dS K (all keys of the block)
+                warpgroup_fence_operand(acc_dQ);
+                warpgroup_arrive();
+                gemm_zero_acc(mma_dq, tdQrDS(_, _, _, ds_stage), tdQrK, acc_dQ);
+                warpgroup_commit_batch();
+                // dK += dSᵀ Q
+                warpgroup_fence_operand(rdS);
+                warpgroup_fence_operand(acc_dK);
+                warpgroup_arrive();
+                mma_dkv.accumulate_ = GMMA::ScaleOut::One;
+                cute::gemm(mma_dkv, rdS, tdKrQ(_, _, _, rq.index()), acc_dK);
+                warpgroup_commit_batch();
+
+                warpgroup_wait<1>();  // dV and dQ done
+                warpgroup_fence_operand(rP);
+                warpgroup_fence_operand(acc_dV);
+                warpgroup_fence_operand(acc_dQ);
+                pipe_do.consumer_release(rdo);
+            } else {
+                cutlass::arch::fence_view_async_shared();
+                NamedBarrier::sync(NumMmaThreads, kBarDS);
+
+                Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
+                Tensor tdVrP = thr_dkv.partition_fragment_A(sPt);    // (MMA, M, K, 2)
+                Tensor tdKrDS = thr_dkv.partition_fragment_A(sDSt);  // (MMA, M, K, 2)
+
+                warpgroup_fence_operand(acc_dQ);
+                warpgroup_arrive();
+                gemm_zero_acc(mma_dq, tdQrDS(_, _, _, ds_stage), tdQrK, acc_dQ);
+                warpgroup_commit_batch();
+                warpgroup_fence_operand(acc_dV);
+                warpgroup_arrive();
+                mma_dkv.accumulate_ = GMMA::ScaleOut::One;
+                cute::gemm(mma_dkv, tdVrP(_, _, _, ds_stage), tdVrDO(_, _, _, rdo.index()), acc_dV);
+                warpgroup_commit_batch();
+                warpgroup_fence_operand(acc_dK);
+                warpgroup_arrive();
+                mma_dkv.accumulate_ = GMMA::ScaleOut::One;
+                cute::gemm(mma_dkv, tdKrDS(_, _, _, ds_stage), tdKrQ(_, _, _, rq.index()), acc_dK);
+                warpgroup_commit_batch();
+
+                warpgroup_wait<2>();  // dQ done
+                warpgroup_fence_operand(acc_dQ);
+            }
+
+            // ---- dQ tile into the workspace accumulator ----
+            {
+                const int t = tid % 128;
+                if constexpr (kDqViaSmem) {
+                    NamedBarrier::sync(128 + 32, kBarDqEmpty + wg);
+                    float4* dst = reinterpret_cast<float4*>(st.smem_dq.data() + wg * kDqFrag * 128) + t;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int v = 0; v < kDqFrag / 4; ++v) {
+                        dst[v * 128] = make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1), acc_dQ(4 * v + 2), acc_dQ(4 * v + 3));
+                    }
+                    cutlass::arch::fence_view_async_shared();
+                    NamedBarrier::arrive(128 + 32, kBarDqFull + wg);
+                } else {
+                    float* tile = params.dq_acc +
+                                  ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
+                    float4* dst = reinterpret_cast<float4*>(tile + wg * kDqFrag * 128) + t;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int v = 0; v < kDqFrag / 4; ++v) {
+                        atomicAdd(dst + v * 128,
+                                  make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1), acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
+                    }
+                }
+            }
+
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(rdS);  // (key split) the register A operand of dK stays live until here
+            warpgroup_fence_operand(acc_dK);
+            warpgroup_fence_operand(acc_dV);
+            if constexpr (!kKeySplit) pipe_do.consumer_release(rdo);
+            pipe_q.consumer_release(rq);
+            ++rq;
+            ++rdo;
+            ds_stage ^= 1;
+            if (++m == m_begin + n_m) {
+                m = m_begin;
+                ++h_in;
+            }
+        }
+
+        // ---- dK (scaled), dV: registers -> global, 4-byte stores predicated on the real keys / head dim ----
+        {
+            Tensor cKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHdim>>{}));
+            Element* dk = params.dk + b * params.dk_batch + hk * params.dk_head;
+            Element* dv = params.dv + b * params.dv_batch + hk * params.dv_head;
+            const float scale = params.scale;
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < decltype(size(acc_dK))::value / 2; ++k) {
+                const int row = get<0>(cKV(2 * k));
+                const int col = get<1>(cKV(2 * k));
+                const int key = n0 + row;
+                if (key < sk && col < params.hdim) {
+                    *reinterpret_cast<uint32_t*>(dk + int64_t(key) * params.dk_row + col) =
+                        detail::pack2<Element>(acc_dK(2 * k) * scale, acc_dK(2 * k + 1) * scale);
+                    *reinterpret_cast<uint32_t*>(dv + int64_t(key) * params.dv_row + col) =
+                        detail::pack2<Element>(acc_dV(2 * k), acc_dV(2 * k + 1));
+                }
+            }
+        }
+    }
+};
+
+}  // namespace mhakit::hopper
