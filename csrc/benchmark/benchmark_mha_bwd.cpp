@@ -43,78 +43,20 @@
 #include <vector>
 
 #include "../reference/bench_cli.hpp"
+#include "bench_device.hpp"
 #include "../reference/host_attention.hpp"
 #include "../reference/host_attention_bwd.hpp"
 
 namespace {
 
-constexpr int kExitFail = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitCuda = 3;
+using mhakit::bench::DeviceBuffer;
+using mhakit::bench::kExitFail;
+using mhakit::bench::kExitUsage;
+using mhakit::bench::list_str;
+using mhakit::bench::status_name;
+using mhakit::bench::usage_error;
 
 const char* const kProg = "benchmark_mha_bwd";
-
-#define MHAKIT_CHECK_CUDA(expr)                                                                                   \
-    do {                                                                                                          \
-        const cudaError_t err_ = (expr);                                                                          \
-        if (err_ != cudaSuccess) {                                                                                \
-            std::cout << std::flush;                                                                              \
-            std::fprintf(stderr, "\n%s: CUDA error at %s:%d: %s -> %s (%s)\n", kProg, __FILE__, __LINE__, #expr,  \
-                         cudaGetErrorName(err_), cudaGetErrorString(err_));                                       \
-            std::exit(kExitCuda);                                                                                 \
-        }                                                                                                         \
-    } while (0)
-
-// A device allocation (at least 256 bytes, so that empty tensors still get a valid pointer).
-class DeviceBuffer {
-public:
-    explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { MHAKIT_CHECK_CUDA(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256))); }
-    ~DeviceBuffer() {
-        if (ptr_ != nullptr) {
-            const cudaError_t e = cudaFree(ptr_);
-            if (e != cudaSuccess) std::fprintf(stderr, "%s: warning: cudaFree failed: %s\n", kProg, cudaGetErrorString(e));
-        }
-    }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-    void* get() const { return ptr_; }
-    size_t bytes() const { return bytes_; }
-    void upload(const void* host) const {
-        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice));
-    }
-    void download(void* host) const {
-        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost));
-    }
-    // All bytes 0xFF: NaN in fp16, bf16 and fp32, so anything the kernel forgets to write fails validation.
-    void poison() const { MHAKIT_CHECK_CUDA(cudaMemset(ptr_, 0xFF, std::max<size_t>(bytes_, 256))); }
-
-private:
-    void* ptr_ = nullptr;
-    size_t bytes_ = 0;
-};
-
-[[noreturn]] void usage_error(const std::string& msg) {
-    std::fprintf(stderr, "%s: error: %s\n", kProg, msg.c_str());
-    std::exit(kExitUsage);
-}
-
-template <class T>
-std::string list_str(const std::vector<T>& v, size_t max_items = 64) {
-    std::ostringstream os;
-    os << "[";
-    for (size_t i = 0; i < v.size() && i < max_items; ++i) os << (i ? ", " : "") << v[i];
-    if (v.size() > max_items) os << ", ... (" << v.size() << " values)";
-    os << "]";
-    return os.str();
-}
-
-const char* status_name(float r) {
-    if (r == float(MHAKIT_ERROR_UNSUPPORTED)) return "unsupported";
-    if (r == float(MHAKIT_ERROR_INVALID_ARGS)) return "invalid arguments";
-    if (r == float(MHAKIT_ERROR_CUDA)) return "CUDA error";
-    return "error";
-}
 
 void register_args(mhakit::bench::ArgParser& ap) {
     using mhakit::bench::parse_bool;
@@ -213,6 +155,7 @@ std::vector<uint16_t> download16(const DeviceBuffer& buf, size_t elems) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    mhakit::bench::g_program = kProg;
     namespace host = mhakit::host;
     namespace bench = mhakit::bench;
 

@@ -1,0 +1,94 @@
+// What the benchmark executables share besides the command line (../reference/bench_cli.hpp): exit codes, CUDA
+// error checks, device buffers and the messages around them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mha_common.h"
+
+namespace mhakit::bench {
+
+constexpr int kExitFail = 1;   // validation failed, or the library refused the call
+constexpr int kExitUsage = 2;  // bad command line
+constexpr int kExitCuda = 3;   // the CUDA runtime failed
+
+// The running program's name, for messages; each benchmark sets it first thing in main().
+inline const char* g_program = "benchmark";
+
+[[noreturn]] inline void cuda_failure(cudaError_t err, const char* expr, const char* file, int line) {
+    std::cout << std::flush;
+    std::fprintf(stderr, "\n%s: CUDA error at %s:%d: %s -> %s (%s)\n", g_program, file, line, expr,
+                 cudaGetErrorName(err), cudaGetErrorString(err));
+    std::exit(kExitCuda);
+}
+
+#define MHAKIT_CHECK_CUDA(expr)                                                                  \
+    do {                                                                                         \
+        const cudaError_t err_ = (expr);                                                         \
+        if (err_ != cudaSuccess) ::mhakit::bench::cuda_failure(err_, #expr, __FILE__, __LINE__); \
+    } while (0)
+
+// A device allocation (at least 256 bytes, so that empty tensors still get a valid pointer).
+class DeviceBuffer {
+public:
+    explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+        MHAKIT_CHECK_CUDA(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256)));
+    }
+    ~DeviceBuffer() {
+        if (ptr_ != nullptr) {
+            const cudaError_t e = cudaFree(ptr_);
+            if (e != cudaSuccess)
+                std::fprintf(stderr, "%s: warning: cudaFree failed: %s\n", g_program, cudaGetErrorString(e));
+        }
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    void* get() const { return ptr_; }
+    size_t bytes() const { return bytes_; }
+    void upload(const void* host) const {
+        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice));
+    }
+    void download(void* host) const {
+        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost));
+    }
+    // All bytes 0xFF: NaN in fp16, bf16 and fp32, so anything the kernel forgets to write fails validation.
+    void poison() const { MHAKIT_CHECK_CUDA(cudaMemset(ptr_, 0xFF, std::max<size_t>(bytes_, 256))); }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+[[noreturn]] inline void usage_error(const std::string& msg) {
+    std::fprintf(stderr, "%s: error: %s\n", g_program, msg.c_str());
+    std::exit(kExitUsage);
+}
+
+template <class T>
+std::string list_str(const std::vector<T>& v, size_t max_items = 64) {
+    std::ostringstream os;
+    os << "[";
+    for (size_t i = 0; i < v.size() && i < max_items; ++i) os << (i ? ", " : "") << v[i];
+    if (v.size() > max_items) os << ", ... (" << v.size() << " values)";
+    os << "]";
+    return os.str();
+}
+
+// The name of a negative mhakit return code.
+inline const char* status_name(float r) {
+    if (r == float(MHAKIT_ERROR_UNSUPPORTED)) return "unsupported";
+    if (r == float(MHAKIT_ERROR_INVALID_ARGS)) return "invalid arguments";
+    if (r == float(MHAKIT_ERROR_CUDA)) return "CUDA error";
+    return "error";
+}
+
+}  // namespace mhakit::bench
