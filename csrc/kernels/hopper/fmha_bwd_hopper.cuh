@@ -58,32 +58,9 @@ struct BwdKernel {
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
-    // Generic (y, x), clamped to x in [-sq, sk], y in [-sk, sq] (beyond that nothing changes; keeps sums in range).
-    static MaskCoord mask_yx(const BwdParams& p) {
-        MaskCoord c;
-        if (p.mask_type == 0) {
-            c.y = p.seqlen_q;
-            c.x = p.seqlen_k;
-            return c;
-        }
-        c = make_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k);
-        if (c.x > p.seqlen_k) c.x = p.seqlen_k;
-        if (c.x < -p.seqlen_q) c.x = -p.seqlen_q;
-        if (c.y > p.seqlen_q) c.y = p.seqlen_q;
-        if (c.y < -p.seqlen_k) c.y = -p.seqlen_k;
-        return c;
-    }
-
-    static bool aligned_ptr(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-    // Strides that TMA or the 16-byte accesses see must be multiples of 16 bytes (and below 2^40 bytes); the stride
-    // of a size-1 mode is never used.
-    static bool ok_stride(int64_t s, int64_t extent) {
-        if (extent <= 1) return true;
-        if (s <= 0) return false;
-        return (s % kAlignElems) == 0 && s * int64_t(sizeof(Element)) < (int64_t(1) << 40);
-    }
     static bool ok_tensor(const void* ptr, int64_t row, int64_t head, int64_t batch, int nhead, int nbatch) {
-        return aligned_ptr(ptr) && ok_stride(row, 2) && ok_stride(head, nhead) && ok_stride(batch, nbatch);
+        return aligned16(ptr) && tma_stride_ok<Element>(row, 2) && tma_stride_ok<Element>(head, nhead) &&
+               tma_stride_ok<Element>(batch, nbatch);
     }
 
     static bool supports(const BwdParams& p) {
@@ -126,7 +103,7 @@ struct BwdKernel {
                                    make_stride(fix(row, seqlen), _1{}, fix(head, nhead), fix(batch, p.batch)));
             return make_tma_copy(SM90_TMA_LOAD{}, t, slayout);
         };
-        const MaskCoord mc = mask_yx(p);
+        const MaskCoord mc = clamped_mask_coord(p);
         char* wsb = static_cast<char*>(p.workspace);
 
         typename Impl::Params params{};

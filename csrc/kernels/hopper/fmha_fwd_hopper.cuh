@@ -34,6 +34,7 @@
 #include "kernels/common/mask.h"
 #include "mha_common.h"
 
+#include "fmha_hopper_guards.hpp"
 #include "fmha_hopper_kernel.hpp"
 
 namespace mhakit::hopper {
@@ -56,32 +57,6 @@ struct FwdKernel {
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
-    // Generic mask coordinate (row i sees keys i - y + 1 <= j < min(i + x, sk)), clamped to x in [-sq, sk] and
-    // y in [-sk, sq]: values beyond those bounds select the same keys, and the clamp keeps later sums in range.
-    static MaskCoord mask_yx(const FwdParams& p) {
-        MaskCoord c;
-        if (p.mask_type == 0) {
-            c.y = p.seqlen_q;
-            c.x = p.seqlen_k;
-            return c;
-        }
-        c = make_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k);
-        if (c.x > p.seqlen_k) c.x = p.seqlen_k;
-        if (c.x < -p.seqlen_q) c.x = -p.seqlen_q;
-        if (c.y > p.seqlen_q) c.y = p.seqlen_q;
-        if (c.y < -p.seqlen_k) c.y = -p.seqlen_k;
-        return c;
-    }
-
-    static bool aligned_ptr(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-    // A stride that TMA will see must be a multiple of 16 bytes and below 2^40 bytes; a stride of a size-1 mode is
-    // never used (run() replaces it).
-    static bool ok_stride(int64_t s, int64_t extent) {
-        if (extent <= 1) return true;
-        if (s <= 0) return false;
-        return (s % kAlignElems) == 0 && s * int64_t(sizeof(Element)) < (int64_t(1) << 40);
-    }
-
     static bool supports(const FwdParams& p) {
         if (p.seqstart_q != nullptr || p.seqstart_k != nullptr) return false;  // batch mode only
         if (p.batch < 1 || p.batch > 65535 || p.nhead_q < 1 || p.nhead_q > 65535 || p.nhead_k < 1) return false;
@@ -90,16 +65,16 @@ struct FwdKernel {
         if (p.hdim_q != p.hdim_v || p.hdim_q < 8 || p.hdim_q > kHdim || p.hdim_q % 8 != 0) return false;
         if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
         if (p.mask_type < 0 || p.mask_type > 3) return false;
-        if (!aligned_ptr(p.q) || !aligned_ptr(p.k) || !aligned_ptr(p.v) || !aligned_ptr(p.o)) return false;
+        if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
+        const auto ok = [](int64_t stride, int64_t extent) { return tma_stride_ok<Element>(stride, extent); };
         // rows: TMA needs the row stride even when a tensor has one row; require it always.
-        if (!ok_stride(p.q_row_stride, 2) || !ok_stride(p.k_row_stride, 2) || !ok_stride(p.v_row_stride, 2) ||
-            !ok_stride(p.o_row_stride, 2))
+        if (!ok(p.q_row_stride, 2) || !ok(p.k_row_stride, 2) || !ok(p.v_row_stride, 2) || !ok(p.o_row_stride, 2))
             return false;
-        if (!ok_stride(p.q_head_stride, p.nhead_q) || !ok_stride(p.o_head_stride, p.nhead_q) ||
-            !ok_stride(p.k_head_stride, p.nhead_k) || !ok_stride(p.v_head_stride, p.nhead_k))
+        if (!ok(p.q_head_stride, p.nhead_q) || !ok(p.o_head_stride, p.nhead_q) || !ok(p.k_head_stride, p.nhead_k) ||
+            !ok(p.v_head_stride, p.nhead_k))
             return false;
-        if (!ok_stride(p.q_batch_stride, p.batch) || !ok_stride(p.k_batch_stride, p.batch) ||
-            !ok_stride(p.v_batch_stride, p.batch) || !ok_stride(p.o_batch_stride, p.batch))
+        if (!ok(p.q_batch_stride, p.batch) || !ok(p.k_batch_stride, p.batch) || !ok(p.v_batch_stride, p.batch) ||
+            !ok(p.o_batch_stride, p.batch))
             return false;
         return true;
     }
@@ -109,7 +84,7 @@ struct FwdKernel {
         const int group = p.nhead_q / p.nhead_k;
         // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
         auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
-        const MaskCoord mc = mask_yx(p);
+        const MaskCoord mc = clamped_mask_coord(p);
         HopperProblemShape problem =
             make_tuple(p.batch, make_tuple(group, p.nhead_k), p.seqlen_q, p.seqlen_k, p.hdim_q, mc.x, mc.y);
 
