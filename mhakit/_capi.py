@@ -362,63 +362,71 @@ def make_stream_config(stream: Optional[int] = None, *, time_kernel: bool = Fals
     return c
 
 
-class FwdLibrary:
-    """A loaded libmha_fwd.so with typed entry points. ``cdll`` is the raw ctypes handle."""
+class _Library:
+    """Typed entry points of one loaded mhakit library; subclasses name their API and argument struct.
+    ``cdll`` is the raw ctypes handle."""
+
+    API = ""
+    ARGS: type = ctypes.Structure
 
     def __init__(self, cdll: ctypes.CDLL, path: str):
         self.cdll = cdll
         self.path = path
-        cdll.mhakit_mha_fwd.argtypes = [ctypes.POINTER(MhakitFwdArgs), ctypes.POINTER(MhakitStreamConfig)]
-        cdll.mhakit_mha_fwd.restype = ctypes.c_float
-        cdll.mhakit_mha_fwd_kernel_name.argtypes = [ctypes.POINTER(MhakitFwdArgs)]
-        cdll.mhakit_mha_fwd_kernel_name.restype = ctypes.c_char_p
+        run = getattr(cdll, f"mhakit_mha_{self.API}")
+        run.argtypes = [ctypes.POINTER(self.ARGS), ctypes.POINTER(MhakitStreamConfig)]
+        run.restype = ctypes.c_float
+        name = getattr(cdll, f"mhakit_mha_{self.API}_kernel_name")
+        name.argtypes = [ctypes.POINTER(self.ARGS)]
+        name.restype = ctypes.c_char_p
         cdll.mhakit_last_error.argtypes = []
         cdll.mhakit_last_error.restype = ctypes.c_char_p
+        self._run, self._kernel_name = run, name
 
     def last_error(self) -> str:
         msg = self.cdll.mhakit_last_error()
         return msg.decode("utf-8", "replace") if msg else ""
 
-    def mha_fwd_raw(self, args: MhakitFwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
+    def run_raw(self, args, config: Optional[MhakitStreamConfig] = None) -> float:
         """The C return value as is: time in ms (>= 0) or a negative MHAKIT_ERROR_* code."""
         if config is None:
             config = make_stream_config()
-        return float(self.cdll.mhakit_mha_fwd(ctypes.byref(args), ctypes.byref(config)))
+        return float(self._run(ctypes.byref(args), ctypes.byref(config)))
 
-    def mha_fwd(self, args: MhakitFwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
-        """Run the forward pass; returns the kernel time in ms (0 when not timing); raises MhakitError on failure."""
-        ret = self.mha_fwd_raw(args, config)
+    def run(self, args, config: Optional[MhakitStreamConfig] = None) -> float:
+        """Run the pass; returns the kernel time in ms (0 when not timing); raises MhakitError on failure."""
+        ret = self.run_raw(args, config)
         if ret < 0:
             raise MhakitError(int(round(ret)), self.last_error())
         return ret
 
-    def kernel_name(self, args: MhakitFwdArgs) -> Optional[str]:
+    def kernel_name(self, args) -> Optional[str]:
         """Name of the instance the library would launch for ``args``, or None (see last_error())."""
-        name = self.cdll.mhakit_mha_fwd_kernel_name(ctypes.byref(args))
+        name = self._kernel_name(ctypes.byref(args))
         return name.decode("utf-8", "replace") if name else None
 
     def __repr__(self) -> str:
-        return f"FwdLibrary({self.path!r})"
+        return f"{type(self).__name__}({self.path!r})"
 
 
-class BwdLibrary:
-    """A loaded libmha_bwd.so with typed entry points. ``cdll`` is the raw ctypes handle."""
+class FwdLibrary(_Library):
+    """A loaded libmha_fwd.so."""
+
+    API, ARGS = "fwd", MhakitFwdArgs
+    mha_fwd_raw = _Library.run_raw
+    mha_fwd = _Library.run
+
+
+class BwdLibrary(_Library):
+    """A loaded libmha_bwd.so, with the workspace query of the backward."""
+
+    API, ARGS = "bwd", MhakitBwdArgs
+    mha_bwd_raw = _Library.run_raw
+    mha_bwd = _Library.run
 
     def __init__(self, cdll: ctypes.CDLL, path: str):
-        self.cdll = cdll
-        self.path = path
-        cdll.mhakit_mha_bwd.argtypes = [ctypes.POINTER(MhakitBwdArgs), ctypes.POINTER(MhakitStreamConfig)]
-        cdll.mhakit_mha_bwd.restype = ctypes.c_float
+        super().__init__(cdll, path)
         cdll.mhakit_mha_bwd_workspace_size.argtypes = [ctypes.POINTER(MhakitBwdArgs)]
         cdll.mhakit_mha_bwd_workspace_size.restype = ctypes.c_size_t
-        cdll.mhakit_mha_bwd_kernel_name.argtypes = [ctypes.POINTER(MhakitBwdArgs)]
-        cdll.mhakit_mha_bwd_kernel_name.restype = ctypes.c_char_p
-        cdll.mhakit_last_error.argtypes = []
-        cdll.mhakit_last_error.restype = ctypes.c_char_p
-
-    def last_error(self) -> str:
-        msg = self.cdll.mhakit_last_error()
-        return msg.decode("utf-8", "replace") if msg else ""
 
     def workspace_size(self, args: MhakitBwdArgs) -> int:
         """Bytes of workspace mha_bwd needs for ``args`` (may be 0); raises MhakitError when the library refuses
@@ -428,29 +436,8 @@ class BwdLibrary:
         if n == 0:
             msg = self.last_error()
             if msg:
-                raise MhakitError(0, msg)  # the C call does not say which of unsupported / invalid it was
+                raise MhakitError(0, msg)
         return n
-
-    def mha_bwd_raw(self, args: MhakitBwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
-        """The C return value as is: time in ms (>= 0) or a negative MHAKIT_ERROR_* code."""
-        if config is None:
-            config = make_stream_config()
-        return float(self.cdll.mhakit_mha_bwd(ctypes.byref(args), ctypes.byref(config)))
-
-    def mha_bwd(self, args: MhakitBwdArgs, config: Optional[MhakitStreamConfig] = None) -> float:
-        """Run the backward pass; returns the kernel time in ms (0 when not timing); raises MhakitError on failure."""
-        ret = self.mha_bwd_raw(args, config)
-        if ret < 0:
-            raise MhakitError(int(round(ret)), self.last_error())
-        return ret
-
-    def kernel_name(self, args: MhakitBwdArgs) -> Optional[str]:
-        """Name of the instance the library would launch for ``args``, or None (see last_error())."""
-        name = self.cdll.mhakit_mha_bwd_kernel_name(ctypes.byref(args))
-        return name.decode("utf-8", "replace") if name else None
-
-    def __repr__(self) -> str:
-        return f"BwdLibrary({self.path!r})"
 
 
 _LOADED: Dict[tuple, object] = {}
