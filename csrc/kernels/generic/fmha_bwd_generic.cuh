@@ -42,6 +42,7 @@
 #include "../../include/mha_common.h"
 #include "../common/bwd_params.h"
 #include "../common/mask.h"
+#include "../common/smem_opt_in.h"
 #include "fmha_bwd_common.cuh"
 #include "fmha_fwd_generic.cuh"
 #include "generic_ptx.cuh"
@@ -598,20 +599,6 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
                                                    flags & kAlDQ, tid);
 }
 
-template <class Kernel>
-inline cudaError_t set_smem_attr(Kernel kernel, int bytes, std::atomic<uint64_t>& done) {
-    if (bytes <= 48 * 1024) return cudaSuccess;
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    const uint64_t bit = (dev >= 0 && dev < 64) ? (uint64_t{1} << dev) : 0;
-    if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err != cudaSuccess) return err;
-    done.fetch_or(bit, std::memory_order_relaxed);
-    return cudaSuccess;
-}
-
 }  // namespace bwd_detail
 
 namespace bwd_detail {
@@ -670,7 +657,7 @@ struct BwdKernelImpl {
         if (max_sk > 0) {
             static std::atomic<uint64_t> attr_main{0};
             auto kernel = bwd_main_kernel<Cfg>;
-            if ((err = set_smem_attr(kernel, kSmemBytes, attr_main)) != cudaSuccess) return err;
+            if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main)) != cudaSuccess) return err;
             const dim3 grid((max_sk + kBlockN - 1) / kBlockN, p.nhead_k * ws.n_splits, p.batch);
             kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, ws, flags);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
@@ -679,7 +666,7 @@ struct BwdKernelImpl {
             if (!atomic) {
                 static std::atomic<uint64_t> attr_dq{0};
                 auto kernel = bwd_dq_kernel<Cfg>;
-                if ((err = set_smem_attr(kernel, kDqSmemBytes, attr_dq)) != cudaSuccess) return err;
+                if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq)) != cudaSuccess) return err;
                 const dim3 grid((max_sq + Cfg::kDqkBM - 1) / Cfg::kDqkBM, p.nhead_q, p.batch);
                 kernel<<<grid, Cfg::kDqkThreads, kDqSmemBytes, stream>>>(p, ws, flags);
             } else {

@@ -28,6 +28,7 @@
 #include "../../include/mha_common.h"
 #include "../common/fwd_params.h"
 #include "../common/mask.h"
+#include "../common/smem_opt_in.h"
 #include "generic_ptx.cuh"
 
 namespace mhakit::generic {
@@ -516,18 +517,8 @@ struct FwdKernel {
         const int max_sq = kGroupMode ? p.max_seqlen_q : p.seqlen_q;
         if (max_sq <= 0 || p.nhead_q <= 0 || p.batch <= 0) return cudaSuccess;
         auto kernel = detail::fwd_kernel<Cfg>;
-        if (kSmemBytes > 48 * 1024) {
-            static std::atomic<uint64_t> attr_set{0};
-            int dev = 0;
-            cudaError_t err = cudaGetDevice(&dev);
-            if (err != cudaSuccess) return err;
-            const uint64_t bit = (dev >= 0 && dev < 64) ? (uint64_t{1} << dev) : 0;
-            if (bit == 0 || (attr_set.load(std::memory_order_relaxed) & bit) == 0) {
-                err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-                if (err != cudaSuccess) return err;
-                attr_set.fetch_or(bit, std::memory_order_relaxed);
-            }
-        }
+        static std::atomic<uint64_t> smem_opted_in{0};
+        if (cudaError_t err = opt_in_dynamic_smem(kernel, kSmemBytes, smem_opted_in); err != cudaSuccess) return err;
         int flags = 0;
         if (detail::aligned16(p.q, p.q_row_stride, p.q_head_stride, kGroupMode ? 0 : p.q_batch_stride))
             flags |= detail::kAlignQ;

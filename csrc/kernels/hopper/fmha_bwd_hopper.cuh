@@ -143,18 +143,8 @@ struct BwdKernel {
     }
 
     static cudaError_t prepare_device() {
-        // Opt in to the large dynamic shared memory once per device (a bit per device id; racy sets are harmless).
-        static unsigned long long done_mask = 0;
-        int dev = 0;
-        cudaError_t err = cudaGetDevice(&dev);
-        if (err != cudaSuccess) return err;
-        const unsigned long long bit = (dev < 64) ? (1ull << dev) : 0ull;
-        if (bit != 0 && (__atomic_load_n(&done_mask, __ATOMIC_ACQUIRE) & bit)) return cudaSuccess;
-        err = cudaFuncSetAttribute(cutlass::device_kernel<Impl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   Impl::SharedStorageSize);
-        if (err != cudaSuccess) return err;
-        __atomic_fetch_or(&done_mask, bit, __ATOMIC_ACQ_REL);
-        return cudaSuccess;
+        static std::atomic<uint64_t> smem_opted_in{0};
+        return opt_in_dynamic_smem(cutlass::device_kernel<Impl>, int(Impl::SharedStorageSize), smem_opted_in);
     }
 
     static cudaError_t run(const BwdParams& p, cudaStream_t stream) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/common/mask.h"
+#include "kernels/common/smem_opt_in.h"
 
 namespace mhakit::hopper {
 
