@@ -224,6 +224,39 @@ def _kv_group(nhead_q: int, nhead_k: int) -> int:
     return nhead_q // nhead_k
 
 
+def _to_bhsd(arrays, layout: str):
+    """The arrays (None stays None) in b·h·s·d order, from layout 'bhsd' or 'bshd'."""
+    if layout == "bshd":
+        return tuple(None if a is None else a.transpose(0, 2, 1, 3) for a in arrays)
+    if layout != "bhsd":
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    return tuple(arrays)
+
+
+def _batch_shapes(q, k, v):
+    """(b, h_q, s_q, d, h_k, s_k, d_v) of batch-mode q, k, v in b·h·s·d order; ValueError when they disagree."""
+    b, hq, sq, d = q.shape
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    hk, sk = k.shape[1], k.shape[2]
+    if k.shape[3] != d:
+        raise ValueError(f"k head dim {k.shape[3]} != q head dim {d}")
+    if v.shape[1] != hk or v.shape[2] != sk:
+        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in heads / seqlen")
+    return b, hq, sq, d, hk, sk, v.shape[3]
+
+
+def _packed_shapes(q, k, v):
+    """(total_q, h_q, d, total_k, h_k, d_v) of packed [total, h, d] q, k, v; ValueError when they disagree."""
+    total_q, hq, d = q.shape
+    total_k, hk = k.shape[0], k.shape[1]
+    if k.shape[2] != d:
+        raise ValueError(f"k head dim {k.shape[2]} != q head dim {d}")
+    if v.shape[0] != total_k or v.shape[1] != hk:
+        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in tokens / heads")
+    return total_q, hq, d, total_k, hk, v.shape[2]
+
+
 def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MASK_NONE, window_left: int = -1,
                   window_right: int = -1, return_lse: bool = False, layout: str = "bhsd",
                   compute_dtype=np.float64, out_dtype=np.float32):
@@ -240,19 +273,8 @@ def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MA
     q, k, v = _as_float(q, dt, "q"), _as_float(k, dt, "k"), _as_float(v, dt, "v")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError("q, k, v must be 4-D arrays")
-    if layout == "bshd":
-        q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
-    elif layout != "bhsd":
-        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
-    b, hq, sq, d = q.shape
-    if k.shape[0] != b or v.shape[0] != b:
-        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
-    hk, sk = k.shape[1], k.shape[2]
-    if k.shape[3] != d:
-        raise ValueError(f"k head dim {k.shape[3]} != q head dim {d}")
-    if v.shape[1] != hk or v.shape[2] != sk:
-        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in heads / seqlen")
-    dv = v.shape[3]
+    q, k, v = _to_bhsd((q, k, v), layout)
+    b, hq, sq, d, hk, sk, dv = _batch_shapes(q, k, v)
     group = _kv_group(hq, hk)
     scale = _default_scale(scale, d)
     c = mask_coord(mask_type, window_left, window_right, sq, sk)
@@ -294,13 +316,7 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional
     q, k, v = _as_float(q, dt, "q"), _as_float(k, dt, "k"), _as_float(v, dt, "v")
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise ValueError("q, k, v must be 3-D packed arrays [total, h, d]")
-    total_q, hq, d = q.shape
-    total_k, hk = k.shape[0], k.shape[1]
-    if k.shape[2] != d:
-        raise ValueError(f"k head dim {k.shape[2]} != q head dim {d}")
-    if v.shape[0] != total_k or v.shape[1] != hk:
-        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in tokens / heads")
-    dv = v.shape[2]
+    total_q, hq, d, total_k, hk, dv = _packed_shapes(q, k, v)
     group = _kv_group(hq, hk)
     scale = _default_scale(scale, d)
     cq = _check_seqstarts(cu_seqlens_q, total_q, "cu_seqlens_q")
@@ -378,21 +394,8 @@ def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int 
         o = _as_float(o, dt, "o")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or do.ndim != 4:
         raise ValueError("q, k, v, do must be 4-D arrays")
-    if layout == "bshd":
-        q, k, v, do = (a.transpose(0, 2, 1, 3) for a in (q, k, v, do))
-        if o is not None:
-            o = o.transpose(0, 2, 1, 3)
-    elif layout != "bhsd":
-        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
-    b, hq, sq, d = q.shape
-    if k.shape[0] != b or v.shape[0] != b:
-        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
-    hk, sk = k.shape[1], k.shape[2]
-    if k.shape[3] != d:
-        raise ValueError(f"k head dim {k.shape[3]} != q head dim {d}")
-    if v.shape[1] != hk or v.shape[2] != sk:
-        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in heads / seqlen")
-    dv = v.shape[3]
+    q, k, v, do, o = _to_bhsd((q, k, v, do, o), layout)
+    b, hq, sq, d, hk, sk, dv = _batch_shapes(q, k, v)
     if do.shape != (b, hq, sq, dv):
         raise ValueError(f"do has shape {do.shape} (in bhsd order), expected {(b, hq, sq, dv)}")
     if o is not None and o.shape != do.shape:
@@ -437,13 +440,7 @@ def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Opti
         o = _as_float(o, dt, "o")
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or do.ndim != 3:
         raise ValueError("q, k, v, do must be 3-D packed arrays [total, h, d]")
-    total_q, hq, d = q.shape
-    total_k, hk = k.shape[0], k.shape[1]
-    if k.shape[2] != d:
-        raise ValueError(f"k head dim {k.shape[2]} != q head dim {d}")
-    if v.shape[0] != total_k or v.shape[1] != hk:
-        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} in tokens / heads")
-    dv = v.shape[2]
+    total_q, hq, d, total_k, hk, dv = _packed_shapes(q, k, v)
     if do.shape != (total_q, hq, dv):
         raise ValueError(f"do has shape {do.shape}, expected {(total_q, hq, dv)}")
     if o is not None and o.shape != do.shape:
