@@ -43,7 +43,7 @@ import torch  # noqa: E402  (torch lives in bench/ only, never in mhakit/)
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from bench_fwd import DTYPES, PEERS, fmt, time_launches  # noqa: E402
+from bench_fwd import DTYPES, PEERS, add_grid_arguments, check_grid_arguments, fmt, time_launches  # noqa: E402
 from mhakit import _capi  # noqa: E402
 from mhakit.reference import flops_bwd, tolerances_bwd  # noqa: E402
 
@@ -54,49 +54,13 @@ def parse_args(argv=None):
     p.add_argument("--lib", default="./libmha_bwd.so", help="path of libmha_bwd.so (default ./libmha_bwd.so)")
     p.add_argument("--fwd-lib", default=None,
                    help="path of libmha_fwd.so, which produces O and LSE (default: next to --lib)")
-    p.add_argument("--dtype", default="bf16", help="comma list of bf16, fp16 (default bf16)")
-    p.add_argument("--shape", action="append", default=None, metavar="HDIM,SEQLEN,CAUSAL",
-                   help="run only this case (causal: 0/1); may be repeated")
-    p.add_argument("--hdims", default="64,128,256", help="comma list (default 64,128,256)")
-    p.add_argument("--seqlens", default="1024,4096,16384", help="comma list (default 1024,4096,16384)")
-    p.add_argument("--tokens", type=int, default=16384, help="total tokens: batch = tokens / seqlen (16384)")
-    p.add_argument("--hidden", type=int, default=2048, help="hidden size: heads = hidden / hdim (2048)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--deterministic", action="store_true",
                    help="run mhakit's backward with deterministic = 1 (peers are run as they are)")
-    p.add_argument("--peers", default="cudnn,fa2", help="comma list of SDPA backends to run: cudnn, fa2")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    add_grid_arguments(p)
     args = p.parse_args(argv)
-
     if args.fwd_lib is None:
         args.fwd_lib = str(Path(args.lib).resolve().parent / "libmha_fwd.so")
-    args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
-    for d in args.dtypes:
-        if d not in DTYPES:
-            p.error(f"--dtype: unknown {d!r}; use bf16 and/or fp16")
-    args.peer_list = [x.strip() for x in args.peers.split(",") if x.strip()]
-    for x in args.peer_list:
-        if x not in PEERS:
-            p.error(f"--peers: unknown {x!r}; use cudnn and/or fa2")
-    if args.shape:
-        cases = []
-        for s in args.shape:
-            try:
-                hd, sl, ca = (int(t) for t in s.split(","))
-            except ValueError:
-                p.error(f"--shape {s!r}: expected HDIM,SEQLEN,CAUSAL, e.g. 128,4096,1")
-            cases.append((hd, sl, bool(ca)))
-    else:
-        cases = [(int(hd), int(sl), ca) for hd in args.hdims.split(",") for sl in args.seqlens.split(",")
-                 for ca in (False, True)]
-    for hd, sl, _ in cases:
-        if sl <= 0 or hd <= 0 or args.tokens % sl or args.hidden % hd:
-            p.error(f"hdim {hd} / seqlen {sl} must divide hidden {args.hidden} / tokens {args.tokens}")
-    args.cases = cases
-    if args.repeat < 1 or args.warmup < 0:
-        p.error("--repeat must be >= 1 and --warmup >= 0")
+    check_grid_arguments(p, args)
     return args
 
 

@@ -43,10 +43,8 @@ PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
 _SLEEP_CYCLES = 20_000_000
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lib", default="./libmha_fwd.so", help="path of libmha_fwd.so (default ./libmha_fwd.so)")
+def add_grid_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments bench_fwd.py and bench_bwd.py share: dtypes, the shape grid, timing, peers, output."""
     p.add_argument("--dtype", default="bf16", help="comma list of bf16, fp16 (default bf16)")
     p.add_argument("--shape", action="append", default=None, metavar="HDIM,SEQLEN,CAUSAL",
                    help="run only this case (causal: 0/1); may be repeated")
@@ -56,12 +54,13 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=2048, help="hidden size: heads = hidden / hdim (2048)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--lse", action="store_true", help="make mhakit store LSE too (SDPA inference stores none)")
     p.add_argument("--peers", default="cudnn,fa2", help="comma list of SDPA backends to run: cudnn, fa2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
-    args = p.parse_args(argv)
 
+
+def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Validate the shared arguments and derive args.dtypes, args.peer_list and args.cases (hdim, seqlen, causal)."""
     args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     for d in args.dtypes:
         if d not in DTYPES:
@@ -88,6 +87,16 @@ def parse_args(argv=None):
     args.cases = cases
     if args.repeat < 1 or args.warmup < 0:
         p.error("--repeat must be >= 1 and --warmup >= 0")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", default="./libmha_fwd.so", help="path of libmha_fwd.so (default ./libmha_fwd.so)")
+    p.add_argument("--lse", action="store_true", help="make mhakit store LSE too (SDPA inference stores none)")
+    add_grid_arguments(p)
+    args = p.parse_args(argv)
+    check_grid_arguments(p, args)
     return args
 
 
