@@ -269,7 +269,12 @@ def view_of(obj: Any, name: str, stream: Optional[int] = None, *, allow_host: bo
         try:
             capsule = _call_dlpack(obj, dl_stream)
         except BufferError as exc:
-            raise TypeError(f"{name}: {source} refused DLPack export: {exc}") from None
+            # A tensor that requires grad refuses export (torch); its memory is only read here, as FlashAttention
+            # reads it, so export a detached view of the same memory instead.
+            if not getattr(obj, "requires_grad", False) or not callable(getattr(obj, "detach", None)):
+                raise TypeError(f"{name}: {source} refused DLPack export: {exc}") from None
+            obj = obj.detach()
+            capsule = _call_dlpack(obj, dl_stream)
         view = parse_capsule(capsule, name, source)
         view.keepalive = (capsule, obj)
         return view

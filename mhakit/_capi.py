@@ -21,7 +21,7 @@ __all__ = [
     "DTYPE_FP16", "DTYPE_BF16",
     "MASK_NONE", "MASK_TOP_LEFT", "MASK_BOTTOM_RIGHT", "MASK_GENERIC",
     "ERROR_UNSUPPORTED", "ERROR_INVALID_ARGS", "ERROR_CUDA",
-    "MhakitStreamConfig", "MhakitFwdArgs", "MhakitBwdArgs", "MhakitError",
+    "MhakitStreamConfig", "MhakitFwdArgs", "MhakitBwdArgs", "MhakitError", "MhakitValueError", "error_for",
     "FwdLibrary", "BwdLibrary", "load_library", "load_bwd_library", "dtype_code", "make_fwd_args",
     "make_bwd_args", "make_stream_config",
 ]
@@ -174,7 +174,7 @@ class MhakitBwdArgs(ctypes.Structure):
 
 class MhakitError(RuntimeError):
     """A negative return code of the library (or 0 when the call has no code), with ``mhakit_last_error()``'s
-    sentence."""
+    sentence. Invalid arguments (-2) raise :class:`MhakitValueError`, which is a ValueError too."""
 
     def __init__(self, code: int, message: str):
         self.code = int(code)
@@ -183,6 +183,15 @@ class MhakitError(RuntimeError):
             super().__init__(f"mhakit error: {message}")
         else:
             super().__init__(f"mhakit error {self.code} ({_ERROR_NAMES.get(self.code, 'unknown')}): {message}")
+
+
+class MhakitValueError(MhakitError, ValueError):
+    """The library refused the arguments (MHAKIT_ERROR_INVALID_ARGS): nothing was launched."""
+
+
+def error_for(code: int, message: str) -> MhakitError:
+    """The exception for a library return code: MhakitValueError for invalid arguments, else MhakitError."""
+    return (MhakitValueError if int(code) == ERROR_INVALID_ARGS else MhakitError)(code, message)
 
 
 def _check_int32(name: str, value: int) -> int:
@@ -396,8 +405,14 @@ class _Library:
         """Run the pass; returns the kernel time in ms (0 when not timing); raises MhakitError on failure."""
         ret = self.run_raw(args, config)
         if ret < 0:
-            raise MhakitError(int(round(ret)), self.last_error())
+            raise error_for(int(round(ret)), self.last_error())
         return ret
+
+    def entry_points(self) -> tuple:
+        """Addresses of the run, last-error and (backward) workspace-size functions, for the C call path."""
+        workspace = getattr(self.cdll, "mhakit_mha_bwd_workspace_size", None) if self.API == "bwd" else None
+        return tuple(ctypes.cast(fn, ctypes.c_void_p).value or 0 if fn is not None else 0
+                     for fn in (self._run, self.cdll.mhakit_last_error, workspace))
 
     def kernel_name(self, args) -> Optional[str]:
         """Name of the instance the library would launch for ``args``, or None (see last_error())."""

@@ -32,6 +32,7 @@ MAX_HDIM = 256
 LOG_LEVEL = int(os.environ.get("MHAKIT_LOG_LEVEL", "0") or 0)
 _DTYPE_NAMES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 _STORAGE_OF = {"fp16": "float16", "bf16": "bfloat16"}
+_INT32_MAX = (1 << 31) - 1
 _MASK_NAMES = {"none": 0, "top_left": 1, "bottom_right": 2, "generic": 3, "t": 1, "b": 2, "g": 3}
 
 
@@ -194,6 +195,13 @@ def _check_output(view: ArrayView, shape: Tuple[int, ...], storage: str, what: s
         raise TypeError(f"{view.name}: expected dtype {storage}, got {view.dtype.name}")
 
 
+def _check_fits_int32(view: ArrayView, **sizes: int) -> None:
+    """Sizes the C API takes as int, refused before anything is allocated or launched."""
+    for what, n in sizes.items():
+        if n > _INT32_MAX:
+            raise ValueError(f"{view.name}: {what} {n} exceeds the C API's 32-bit limit ({_INT32_MAX})")
+
+
 def _check_layout(layout: Any) -> None:
     if layout not in ("bshd", "bhsd"):
         raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
@@ -270,6 +278,8 @@ def _batch_inputs(call: "_Call", q: Any, k: Any, v: Any, layout: str) -> _Batch:
     _check_head_dim(qv, d, "head dim")
     _check_head_dim(kv, d, "head dim")
     _check_head_dim(vv, dv, "head dim of v")
+    _check_fits_int32(qv, batch=b, seqlen=sq, nheads=hq)
+    _check_fits_int32(kv, seqlen=sk)
     return _Batch(layout, qv, kv, vv, kind, b, sq, sk, hq, hk, d, dv, axes)
 
 
@@ -309,6 +319,8 @@ def _packed_inputs(call: "_Call", q: Any, k: Any, v: Any) -> _Packed:
     _check_head_dim(qv, d, "head dim")
     _check_head_dim(kv, d, "head dim")
     _check_head_dim(vv, dv, "head dim of v")
+    _check_fits_int32(qv, total_tokens=tq, nheads=hq)
+    _check_fits_int32(kv, total_tokens=tk)
     return _Packed(qv, kv, vv, kind, tq, tk, hq, hk, d, dv)
 
 
@@ -480,7 +492,7 @@ class _Call:
 # Forward
 # ------------------------------------------------------------------------------------------------------------------
 
-def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
+def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
             scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
             layout: str = "bshd", stream: Any = None, dtype: Any = None):
     """Fused attention forward, batch mode: O = softmax(scale · Q Kᵀ + mask) V with fp32 accumulation.
@@ -519,7 +531,8 @@ def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, w
     lv = call.output(lse_out, "lse_out", lse_shape, "float32", "[batch, nheads, seqlen_q] float32")
     if lv is not None and sq > 1 and lv.strides[2] != 1:
         raise ValueError(f"lse_out: the seqlen dimension must be contiguous (stride 1), got strides {lv.strides}")
-    want_lse = bool(return_lse) or lv is not None
+    return_lse = _as_flag(return_lse, "return_lse")
+    want_lse = return_lse or lv is not None
 
     views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None]
     device = _resolve_device(views)
@@ -550,7 +563,7 @@ def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, w
     return (o, lse) if return_lse else o
 
 
-def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
                    max_seqlen_k: int, *, causal: bool = False, mask: Any = None, window: Any = None,
                    scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
                    stream: Any = None, dtype: Any = None):
@@ -582,7 +595,8 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     lv = call.output(lse_out, "lse_out", lse_shape, "float32", "[nheads, total_q] float32")
     if lv is not None and tq > 1 and lv.strides[1] != 1:
         raise ValueError(f"lse_out: the token dimension must be contiguous (stride 1), got strides {lv.strides}")
-    want_lse = bool(return_lse) or lv is not None
+    return_lse = _as_flag(return_lse, "return_lse")
+    want_lse = return_lse or lv is not None
 
     views = [qv, kv, vv] + list(seqs.device.values()) + [x for x in (ov, lv) if x is not None]
     device = _resolve_device(views)
@@ -628,7 +642,7 @@ def _check_query_heads(hq: int, keys: int) -> None:
         raise ValueError("q: has 0 heads; the backward needs at least one query head (with none, dK and dV are zero)")
 
 
-def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
+def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
             window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
             dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
     """Fused attention backward, batch mode: the gradients of :func:`mha_fwd` with respect to q, k and v.
@@ -705,7 +719,7 @@ def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool =
     return result
 
 
-def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                    max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False, mask: Any = None,
                    window: Any = None, scale: Optional[float] = None, deterministic: bool = False, dq: Any = None,
                    dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
@@ -789,3 +803,124 @@ def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens
         for alloc in uploads:  # freed stream-ordered, after the launch
             alloc.free()
     return result
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The public calls: the C call path (mhakit._ext) first, the Python path above for everything it hands back
+# ------------------------------------------------------------------------------------------------------------------
+#
+# The C path reads the arrays, allocates outputs, fills the argument struct and launches; whatever it does not take
+# (host offsets, __cuda_array_interface__-only producers, a shape or dtype mismatch, an empty problem, an unusual
+# stream object, ...) it returns as NotImplemented before touching the GPU, and the Python path then does the work
+# or raises its one-sentence error. Here only what C cannot see is resolved: the mask string or flags, the layout
+# name and the dtype override.
+
+_LAYOUT_CODES = {"bshd": 0, "bhsd": 1}
+_PACKED = 2
+_NO_MASK, _CAUSAL = (0, -1, -1), (2, -1, 0)
+_DTYPE_CODES = {None: None, "fp16": 0, "bf16": 1}
+
+
+def _mask_args(causal: Any, mask: Any, window: Any) -> Tuple[int, int, int]:
+    if mask is None and window is None:
+        if causal is False:
+            return _NO_MASK
+        if causal is True:
+            return _CAUSAL
+    return _resolve_mask(causal, mask, window)
+
+
+def _dtype_code(dtype: Any) -> Optional[int]:
+    return None if dtype is None else _DTYPE_CODES[_normalise_dtype(dtype)]
+
+
+def _ext_callbacks():
+    """(resolve, allocate, make_error, cuda_error, log level) for _mhakit_ext.configure."""
+    from . import _capi, _cuda, jit
+
+    def resolve(api_name, device, kind, hdim_q, hdim_v, mode, masked):
+        if not all(8 <= d <= MAX_HDIM and d % 8 == 0 for d in (hdim_q, hdim_v)):
+            return None  # the Python path says why
+        return jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked).entry_points()
+
+    def allocate(device, shape, storage, stream):
+        dtype = _arrays.dtype_by_name(storage)
+        alloc = _cuda.allocate(math.prod(shape) * dtype.itemsize, device, stream)
+        return DeviceArray(alloc.ptr, shape, dtype, device, owner=alloc, stream=stream)
+
+    def cuda_error(message):
+        kind = _cuda.CudaUnavailableError if message.startswith("no usable") else _cuda.CudaError
+        return kind(message)
+
+    return resolve, allocate, _capi.error_for, cuda_error, LOG_LEVEL
+
+
+def _ext():
+    from . import _ext as ext_module
+    return ext_module.module()
+
+
+def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
+            scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
+            layout: str = "bshd", stream: Any = None, dtype: Any = None):
+    ext = _ext()
+    if ext is not None:
+        mask_type, left, right = _mask_args(causal, mask, window)
+        result = ext.fwd(q, k, v, out, lse_out, None, None, None, _LAYOUT_CODES.get(layout, -1), mask_type, left,
+                         right, scale, return_lse, stream, _dtype_code(dtype))
+        if result is not NotImplemented:
+            return result
+    return _mha_fwd_py(q, k, v, causal=causal, mask=mask, window=window, scale=scale, return_lse=return_lse,
+                       out=out, lse_out=lse_out, layout=layout, stream=stream, dtype=dtype)
+
+
+def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+                   max_seqlen_k: int, *, causal: bool = False, mask: Any = None, window: Any = None,
+                   scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
+                   stream: Any = None, dtype: Any = None):
+    ext = _ext()
+    if ext is not None:
+        mask_type, left, right = _mask_args(causal, mask, window)
+        result = ext.fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _PACKED, mask_type, left,
+                         right, scale, return_lse, stream, _dtype_code(dtype))
+        if result is not NotImplemented:
+            return result
+    return _mha_varlen_fwd_py(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                              mask=mask, window=window, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
+                              stream=stream, dtype=dtype)
+
+
+def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
+            window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
+            dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
+    ext = _ext()
+    if ext is not None:
+        mask_type, left, right = _mask_args(causal, mask, window)
+        result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, None, None, None, None, _LAYOUT_CODES.get(layout, -1),
+                         mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype))
+        if result is not NotImplemented:
+            return result
+    return _mha_bwd_py(do, q, k, v, o, lse, causal=causal, mask=mask, window=window, scale=scale, layout=layout,
+                       deterministic=deterministic, dq=dq, dk=dk, dv=dv, stream=stream, dtype=dtype)
+
+
+def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                   max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False, mask: Any = None,
+                   window: Any = None, scale: Optional[float] = None, deterministic: bool = False, dq: Any = None,
+                   dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
+    ext = _ext()
+    if ext is not None:
+        mask_type, left, right = _mask_args(causal, mask, window)
+        result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         _PACKED, mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype))
+        if result is not NotImplemented:
+            return result
+    return _mha_varlen_bwd_py(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              causal=causal, mask=mask, window=window, scale=scale, deterministic=deterministic,
+                              dq=dq, dk=dk, dv=dv, stream=stream, dtype=dtype)
+
+
+for _public, _python_path in ((mha_fwd, _mha_fwd_py), (mha_varlen_fwd, _mha_varlen_fwd_py), (mha_bwd, _mha_bwd_py),
+                              (mha_varlen_bwd, _mha_varlen_bwd_py)):
+    _public.__doc__ = _python_path.__doc__
+del _public, _python_path

@@ -94,3 +94,36 @@ def minimal_bwd_build(minimal_fwd_build, build_root) -> Path:
                         "--build-dir", str(build_root / "objects")], cwd=minimal_fwd_build)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return minimal_fwd_build
+
+
+def _use_call_path(monkeypatch, path: str) -> None:
+    """Route mhakit.mha_* through the C call path ("c": it must build wherever a C compiler exists) or the
+    pure-Python path ("python")."""
+    from mhakit import _ext
+    if path == "python":
+        monkeypatch.setenv(_ext.ENV_DISABLE, "1")
+    else:
+        monkeypatch.delenv(_ext.ENV_DISABLE, raising=False)
+    _ext.reset()
+    if path == "c" and _ext.module() is None:
+        if _ext.compiler() is not None:
+            pytest.fail("a C compiler is present but the C call path did not build (see stderr)")
+        pytest.skip("no C compiler: the C call path cannot be built here")
+
+
+@pytest.fixture(params=["c", "python"])
+def call_path(request, monkeypatch):
+    """Runs a test once through each call path (argument handling must agree on both)."""
+    _use_call_path(monkeypatch, request.param)
+    yield request.param
+    from mhakit import _ext
+    _ext.reset()
+
+
+@pytest.fixture
+def python_path(monkeypatch):
+    """The pure-Python call path only (tests that fake the CUDA driver of mhakit._cuda)."""
+    _use_call_path(monkeypatch, "python")
+    yield
+    from mhakit import _ext
+    _ext.reset()

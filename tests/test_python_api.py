@@ -28,6 +28,7 @@ def qkv(b=2, sq=64, sk=80, hq=8, hk=2, d=128, dv=128, dtype="float16", layout="b
     return arr((b, hq, sq, d), dtype), arr((b, hk, sk, d), dtype), arr((b, hk, sk, dv), dtype)
 
 
+@pytest.mark.usefixtures("call_path")
 class TestBatchArguments:
     @pytest.mark.parametrize("kwargs, error, message", [
         (dict(layout="sbhd"), ValueError, "layout: expected 'bshd' or 'bhsd'"),
@@ -41,10 +42,24 @@ class TestBatchArguments:
         (dict(stream="s0"), TypeError, "stream: expected None, an int CUstream handle"),
         (dict(dtype="fp32"), TypeError, "dtype: expected 'fp16' or 'bf16'"),
         (dict(dtype="bf16"), TypeError, "q: has dtype float16 but dtype='bf16' was given"),
+        (dict(return_lse="no"), TypeError, "return_lse: expected a bool, got 'no'"),
     ])
     def test_option_errors(self, kwargs, error, message):
         with pytest.raises(error, match=message):
             mhakit.mha_fwd(*qkv(), **kwargs)
+
+    @pytest.mark.parametrize("shape, message", [
+        ((1, 2**31, 1, 64), r"q: seqlen 2147483648 exceeds the C API's 32-bit limit \(2147483647\)"),
+        ((2**31, 1, 1, 64), r"q: batch 2147483648 exceeds the C API's 32-bit limit"),
+    ])
+    def test_sizes_beyond_32_bits_are_refused_before_any_allocation(self, monkeypatch, shape, message):
+        from mhakit import _cuda
+        monkeypatch.setattr(_cuda, "allocate", lambda *a, **k: pytest.fail("allocated before the size check"))
+        monkeypatch.setattr(jit, "library", lambda *a, **k: pytest.fail("resolved a library before the size check"))
+        q = arr(shape)
+        k = arr((shape[0], 16, 1, 64))
+        with pytest.raises(ValueError, match=message):
+            mhakit.mha_fwd(q, k, k)
 
     @pytest.mark.parametrize("q, k, v, error, message", [
         (arr((2, 64, 8)), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)), ValueError,
@@ -117,6 +132,7 @@ class TestBatchArguments:
         assert r(False, ("generic", 2, 2), None) == (3, 2, 2)
 
 
+@pytest.mark.usefixtures("call_path")
 class TestVarlenArguments:
     def call(self, **kw):
         args = dict(q=arr((30, 4, 64)), k=arr((40, 2, 64)), v=arr((40, 2, 64)), cu_seqlens_q=[0, 10, 10, 30],
@@ -145,6 +161,7 @@ class TestVarlenArguments:
 
 
 @pytest.mark.skipif(have_gpu(), reason="checks the message on machines without a GPU")
+@pytest.mark.usefixtures("call_path")
 def test_gpu_call_without_gpu_says_so():
     with pytest.raises(mhakit.CudaUnavailableError, match="no usable NVIDIA GPU in this process"):
         mhakit.mha_fwd(*qkv())
@@ -153,6 +170,7 @@ def test_gpu_call_without_gpu_says_so():
         mhakit.mha_varlen_fwd(arr((30, 4, 64)), arr((40, 2, 64)), arr((40, 2, 64)), [0, 30], [0, 40], 30, 40)
 
 
+@pytest.mark.usefixtures("call_path")
 def test_empty_problem_needs_no_library(monkeypatch):
     """Nothing to compute: outputs are allocated (empty) and no library is built or loaded."""
     monkeypatch.setattr(jit, "library", lambda *a, **k: pytest.fail("no library for an empty problem"))
@@ -264,6 +282,7 @@ class FakeDriver:
 
 
 @pytest.mark.compile
+@pytest.mark.usefixtures("python_path")
 def test_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatch):
     """With a fake driver, a varlen call builds its library for the fake device's arch (sm_80), allocates O and LSE
     on the call's stream, uploads host offsets, and the C library accepts every argument and chooses an instance
@@ -302,21 +321,50 @@ def test_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatc
     assert names == ["fwd_fp16_batch_mask_sm80", "fwd_fp16_group_mask_sm80"]
 
 
+@pytest.mark.usefixtures("call_path")
 def test_empty_arrays_may_report_any_strides(monkeypatch):
     """CuPy exports zero-size arrays with all-zero strides: no key at all (s_k = 0) is still a valid call."""
     from mhakit import _cuda
 
-    class ReachedAllocation(Exception):
+    class Reached(Exception):  # the Python path allocates outputs first, the C path resolves the library first
         pass
 
-    def allocate(nbytes, dev, stream, ref=None):
-        raise ReachedAllocation
+    def reached(*args, **kwargs):
+        raise Reached
 
-    monkeypatch.setattr(_cuda, "allocate", allocate)
+    monkeypatch.setattr(_cuda, "allocate", reached)
+    monkeypatch.setattr(jit, "library", reached)
     q = arr((2, 40, 4, 128))
     k = arr((2, 0, 4, 128), strides=(0, 0, 0, 0), ptr=0)
-    with pytest.raises(ReachedAllocation):  # every argument check passed
+    with pytest.raises(Reached):  # every argument check passed
         mhakit.mha_fwd(q, k, k)
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("call_path")
+def test_c_path_resolves_allocates_then_needs_the_driver(tmp_path, monkeypatch, call_path):
+    """Through the C path with mhakit._cuda's driver faked: a valid call builds its library (sm_80), gets its entry
+    points, allocates O and LSE through mhakit's allocator on the call's stream, and stops only where it needs the
+    real driver for the launch (there is none here)."""
+    from conftest import have_nvcc
+    from mhakit import _cuda
+    if call_path != "c":
+        pytest.skip("the Python path's version of this is test_call_path_reaches_the_library_with_valid_arguments")
+    if not have_nvcc() or have_gpu():
+        pytest.skip("needs nvcc and a machine without a GPU")
+    fake = FakeDriver()
+    monkeypatch.setattr(_cuda, "_DRIVER", fake)
+    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
+        monkeypatch.setattr(module, memo, {})
+    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    q = arr((2, 33, 4, 64), strides=(4 * 33 * 64, 64, 33 * 64, 1))
+    k = arr((2, 47, 2, 64), strides=(2 * 47 * 64, 64, 47 * 64, 1))
+    with pytest.raises(mhakit.CudaUnavailableError, match="libcuda.so.1 could not be loaded"):
+        mhakit.mha_fwd(q, k, k, window=(8, 0), return_lse=True, stream=0x5000)
+    allocs = [c[1] for c in fake.calls if c[0] == "cuMemAllocAsync"]
+    assert allocs == [(2 * 33 * 4 * 64 * 2, 0x5000), (2 * 4 * 33 * 4, 0x5000)]  # O (fp16), LSE (fp32)
+    names = [d.name.split("-")[0] for d in (tmp_path / "cache" / "v1" / "fwd").iterdir()]
+    assert names == ["fwd_fp16_batch_mask_sm80"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -334,6 +382,7 @@ def bwd_batch(b=2, sq=64, sk=80, hq=8, hk=2, d=128, d_v=128, storage="float16", 
     return args
 
 
+@pytest.mark.usefixtures("call_path")
 class TestBwdArguments:
     @pytest.mark.parametrize("kwargs, error, message", [
         (dict(layout="sbhd"), ValueError, "layout: expected 'bshd' or 'bhsd'"),
@@ -396,6 +445,7 @@ class TestBwdArguments:
             mhakit.mha_bwd(**bwd_batch(hq=0))
 
 
+@pytest.mark.usefixtures("call_path")
 class TestVarlenBwdArguments:
     def call(self, **kw):
         args = dict(do=arr((30, 4, 64)), q=arr((30, 4, 64)), k=arr((40, 2, 64)), v=arr((40, 2, 64)),
@@ -424,6 +474,7 @@ class TestVarlenBwdArguments:
 
 
 @pytest.mark.skipif(have_gpu(), reason="checks the message on machines without a GPU")
+@pytest.mark.usefixtures("call_path")
 def test_bwd_call_without_gpu_says_so():
     with pytest.raises(mhakit.CudaUnavailableError, match="no usable NVIDIA GPU in this process"):
         mhakit.mha_bwd(**bwd_batch())
@@ -437,6 +488,7 @@ def _no_gpu_memory(monkeypatch):
 
 
 @pytest.mark.parametrize("sizes", [dict(b=0), dict(sq=0, sk=0)])
+@pytest.mark.usefixtures("call_path")
 def test_empty_backward_needs_no_library(monkeypatch, sizes):
     """Nothing to compute: the gradients are allocated (empty) and no library is built or loaded."""
     _no_gpu_memory(monkeypatch)
@@ -446,6 +498,7 @@ def test_empty_backward_needs_no_library(monkeypatch, sizes):
     assert dq.dtype.name == "float16"
 
 
+@pytest.mark.usefixtures("call_path")
 def test_empty_varlen_backward_needs_no_library(monkeypatch):
     _no_gpu_memory(monkeypatch)
     empty = arr((0, 4, 64), ptr=0)
@@ -456,6 +509,7 @@ def test_empty_varlen_backward_needs_no_library(monkeypatch):
 
 
 @pytest.mark.compile
+@pytest.mark.usefixtures("python_path")
 def test_bwd_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatch):
     """With a fake driver, mha_varlen_bwd and mha_bwd build libmha_bwd.so for the fake device's arch (sm_80),
     allocate dQ/dK/dV on the call's stream, upload host offsets, ask the library for the workspace, allocate it on
