@@ -36,6 +36,11 @@ if want tests; then
     MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \
         python3 -m pytest -q -m gpu tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
     note "pytest -m gpu: $(tail -1 "$logs/pytest_gpu.log")"
+    # The same Python GPU tests through the pure-Python call path (the C path above is the default).
+    MHAKIT_NO_EXT=1 MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \
+        python3 -m pytest -q -m gpu tests/test_python_gpu.py tests/test_python_gpu_bwd.py 2>&1 \
+        | tee "$logs/pytest_gpu_python_path.log" | tail -5
+    note "pytest -m gpu, pure-Python call path: $(tail -1 "$logs/pytest_gpu_python_path.log")"
 fi
 
 if want smoke; then
@@ -86,7 +91,9 @@ if want bench; then
         2>&1 | tee "$logs/bench_fwd.md" | tail -40
     python3 bench/bench_bwd.py --lib "$lib_dir/libmha_bwd.so" --fwd-lib "$lib_dir/libmha_fwd.so" --dtype bf16 \
         --json "$logs/bench_bwd.json" 2>&1 | tee "$logs/bench_bwd.md" | tail -25
-    note "bench: see bench_fwd.md, bench_bwd.md"
+    MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_overhead.py --json "$logs/bench_overhead.json" 2>&1 \
+        | tee "$logs/bench_overhead.md" | tail -30
+    note "bench: see bench_fwd.md, bench_bwd.md, bench_overhead.md"
 fi
 
 echo

@@ -147,6 +147,15 @@ static void device_exit(const DeviceScope* scope) {
     if (scope->switched) drv.ctx_set_current(scope->previous);
 }
 
+// Whether `stream` is being captured; 0 where no driver can be loaded (the call fails later, with its sentence).
+static int stream_capturing(int64_t stream) {
+    if (stream == 0 || stream == 1 || stream == 2) return 0;  // the default streams cannot be captured
+    if (drv.state == 0 && driver_load() != 0) PyErr_Clear();
+    int status = 0;
+    if (drv.state != 1 || drv.stream_is_capturing((CUstream)(intptr_t)stream, &status) != 0) return 0;
+    return status != 0;
+}
+
 static int same_stream(int64_t a, int64_t b) { return a == b || ((a == 0 || a == 1) && (b == 0 || b == 1)); }
 
 // Work queued later on `consumer` waits for the work queued so far on `producer`.
@@ -308,7 +317,9 @@ static int view_read(PyObject* obj, int64_t stream, View* v) {
     Py_DECREF(dev);
     if (PyErr_Occurred()) PyErr_Clear();
     if (!on_cuda((int)dev_type)) return NOT_HANDLED;
-    PyObject* dl_stream = PyLong_FromLongLong(stream == 0 ? 1 : stream);  // DLPack spells the legacy stream 1
+    // DLPack spells the legacy stream 1; -1 asks for no synchronisation, which a stream being captured into a CUDA
+    // graph needs (an event recorded outside the capture would invalidate it: the caller orders a capture).
+    PyObject* dl_stream = PyLong_FromLongLong(stream == -1 ? -1 : (stream == 0 ? 1 : stream));
     if (dl_stream == NULL) return FAILED;
     PyObject* args[3] = {obj, dl_stream, s_version_1_0};
     PyObject* capsule = PyObject_VectorcallMethod(s_dlpack, args, 1, s_kwnames_full);
@@ -430,6 +441,7 @@ typedef struct {
     int stream_given;
     int64_t producer_stream;  // the exchange producer's current stream (ordered before ours when they differ)
     int has_producer_stream;
+    int capturing;            // the caller's stream is being captured into a CUDA graph
     int override;
 } Call;
 
@@ -474,6 +486,7 @@ static int call_init(Call* c, PyObject* stream, PyObject* override) {
     if (stream != Py_None) {
         if (parse_stream(stream, &c->stream) != HANDLED) return NOT_HANDLED;
         c->stream_given = 1;
+        c->capturing = stream_capturing(c->stream);
     }
     return HANDLED;
 }
@@ -486,7 +499,7 @@ static int call_read(Call* c, PyObject* obj, View** out) {
     if (obj == Py_None) return HANDLED;
     if (c->nviews == MAX_ARRAYS) return NOT_HANDLED;
     View* v = &c->views[c->nviews];
-    const int rc = view_read(obj, c->stream, v);
+    const int rc = view_read(obj, c->capturing ? -1 : c->stream, v);
     ++c->nviews;  // released with the call whatever happened
     if (rc != HANDLED) return rc;
     if (!on_cuda(v->dev_type) || v->ndim < 1) return NOT_HANDLED;
@@ -500,7 +513,7 @@ static int call_read(Call* c, PyObject* obj, View** out) {
         }
         c->producer_stream = (int64_t)(intptr_t)s;
         c->has_producer_stream = 1;
-        if (!c->stream_given) c->stream = c->producer_stream;
+        if (!c->stream_given) c->stream = c->producer_stream, c->capturing = stream_capturing(c->stream);
     }
     *out = v;
     return HANDLED;
@@ -746,7 +759,8 @@ static int read_mask(PyObject* const* a, int* type, int* left, int* right) {
 // The stream and device work shared by both directions, around the library call.
 static int enter_call(Call* c, DeviceScope* scope) {
     if (device_enter(c->device, scope) != 0) return FAILED;
-    if (c->stream_given && c->has_producer_stream && order_streams(c->producer_stream, c->stream) != 0) {
+    if (c->stream_given && c->has_producer_stream && !c->capturing &&
+        order_streams(c->producer_stream, c->stream) != 0) {
         device_exit(scope);
         return FAILED;
     }
