@@ -207,7 +207,7 @@ def test_torch_op_under_compile_matches_sdpa(hq, hk):
         t.grad = None
     eager = model(q, k, v)  # eager mode: the autograd.Function path
     eager.backward()
-    assert abs(eager.item() - loss.item()) <= 1e-3 * max(1.0, abs(loss.item()))
+    assert abs(eager.item() - loss.item()) <= 1e-2 * max(1.0, abs(loss.item()))  # a bf16 sum, fused or not
     for got, t in zip(grads, (q, k, v)):
         close(got, t.grad, 1e-2)
         t.grad = None
