@@ -85,10 +85,11 @@ def _cached(directory: Path) -> Optional[Path]:
     return path
 
 
-def build(root: Optional[Path] = None, *, quiet: bool = False) -> Path:
-    """The extension module's path in the cache, compiling it first when missing (once across processes)."""
+def build(cache=None, *, quiet: bool = False) -> Path:
+    """The extension module's path in the cache (a :class:`mhakit.jit.KernelCache`, default the process's),
+    compiling it first when missing (once across processes)."""
     from . import jit
-    cache = jit.default_cache() if root is None else jit.KernelCache(root)
+    cache = cache or jit.default_cache()
     cc = compiler()
     key = _key(cc)
     final = _entry_dir(cache.root, key)

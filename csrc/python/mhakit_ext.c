@@ -1008,10 +1008,9 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
         g.workspace_ptr = ws;
         g.workspace_bytes = need;
     }
-    float ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = ((bwd_fn)lib->run)(&g, &sc);
-    Py_END_ALLOW_THREADS
+    // The GIL stays held: the workspace's stream order (workspace_get) must be recorded and the launch queued
+    // before another thread can take the same buffer.
+    const float ret = ((bwd_fn)lib->run)(&g, &sc);
     device_exit(&scope);
     flush_log();
     if (ret < 0) {
