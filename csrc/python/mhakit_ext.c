@@ -747,13 +747,26 @@ static int read_scale(PyObject* scale, int64_t d, float* out) {
     return HANDLED;
 }
 
-static int read_mask(PyObject* const* a, int* type, int* left, int* right) {
-    *type = (int)PyLong_AsLong(a[0]), *left = (int)PyLong_AsLong(a[1]), *right = (int)PyLong_AsLong(a[2]);
+// What both directions take besides arrays: the call (stream, dtype override), the layout code, the mask (type,
+// left, right) and one bool flag (forward: return_lse, backward: deterministic).
+typedef struct {
+    int layout, mask_type, left, right, flag;
+} Options;
+
+static int begin_call(Call* c, Options* o, PyObject* stream, PyObject* override, PyObject* const* layout_and_mask,
+                      PyObject* flag) {
+    int rc = call_init(c, stream, override);
+    if (rc != HANDLED || (flag != Py_True && flag != Py_False)) return NOT_HANDLED;
+    o->flag = flag == Py_True;
+    o->layout = (int)PyLong_AsLong(layout_and_mask[0]);
+    o->mask_type = (int)PyLong_AsLong(layout_and_mask[1]);
+    o->left = (int)PyLong_AsLong(layout_and_mask[2]);
+    o->right = (int)PyLong_AsLong(layout_and_mask[3]);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return NOT_HANDLED;
     }
-    return HANDLED;
+    return o->layout >= 0 && o->layout <= 2 ? HANDLED : NOT_HANDLED;
 }
 
 // The stream and device work shared by both directions, around the library call.
@@ -780,15 +793,14 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     }
     Call c;
     Inputs in;
+    Options opt;
     memset(&in, 0, sizeof(in));
     PyObject *o_obj = NULL, *lse_obj = NULL, *result = NULL;
-    int rc = call_init(&c, a[14], a[15]);
-    const int layout = (int)PyLong_AsLong(a[8]);
-    const int return_lse = a[13] == Py_True;
-    int mask_type, left, right;
+    int rc = begin_call(&c, &opt, a[14], a[15], a + 8, a[13]);
+    if (rc != HANDLED) goto not_handled;
+    const int layout = opt.layout, return_lse = opt.flag;
+    const int mask_type = opt.mask_type, left = opt.left, right = opt.right;
     float scale;
-    if (rc != HANDLED || layout < 0 || layout > 2 || (a[13] != Py_True && a[13] != Py_False)) goto not_handled;
-    if ((rc = read_mask(a + 9, &mask_type, &left, &right)) != HANDLED) goto not_handled;
     if ((rc = read_inputs(&c, &in, a, layout, a[5], a[6], a[7], NULL)) != HANDLED) goto done_rc;
     if ((rc = read_scale(a[12], in.d, &scale)) != HANDLED) goto not_handled;
     const int group = layout == LAYOUT_PACKED;
@@ -900,15 +912,15 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     }
     Call c;
     Inputs in;
+    Options opt;
     memset(&in, 0, sizeof(in));
     PyObject* grads[3] = {NULL, NULL, NULL};
     PyObject* result = NULL;
-    int rc = call_init(&c, a[19], a[20]);
-    const int layout = (int)PyLong_AsLong(a[13]);
-    int mask_type, left, right;
+    int rc = begin_call(&c, &opt, a[19], a[20], a + 13, a[18]);
+    if (rc != HANDLED) goto not_handled;
+    const int layout = opt.layout, deterministic = opt.flag;
+    const int mask_type = opt.mask_type, left = opt.left, right = opt.right;
     float scale;
-    if (rc != HANDLED || layout < 0 || layout > 2 || (a[18] != Py_True && a[18] != Py_False)) goto not_handled;
-    if ((rc = read_mask(a + 14, &mask_type, &left, &right)) != HANDLED) goto not_handled;
     if ((rc = read_inputs(&c, &in, a + 1, layout, a[9], a[10], a[11], a[12])) != HANDLED) goto done_rc;
     if ((rc = read_scale(a[17], in.d, &scale)) != HANDLED) goto not_handled;
     const int group = layout == LAYOUT_PACKED;
@@ -962,7 +974,7 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     memset(&g, 0, sizeof(g));
     g.data_type = (mhakit_dtype)in.dtype;
     g.is_group_mode = group;
-    g.deterministic = a[18] == Py_True;
+    g.deterministic = deterministic;
     // Group mode wants every pointer non-null; a side without tokens is never addressed.
     const uintptr_t stand_in = in.q->ptr ? in.q->ptr : (in.k->ptr ? in.k->ptr : lv->ptr);
 #define PTR(view) ((view)->ptr ? (view)->ptr : (group ? stand_in : 0))
