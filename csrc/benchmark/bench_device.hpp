@@ -3,12 +3,16 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <new>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -35,6 +39,60 @@ inline const char* g_program = "benchmark";
         const cudaError_t err_ = (expr);                                                         \
         if (err_ != cudaSuccess) ::mhakit::bench::cuda_failure(err_, #expr, __FILE__, __LINE__); \
     } while (0)
+
+// Exits with kExitCuda and one line when this process has no CUDA device to run on (no GPU, no driver, or a driver
+// older than the runtime), before any buffer is allocated.
+inline void require_cuda_device() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaSuccess && count > 0) return;
+    std::fprintf(stderr, "%s: no CUDA device/driver is available (%s)\n", g_program,
+                 err != cudaSuccess ? cudaGetErrorString(err) : "no device found");
+    std::exit(kExitCuda);
+}
+
+// Host memory this process may use: physical memory, or less under an address-space or data-size limit.
+inline double host_memory_limit() {
+    double limit = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    for (int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+        rlimit rl{};
+        if (getrlimit(resource, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) limit = std::min(limit, double(rl.rlim_cur));
+    }
+    return limit;
+}
+
+// The sizes of a run, for messages ("-b=2 -h=8 -s=512/512 -d=128/128").
+inline std::string g_sizes;
+
+[[noreturn]] inline void host_memory_failure(double bytes) {
+    std::cout << std::flush;
+    if (bytes > 0)
+        std::fprintf(stderr, "%s: error: %s need about %.1f GiB of host memory (inputs and reference), more than this "
+                             "process may use (%.1f GiB); use smaller sizes, or -v=0 to skip the reference\n",
+                     g_program, g_sizes.c_str(), bytes / double(1ull << 30), host_memory_limit() / double(1ull << 30));
+    else
+        std::fprintf(stderr, "%s: error: ran out of host memory for %s; use smaller sizes\n", g_program,
+                     g_sizes.c_str());
+    std::exit(kExitUsage);
+}
+
+// Refuses (kExitUsage, one line) a run whose host buffers cannot fit, before any allocation.
+inline void require_host_memory(double bytes) {
+    if (bytes > host_memory_limit()) host_memory_failure(bytes);
+}
+
+// main()'s body, with allocation failures that slip past require_host_memory() reported in one line instead of
+// aborting.
+template <class Body>
+int run_main(Body&& body) {
+    try {
+        return body();
+    } catch (const std::bad_alloc&) {
+        host_memory_failure(0);
+    } catch (const std::length_error&) {
+        host_memory_failure(0);
+    }
+}
 
 // A device allocation (at least 256 bytes, so that empty tensors still get a valid pointer).
 class DeviceBuffer {
