@@ -330,3 +330,17 @@ def test_pytest_summary_names_the_slowest_tests():
     import tomllib
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "--durations=" in config.get("addopts", "")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 15. The README's architecture note is part of the repository
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_readme_points_at_the_projects_own_architecture_note():
+    readme = (REPO / "README.md").read_text()
+    assert "../shared" not in readme and "`docs/ARCHITECTURE.md`" in readme
+    note = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    for path in ("codegen/catalogue/cuda.toml", "codegen/build.py", "templates/", "csrc/runtime/", "csrc/include/",
+                 "mhakit/jit.py", "mhakit/api.py", "csrc/kernels/"):
+        assert path in note, path
+        assert (REPO / path.rstrip("/")).exists(), f"docs/ARCHITECTURE.md names {path}, which does not exist"

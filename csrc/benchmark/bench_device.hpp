@@ -16,16 +16,22 @@
 #include <string>
 #include <vector>
 
+#include "../reference/bench_cli.hpp"  // checked_product
 #include "mha_common.h"
 
 namespace mhakit::bench {
 
 constexpr int kExitFail = 1;   // validation failed, or the library refused the call
 constexpr int kExitUsage = 2;  // bad command line
-constexpr int kExitCuda = 3;   // the CUDA runtime failed
+constexpr int kExitCuda = 3;   // no CUDA device/driver, or the CUDA runtime failed
 
 // The running program's name, for messages; each benchmark sets it first thing in main().
 inline const char* g_program = "benchmark";
+
+[[noreturn]] inline void usage_error(const std::string& msg) {
+    std::fprintf(stderr, "%s: error: %s\n", g_program, msg.c_str());
+    std::exit(kExitUsage);
+}
 
 [[noreturn]] inline void cuda_failure(cudaError_t err, const char* expr, const char* file, int line) {
     std::cout << std::flush;
@@ -74,6 +80,27 @@ inline std::string g_sizes;
         std::fprintf(stderr, "%s: error: ran out of host memory for %s; use smaller sizes\n", g_program,
                      g_sizes.c_str());
     std::exit(kExitUsage);
+}
+
+// Element counts of q, k, v, o (and dq, dk, dv, do, which have their shapes) and lse.
+struct TensorCounts {
+    size_t q, k, v, o, lse;
+};
+
+// The element counts of a run's tensors (shape_batch sequences of shape_sq / shape_sk tokens: group mode packs the
+// batch into one), refused in one line (kExitUsage) when they cannot be addressed. Sets g_sizes for later messages.
+inline TensorCounts checked_counts(int batch, int64_t shape_batch, int64_t nhead, int64_t nhead_k, int64_t shape_sq,
+                                   int64_t shape_sk, int64_t hdim_q, int64_t hdim_v) {
+    g_sizes = "-b=" + std::to_string(batch) + " -h=" + std::to_string(nhead) + " -s=" + std::to_string(shape_sq) + "/" +
+              std::to_string(shape_sk) + " -d=" + std::to_string(hdim_q) + "/" + std::to_string(hdim_v);
+    const int64_t counts[] = {checked_product({shape_batch, nhead, shape_sq, hdim_q}),
+                              checked_product({shape_batch, nhead_k, shape_sk, hdim_q}),
+                              checked_product({shape_batch, nhead_k, shape_sk, hdim_v}),
+                              checked_product({shape_batch, nhead, shape_sq, hdim_v}),
+                              checked_product({shape_batch, nhead, shape_sq})};
+    for (int64_t c : counts)
+        if (c < 0 || c > INT64_MAX / 16) usage_error(g_sizes + ": the tensors have too many elements to address");
+    return {size_t(counts[0]), size_t(counts[1]), size_t(counts[2]), size_t(counts[3]), size_t(counts[4])};
 }
 
 // Refuses (kExitUsage, one line) a run whose host buffers cannot fit, before any allocation.
@@ -125,11 +152,6 @@ private:
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
 };
-
-[[noreturn]] inline void usage_error(const std::string& msg) {
-    std::fprintf(stderr, "%s: error: %s\n", g_program, msg.c_str());
-    std::exit(kExitUsage);
-}
 
 template <class T>
 std::string list_str(const std::vector<T>& v, size_t max_items = 64) {

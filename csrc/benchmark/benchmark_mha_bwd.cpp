@@ -243,18 +243,10 @@ int run(int argc, char** argv) {
     const int64_t shape_sk = group ? int64_t(seqstart_k.back()) : int64_t(seqlen_ks[0]);
 
     // Element counts checked before anything is allocated; then the host memory they need, then the device.
-    bench::g_sizes = "-b=" + std::to_string(batch) + " -h=" + std::to_string(nhead) + " -s=" +
-                     std::to_string(shape_sq) + "/" + std::to_string(shape_sk) + " -d=" + std::to_string(hdim_q) +
-                     "/" + std::to_string(hdim_v);
-    const int64_t counts[] = {bench::checked_product({shape_batch, nhead, shape_sq, hdim_q}),
-                              bench::checked_product({shape_batch, nhead_k, shape_sk, hdim_q}),
-                              bench::checked_product({shape_batch, nhead_k, shape_sk, hdim_v}),
-                              bench::checked_product({shape_batch, nhead, shape_sq, hdim_v}),
-                              bench::checked_product({shape_batch, nhead, shape_sq})};
-    for (int64_t c : counts)
-        if (c < 0 || c > INT64_MAX / 16) usage_error(bench::g_sizes + ": the tensors have too many elements to address");
-    const size_t q_elems = size_t(counts[0]), k_elems = size_t(counts[1]), v_elems = size_t(counts[2]);
-    const size_t o_elems = size_t(counts[3]), lse_elems = size_t(counts[4]);
+    const bench::TensorCounts counts =
+        bench::checked_counts(batch, shape_batch, nhead, nhead_k, shape_sq, shape_sk, hdim_q, hdim_v);
+    const size_t q_elems = counts.q, k_elems = counts.k, v_elems = counts.v, o_elems = counts.o,
+                 lse_elems = counts.lse;
     // inputs (q, k, v, do); with -v=1 also the outputs' copies (2 bytes) and the fp32 references of dq, dk, dv, o
     // and lse
     const double data = double(q_elems + k_elems + v_elems + o_elems);

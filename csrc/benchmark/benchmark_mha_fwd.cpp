@@ -214,18 +214,10 @@ int run(int argc, char** argv) {
     const int64_t shape_sk = group ? int64_t(seqstart_k.back()) : int64_t(seqlen_ks[0]);
 
     // Element counts checked before anything is allocated; then the host memory they need, then the device.
-    bench::g_sizes = "-b=" + std::to_string(batch) + " -h=" + std::to_string(nhead) + " -s=" +
-                     std::to_string(shape_sq) + "/" + std::to_string(shape_sk) + " -d=" + std::to_string(hdim_q) +
-                     "/" + std::to_string(hdim_v);
-    const int64_t counts[] = {bench::checked_product({shape_batch, nhead, shape_sq, hdim_q}),
-                              bench::checked_product({shape_batch, nhead_k, shape_sk, hdim_q}),
-                              bench::checked_product({shape_batch, nhead_k, shape_sk, hdim_v}),
-                              bench::checked_product({shape_batch, nhead, shape_sq, hdim_v}),
-                              bench::checked_product({shape_batch, nhead, shape_sq})};
-    for (int64_t c : counts)
-        if (c < 0 || c > INT64_MAX / 16) usage_error(bench::g_sizes + ": the tensors have too many elements to address");
-    const size_t q_elems = size_t(counts[0]), k_elems = size_t(counts[1]), v_elems = size_t(counts[2]);
-    const size_t o_elems = size_t(counts[3]), lse_elems = size_t(counts[4]);
+    const bench::TensorCounts counts =
+        bench::checked_counts(batch, shape_batch, nhead, nhead_k, shape_sq, shape_sk, hdim_q, hdim_v);
+    const size_t q_elems = counts.q, k_elems = counts.k, v_elems = counts.v, o_elems = counts.o,
+                 lse_elems = counts.lse;
     // inputs; with -v=1 also the output copies (o: 2 bytes, lse: 4) and the reference (o and lse: 4 bytes each)
     bench::require_host_memory(2.0 * double(q_elems + k_elems + v_elems) +
                                (do_validation ? 6.0 * double(o_elems) + (lse ? 8.0 * double(lse_elems) : 0.0) : 0.0));
