@@ -97,6 +97,41 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def _stop_with_parent():
+    """A preexec_fn for ninja: the kernel sends it SIGTERM when the thread that started it dies, even by SIGKILL
+    (Linux: PR_SET_PDEATHSIG); None where prctl is unavailable."""
+    import ctypes
+    import signal
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm():
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
+def _ninja(cmd: list[str], env: dict, capture: bool) -> tuple[int, str]:
+    """Runs ninja; returns (exit status, its output when captured). ninja runs each compiler in a process group of its
+    own, and stops them when it gets SIGTERM or SIGINT, but not when it is killed. So ninja gets a session of its
+    own (a kill of our process group, e.g. `kill -9 -<pgid>`, does not reach it), is sent SIGTERM when we die, and is
+    asked to stop, not killed, when we are interrupted: no compiler outlives the build that started it."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.STDOUT if capture else None, text=True, errors="replace",
+                            start_new_session=True, preexec_fn=_stop_with_parent())
+    try:
+        out, _ = proc.communicate()
+    except BaseException:  # KeyboardInterrupt, ...
+        proc.terminate()
+        proc.wait()
+        raise
+    return proc.returncode, out or ""
+
+
 def _run_ninja(ninja_file: Path, work_dir: Path, jobs: int, verbose: bool, capture: bool = False) -> None:
     ninja = shutil.which("ninja")
     if ninja is None:
@@ -109,15 +144,12 @@ def _run_ninja(ninja_file: Path, work_dir: Path, jobs: int, verbose: bool, captu
     if verbose:
         cmd.append("-v")
     env = dict(os.environ, NINJA_STATUS="[%f/%t %es] ")
-    if capture:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace")
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stdout.splitlines()[-80:])
-            raise BuildError(f"the build failed; build files are in {work_dir} (the compiler calls it "
-                             f"{BUILD_NAME_ROOT}); compiler output:\n{tail}")
-        return
-    if subprocess.run(cmd, env=env).returncode != 0:
+    status, out = _ninja(cmd, env, capture)
+    if status != 0 and capture:
+        tail = "\n".join(out.splitlines()[-80:])
+        raise BuildError(f"the build failed; build files are in {work_dir} (the compiler calls it "
+                         f"{BUILD_NAME_ROOT}); compiler output:\n{tail}")
+    if status != 0:
         raise BuildError(f"the build failed (see the compiler output above); build files are in {work_dir} (the "
                          f"compiler calls it {BUILD_NAME_ROOT})")
 

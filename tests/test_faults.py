@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -263,6 +264,42 @@ def test_a_build_owns_its_work_directory_and_removes_it(tmp_path):
     with cache._work_dir("prebuild") as work:
         assert (work / ".owner").is_file() and cache.stale_tmp() == []
     assert not work.exists()
+
+
+_NINJA_CHILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from codegen import build
+build._run_ninja(Path(sys.argv[1]) / "t.ninja", Path(sys.argv[1]), 1, False, capture=True)
+"""
+
+
+def test_killing_a_build_stops_the_compilers_ninja_started(tmp_path):
+    """`kill -9` of a build's process group used to leave nvcc running (ninja gives each command a process group
+    of its own). A stand-in compiler that writes its pid and sleeps must be gone soon after the kill."""
+    (tmp_path / "t.ninja").write_text("rule slow\n  command = sh -c 'echo $$$$ > $out.pid; exec sleep 120'\n"
+                                      "build out: slow\n")
+    script = tmp_path / "child.py"
+    script.write_text(_NINJA_CHILD.format(repo=str(REPO)))
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], start_new_session=True)
+    pid_file = tmp_path / "out.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    compiler = int(pid_file.read_text())
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 20
+    try:
+        while time.monotonic() < deadline:
+            os.kill(compiler, 0)
+            time.sleep(0.1)
+    except ProcessLookupError:
+        return
+    os.kill(compiler, signal.SIGKILL)
+    pytest.fail("the compiler ninja started outlived the killed build")
 
 
 # ----------------------------------------------------------------------------------------------------------------
