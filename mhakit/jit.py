@@ -374,14 +374,15 @@ class KernelCache:
         return self.root / "tmp"
 
     # --- writing ------------------------------------------------------------------------------------------------
-    def _unwritable(self, exc: OSError, needed_for: str) -> CacheDirError:
+    def _unwritable(self, exc: OSError, needed_for: str, prebuilding: bool = False) -> CacheDirError:
         where = exc.filename or self.root
-        return CacheDirError(
-            f"the kernel cache {self.base} cannot be written ({exc.strerror or exc}: {where}), so {needed_for} cannot "
-            f"be built into it: set {ENV_CACHE_DIR} to a writable directory, or fill this cache ahead of time with "
-            "`python -m mhakit prebuild` for this configuration")
+        remedy = f"set {ENV_CACHE_DIR} to a writable directory" + (
+            "" if prebuilding else ", or fill this cache ahead of time with `python -m mhakit prebuild` for this "
+                                   "configuration")
+        return CacheDirError(f"the kernel cache {self.base} cannot be written ({exc.strerror or exc}: {where}), so "
+                             f"{needed_for} cannot be built into it: {remedy}")
 
-    def require_writable(self, needed_for: str) -> None:
+    def require_writable(self, needed_for: str, prebuilding: bool = False) -> None:
         """Raise CacheDirError (one sentence: which directory, what to do) unless builds can be written here."""
         try:
             for directory in (self.tmp_dir, self.root / "locks"):
@@ -389,7 +390,7 @@ class KernelCache:
                 if not os.access(directory, os.W_OK | os.X_OK):
                     raise OSError(errno.EACCES, "not writable", str(directory))
         except OSError as exc:
-            raise self._unwritable(exc, needed_for) from None
+            raise self._unwritable(exc, needed_for, prebuilding) from None
 
     @contextmanager
     def _work_dir(self, prefix: str):
@@ -843,7 +844,7 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
         if toolchain is None:
             raise NoCompilerError(f"prebuild needs a toolchain: {why}")
         needed_for = f"the {api} libraries of profile {profile}"
-        cache.require_writable(needed_for)
+        cache.require_writable(needed_for, prebuilding=True)
         try:
             # One prebuild per (api, arch) at a time: a second one waits, then finds the libraries the first built.
             with _locked(cache.root / "locks" / f"prebuild-{api}-{arch}.lock", f"{api} libraries for {arch}", log):
@@ -855,7 +856,7 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
                     with cache._work_dir("prebuild") as shared:
                         _prebuild_compile(cache, api, arch, todo, toolchain, shared, jobs, log)
         except OSError as exc:
-            raise cache._unwritable(exc, needed_for) from None
+            raise cache._unwritable(exc, needed_for, prebuilding=True) from None
     paths = []
     for plan in plans:
         lib = cache.find(plan)

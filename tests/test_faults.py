@@ -84,7 +84,8 @@ def test_prebuild_into_a_read_only_cache_is_one_line(tmp_path):
     if "needs a toolchain" in proc.stderr:
         pytest.skip("no nvcc: prebuild stops before it writes")
     assert proc.returncode == 1
-    one_line_error(proc, f"the kernel cache {cache} cannot be written", "MHAKIT_CACHE_DIR")
+    one_line_error(proc, f"the kernel cache {cache} cannot be written", "set MHAKIT_CACHE_DIR to a writable directory")
+    assert "mhakit prebuild`" not in proc.stderr, "no advice to run what just failed"
 
 
 # ----------------------------------------------------------------------------------------------------------------
