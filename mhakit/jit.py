@@ -8,8 +8,11 @@ back to when a fast family's run-time guard fails (alignment, empty sequences, .
 
     $MHAKIT_CACHE_DIR, else $XDG_CACHE_HOME/mhakit, else ~/.cache/mhakit
         v1/<api>/<entry name>-<source key>-<toolchain key>/  libmha_<api>.so + manifest.json (written last)
-        v1/locks/<entry dir>.lock                            fcntl locks: one builder per entry across processes
-        v1/tmp/                                              builds in progress (a killed build leaves only this)
+        v1/locks/<entry dir>.lock, prebuild-<api>-<arch>.lock   fcntl locks: one builder per entry, one prebuild
+                                                             per (api, arch), across processes
+        v1/tmp/<name>.<pid>.<random>/                        builds in progress, each owned through a lock on its
+                                                             .owner file (a killed build leaves only this, and the
+                                                             next build removes it)
         v1/index/calls|entries/<key>.json                    call signature / instance list -> entry (shortcuts)
         v1/toolchains.json                                   nvcc version per nvcc file (path, size, mtime)
 
@@ -24,7 +27,8 @@ whose source key matches is used, whatever compiler built it.
 Safety. Building happens in v1/tmp/ while holding the entry's lock; the library and then its manifest (sha256 and
 size of the library, every key input) are written there and the directory is moved into place with ``os.replace``.
 A reader accepts an entry only if its manifest parses, names the expected key, and the library's size and sha256
-match, so a killed build, a truncated file or a corrupt manifest is rebuilt, never loaded.
+match, so a killed build, a truncated file or a corrupt manifest is rebuilt, never loaded. A cache that cannot be
+written (read-only, a file, not permitted) still serves what it holds; a miss raises CacheDirError.
 
 Speed. Each process memoises call signature -> loaded library (a dict lookup per call). The first call of a
 signature in a new process reads v1/index/calls/<call key>.json, where the call key hashes the signature, the content
