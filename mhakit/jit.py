@@ -62,9 +62,9 @@ from typing import Callable, Iterable, Optional
 
 from . import _codegen
 
-__all__ = ["FORMAT", "ENV_CACHE_DIR", "JitError", "NoCompilerError", "CacheDirError", "Entry", "Plan", "KernelCache", "cache_dir",
-           "derive_entry", "entries_within", "make_plan", "toolchain_for", "library", "prebuild", "device_arch",
-           "default_cache", "codegen_builder", "LOADERS"]
+__all__ = ["FORMAT", "ENV_CACHE_DIR", "JitError", "NoCompilerError", "CacheDirError", "Entry", "Plan", "KernelCache",
+           "cache_dir", "derive_entry", "entries_within", "make_plan", "toolchain_for", "library", "prebuild",
+           "device_arch", "default_cache", "codegen_builder", "LOADERS"]
 
 FORMAT = 1                      # layout of the cache; bump to start a fresh v<N>/ tree
 ENV_CACHE_DIR = "MHAKIT_CACHE_DIR"
