@@ -7,7 +7,8 @@
 #   bash build_mha.sh fwd_v3     # the same, with only the arch-specialised (Hopper) kernels (also bwd_v3)
 #   bash build_mha.sh fwd --profile minimal -j 16    # anything after the API goes to compile.py
 #
-# When a GPU is visible, the freshly built benchmark runs one default case as a check (MHA_SKIP_RUN=1 skips it).
+# When a GPU is visible, the freshly built benchmark runs one default case as a check (MHA_SKIP_RUN=1 skips it);
+# otherwise it says in one line that it skipped that run.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,11 +21,15 @@ build_api() {
     "$python" "$here/compile.py" --api "$1" --benchmark "${@:2}"
 }
 
-run_check() {  # one default case with CPU validation, only where a GPU is present
+run_check() {  # one default case with CPU validation, only where a GPU is present; says so when it skips it
     local exe="./benchmark_mha_$1"
-    if [ "${MHA_SKIP_RUN:-0}" != "1" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if [ "${MHA_SKIP_RUN:-0}" = "1" ]; then
+        echo "[build_mha] skipped the validation run of $exe (MHA_SKIP_RUN=1)"
+    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         echo "[build_mha] running $exe -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1"
         "$exe" -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1
+    else
+        echo "[build_mha] skipped the validation run of $exe: no NVIDIA GPU visible (nvidia-smi -L found none)"
     fi
 }
 
@@ -42,7 +47,7 @@ case "$api" in
         run_check fwd
         run_check bwd ;;
     -h|--help|help)
-        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
         exit 0 ;;
     *)
         echo "build_mha.sh: unknown target '$api' (use fwd, bwd, fwd_v3, bwd_v3, or nothing for all)" >&2

@@ -11,6 +11,7 @@ second run with nothing changed recompiles nothing. The library is installed ato
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_directories(build_dir: Path, install_dir: Path) -> None:
+    """One line (ToolchainError) unless objects can be written under build_dir and the outputs installed into
+    install_dir (the current directory): checked before anything is compiled."""
+    for directory, what, fix in (
+            (build_dir, f"--build-dir {build_dir}", "choose another --build-dir"),
+            (install_dir, f"the current directory {install_dir} (the libraries are installed there)",
+             "run compile.py from a directory you can write")):
+        if directory.exists() and not directory.is_dir():
+            raise ToolchainError(f"{what} is not a directory: {fix}")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ToolchainError(f"{what} cannot be created ({exc.strerror}): {fix}") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ToolchainError(f"{what} is not writable: {fix}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -65,12 +83,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.jobs is not None and args.jobs < 1:
             raise SelectionError("-j must be >= 1")
+        check_directories(args.build_dir, Path.cwd())
         build(request)
         return 0
     except (SelectionError, ToolchainError, CatalogueError) as exc:
         print(f"compile.py: error: {exc}", file=sys.stderr)
         return 2
     except BuildError as exc:
+        print(f"compile.py: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. the disk filled up during the build
         print(f"compile.py: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """mhakit's code generator: catalogue -> specs -> rendered sources -> ninja build.
 
-Each module is one stage of the data flow in DESIGN.md and consumes only the stage above it:
+Each module is one stage of the data flow (docs/ARCHITECTURE.md) and consumes only the stage above it:
 
     catalogue.py   read the per-backend catalogue (data: families, tiles, arches)
     spec.py        KernelSpec (signature + algorithm) and its deterministic name
@@ -10,6 +10,7 @@ Each module is one stage of the data flow in DESIGN.md and consumes only the sta
     toolchain.py   the compiler (nvcc; hipcc later): flags, arch, version
     ninja.py       write build.ninja
     build.py       the one build path shared by compile.py, build_mha.sh and the Python JIT
+    locks.py       locks between processes: one build per build directory, one builder per cache entry
 """
 
-__all__ = ["build", "catalogue", "profiles", "render", "rules", "spec", "toolchain", "ninja"]
+__all__ = ["build", "catalogue", "locks", "profiles", "render", "rules", "spec", "toolchain", "ninja"]

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import catalogue as catalogue_mod
+from . import locks
 from .ninja import Compile, Executable, NinjaFile
 from .profiles import APIS, Selection, SelectionError, select
+from .render import BUILD_NAME_ROOT
 from .render import _environment as render_environment
 from .render import render_all, render_dispatch, render_instance, write_if_changed
 from .spec import KernelSpec
@@ -35,6 +37,10 @@ RUNTIME_SOURCES = {
     "fwd": ["runtime/mha_fwd.cpp", *_SHARED_RUNTIME],
     "bwd": ["runtime/mha_bwd.cpp", *_SHARED_RUNTIME],
 }
+# The libraries export the C ABI and nothing else: without this, inline functions of the C++ standard library that
+# its headers mark visible would be exported too.
+EXPORT_MAP_NAME = "exports.map"
+EXPORT_MAP = "{\n  global: mhakit_*;\n  local: *;\n};\n"
 BENCHMARKS = {"fwd": "benchmark/benchmark_mha_fwd.cpp", "bwd": "benchmark/benchmark_mha_bwd.cpp"}
 # Libraries a benchmark links besides its own API's: the backward benchmark runs our forward for O and LSE.
 BENCHMARK_NEEDS = {"fwd": [], "bwd": ["fwd"]}
@@ -91,6 +97,41 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def _stop_with_parent():
+    """A preexec_fn for ninja: the kernel sends it SIGTERM when the thread that started it dies, even by SIGKILL
+    (Linux: PR_SET_PDEATHSIG); None where prctl is unavailable."""
+    import ctypes
+    import signal
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm():
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
+def _ninja(cmd: list[str], env: dict, capture: bool) -> tuple[int, str]:
+    """Runs ninja; returns (exit status, its output when captured). ninja runs each compiler in a process group of its
+    own, and stops them when it gets SIGTERM or SIGINT, but not when it is killed. So ninja gets a session of its
+    own (a kill of our process group, e.g. `kill -9 -<pgid>`, does not reach it), is sent SIGTERM when we die, and is
+    asked to stop, not killed, when we are interrupted: no compiler outlives the build that started it."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.STDOUT if capture else None, text=True, errors="replace",
+                            start_new_session=True, preexec_fn=_stop_with_parent())
+    try:
+        out, _ = proc.communicate()
+    except BaseException:  # KeyboardInterrupt, ...
+        proc.terminate()
+        proc.wait()
+        raise
+    return proc.returncode, out or ""
+
+
 def _run_ninja(ninja_file: Path, work_dir: Path, jobs: int, verbose: bool, capture: bool = False) -> None:
     ninja = shutil.which("ninja")
     if ninja is None:
@@ -103,15 +144,14 @@ def _run_ninja(ninja_file: Path, work_dir: Path, jobs: int, verbose: bool, captu
     if verbose:
         cmd.append("-v")
     env = dict(os.environ, NINJA_STATUS="[%f/%t %es] ")
-    if capture:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace")
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stdout.splitlines()[-80:])
-            raise BuildError(f"the build failed; build files are in {work_dir}; compiler output:\n{tail}")
-        return
-    if subprocess.run(cmd, env=env).returncode != 0:
-        raise BuildError(f"the build failed (see the compiler output above); build files are in {work_dir}")
+    status, out = _ninja(cmd, env, capture)
+    if status != 0 and capture:
+        tail = "\n".join(out.splitlines()[-80:])
+        raise BuildError(f"the build failed; build files are in {work_dir} (the compiler calls it "
+                         f"{BUILD_NAME_ROOT}); compiler output:\n{tail}")
+    if status != 0:
+        raise BuildError(f"the build failed (see the compiler output above); build files are in {work_dir} (the "
+                         f"compiler calls it {BUILD_NAME_ROOT})")
 
 
 def _install(src: Path, dest_dir: Path) -> bool:
@@ -154,13 +194,28 @@ def build(request: BuildRequest, log=print) -> BuildResult:
     toolchain = request.toolchain or make_toolchain(request.arch, cat.arch(request.arch).gencode)
 
     work_dir = (request.build_dir / f"cuda-{request.arch}-{toolchain.fingerprint()}").resolve()
+    # One build at a time per build directory: two ninja runs sharing one .ninja_log / .ninja_deps (compile.py fwd
+    # and bwd started together, or two jobs in one checkout) corrupt them and every later run recompiles everything.
+    with locks.exclusive(work_dir / "build.lock",
+                         lambda: log(f"[mhakit] waiting for another build in {work_dir} to finish")):
+        return _build_in(request, selection, toolchain, work_dir, log, start)
+
+
+def _build_in(request: BuildRequest, selection: Selection, toolchain: Nvcc, work_dir: Path, log,
+              start: float) -> BuildResult:
+    """build() for one work directory, holding its lock: render, write the ninja file, run ninja, install."""
+    base_api = APIS[request.api][0]
     gen_dir, obj_dir = work_dir / "gen", work_dir / "obj"
     instance_sources, dispatch_source = render_all(base_api, request.arch, selection.specs, gen_dir)
     digest = _digest([s.name for s in selection.specs])
     out_dir = work_dir / "out" / f"{request.api}-{digest}"
 
-    compiles = [Compile(src, obj_dir / "instances" / (src.stem + ".o"), device=True) for src in instance_sources]
-    compiles.append(Compile(dispatch_source, obj_dir / (dispatch_source.stem + ".o"), device=True))
+    # Generated sources are named relative to the work directory (ninja runs there): nvcc records the name it is
+    # given in the library, and a relative one keeps two builds of the same selection byte-identical.
+    compiles = [Compile(src.relative_to(work_dir), obj_dir / "instances" / (src.stem + ".o"), device=True)
+                for src in instance_sources]
+    compiles.append(Compile(dispatch_source.relative_to(work_dir), obj_dir / (dispatch_source.stem + ".o"),
+                            device=True))
     for rel in RUNTIME_SOURCES[base_api]:
         compiles.append(Compile(CSRC / rel, obj_dir / "runtime" / (Path(rel).stem + ".o"), device=False))
     executables = []
@@ -171,7 +226,9 @@ def build(request: BuildRequest, log=print) -> BuildResult:
         executables.append(Executable(out_dir / bench_src.stem, [bench_obj],
                                       [_installed_library(api, request.install_dir) for api in BENCHMARK_NEEDS[base_api]]))
     library = out_dir / library_name(request.api)
-    ninja = NinjaFile(toolchain.path, toolchain.compile_flags(), toolchain.host_flags(), compiles, library, executables)
+    write_if_changed(work_dir / EXPORT_MAP_NAME, EXPORT_MAP)
+    ninja = NinjaFile(toolchain.path, toolchain.compile_flags(), toolchain.host_flags(), compiles, library, executables,
+                      export_map=Path(EXPORT_MAP_NAME))
     ninja_file = work_dir / f"{request.api}-{digest}.ninja"
     write_if_changed(ninja_file, ninja.text())
 
@@ -249,8 +306,9 @@ def build_inputs(request: BuildRequest, toolchain: Nvcc | None, csrc: Path | Non
     described = None
     if toolchain is not None:
         rules = NinjaFile("<nvcc>", toolchain.portable(toolchain.compile_flags()),
-                          toolchain.portable(toolchain.host_flags()), [], Path(library_name(request.api)), []).text()
-        described = dict(toolchain.describe(), rules=_sha256_text(rules))
+                          toolchain.portable(toolchain.host_flags()), [], Path(library_name(request.api)), [],
+                          export_map=Path(EXPORT_MAP_NAME)).text()
+        described = dict(toolchain.describe(), rules=_sha256_text(rules), exports=_sha256_text(EXPORT_MAP))
     return {
         "api": request.api,
         "arch": request.arch,

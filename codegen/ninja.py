@@ -6,6 +6,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from .render import BUILD_NAME_ROOT
+
 
 def _escape_path(path: Path | str) -> str:
     """Ninja's path escaping ($, space and colon)."""
@@ -38,6 +40,7 @@ class NinjaFile:
     compiles: list[Compile]
     library: Path
     executables: list[Executable]  # linked against `library`
+    export_map: Path | None = None  # a linker version script: the library exports what it names, nothing else
 
     def text(self) -> str:
         lines = [
@@ -48,7 +51,12 @@ class NinjaFile:
             f"host_flags = {_join(self.host_flags)}",
             "",
             "rule compile_device",
-            "  command = $nvcc $device_flags -MD -MF $out.d -c $in -o $out",
+            # Device sources are generated ones, named relative to the work directory (ninja runs there) and
+            # calling themselves BUILD_NAME_ROOT/<that name> (their #line). cudafe++ hashes a source's absolute path
+            # into the names of internal symbols, so it is given the same fixed name: the objects do not depend on
+            # where the build ran. The depfile lists the #line name as an input; sed points it back at the file.
+            f"  command = $nvcc $device_flags -Xcudafe --orig_src_path_name={BUILD_NAME_ROOT}/$in -MD -MF $out.d "
+            f"-c $in -o $out && sed -i 's#{BUILD_NAME_ROOT}/#./#' $out.d",
             "  depfile = $out.d",
             "  deps = gcc",
             "  description = nvcc $in",
@@ -60,7 +68,9 @@ class NinjaFile:
             "  description = nvcc (host) $in",
             "",
             "rule link_shared",
-            "  command = $nvcc -shared $in -o $out -Xlinker -soname=$soname",
+            # --discard-all: no local symbols, among them the names of nvcc's temporary files (they hold its pid),
+            # so that the same objects always link to the same bytes. The exported C ABI is unaffected.
+            "  command = $nvcc -shared $in -o $out -Xlinker -soname=$soname -Xlinker --discard-all $exports",
             "  description = link $out",
             "",
             "rule link_exe",
@@ -75,8 +85,11 @@ class NinjaFile:
         exe_objs = {o for exe in self.executables for o in exe.objects}
         lib_objs = [c.obj for c in self.compiles if c.obj not in exe_objs]
         lines.append(f"build {_escape_path(self.library)}: link_shared "
-                     + " ".join(_escape_path(o) for o in lib_objs))
+                     + " ".join(_escape_path(o) for o in lib_objs)
+                     + (f" | {_escape_path(self.export_map)}" if self.export_map else ""))
         lines.append(f"  soname = {self.library.name}")
+        if self.export_map:
+            lines.append(f"  exports = -Xlinker --version-script={_escape_path(self.export_map)}")
         for exe in self.executables:
             libraries = [self.library, *exe.extra_libraries]
             lines.append(f"build {_escape_path(exe.output)}: link_exe "

@@ -1,6 +1,9 @@
 """Rendering: one CUDA source per kernel instance and one dispatch table per API, from Jinja templates.
 
-Files are rewritten only when their text changes, so ninja (which tracks mtimes) recompiles exactly what changed."""
+Files are rewritten only when their text changes, so ninja (which tracks mtimes) recompiles exactly what changed.
+Each written source starts with a #line directive naming it by a fixed path, BUILD_NAME_ROOT/<path under the build's
+work directory>: nvcc records a source's directory in the line info (-lineinfo), and a fixed name keeps the bytes of
+a library the same whichever (temporary) directory built it."""
 from __future__ import annotations
 
 import hashlib
@@ -11,6 +14,7 @@ import jinja2
 from .spec import KernelSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+BUILD_NAME_ROOT = "/mhakit-build"  # what compiler messages and line info call a build's work directory
 
 
 def _environment() -> jinja2.Environment:
@@ -40,17 +44,24 @@ def render_dispatch(api: str, arch: str, specs: list[KernelSpec], env: jinja2.En
         api=api, Api=api.capitalize(), arch=arch, instances=[spec.template_context() for spec in specs])
 
 
+def _named(rel: str, text: str) -> str:
+    """text as written to <work dir>/<rel>: under its fixed build name (see the module docstring); line numbers
+    stay those of the text."""
+    return f'#line 1 "{BUILD_NAME_ROOT}/{rel}"\n{text}'
+
+
 def render_all(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path) -> tuple[list[Path], Path]:
-    """Render every instance and the dispatch table into gen_dir. Returns (instance sources, dispatch source)."""
+    """Render every instance and the dispatch table into gen_dir (the build work directory's gen/). Returns
+    (instance sources, dispatch source)."""
     env = _environment()
     sources = []
     for spec in specs:
-        path = gen_dir / "instances" / f"{spec.name}.cu"
-        write_if_changed(path, render_instance(spec, env))
-        sources.append(path)
-    dispatch = gen_dir / f"{api}_dispatch_{arch}_{_selection_digest(specs)}.cu"
-    write_if_changed(dispatch, render_dispatch(api, arch, specs, env))
-    return sources, dispatch
+        rel = f"instances/{spec.name}.cu"
+        write_if_changed(gen_dir / rel, _named(f"{gen_dir.name}/{rel}", render_instance(spec, env)))
+        sources.append(gen_dir / rel)
+    rel = f"{api}_dispatch_{arch}_{_selection_digest(specs)}.cu"
+    write_if_changed(gen_dir / rel, _named(f"{gen_dir.name}/{rel}", render_dispatch(api, arch, specs, env)))
+    return sources, gen_dir / rel
 
 
 def _selection_digest(specs: list[KernelSpec]) -> str:

@@ -1,6 +1,7 @@
 """``python -m mhakit``: fill, inspect and clear the kernel cache.
 
     python -m mhakit prebuild --profile default [--api fwd|bwd|all] [--arch sm_90a] [-j 16] [--filter d128]
+    python -m mhakit prebuild --profile minimal --list   # the instance names a profile (and --filter) selects
     python -m mhakit cache [--verbose]        # where the cache is and what it holds
     python -m mhakit clear                    # remove the cache's entries
 """
@@ -22,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
                           "(default: fwd)")
     pre.add_argument("--filter", default=None, dest="name_filter", help="keep instances whose name matches (glob)")
     pre.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    pre.add_argument("--list", action="store_true",
+                     help="print the instance names the profile and --filter select, and stop (builds nothing)")
     info = sub.add_parser("cache", help="print the cache directory and its entries")
     info.add_argument("--verbose", action="store_true", help="list every entry's instances")
     sub.add_parser("clear", help="remove every cached library (and the index) of this cache format")
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         apis = ("fwd", "bwd") if args.api == "all" else (args.api,)
         try:
+            if args.list:
+                return _list_instances(args, apis)
             paths = [p for api in apis
                      for p in jit.prebuild(args.profile, args.arch, api=api, name_filter=args.name_filter,
                                            jobs=args.jobs)]
@@ -63,12 +68,39 @@ def main(argv: list[str] | None = None) -> int:
                 for name in e["instances"]:
                     print(f"      {name}")
         print(f"{len(entries)} entries")
+        stale = cache.stale_tmp()
+        if stale:
+            size = sum(nbytes for _, nbytes in stale)
+            print(f"{len(stale)} temporary build directories of processes that died ({size / 1e6:.1f} MB) in "
+                  f"{cache.tmp_dir}: the next build removes them")
         return 0
     if args.command == "clear":
-        cache.clear()
+        if not cache.root.exists():
+            print(f"nothing to remove: {cache.root} does not exist")
+            return 0
+        failures = cache.clear()
+        if failures:
+            print(f"python -m mhakit clear: error: could not remove {len(failures)} "
+                  f"path{'s' if len(failures) != 1 else ''} under {cache.root} (first: {failures[0]})",
+                  file=sys.stderr)
+            return 1
         print(f"removed {cache.root}")
         return 0
     return 2  # pragma: no cover
+
+
+def _list_instances(args, apis) -> int:
+    """prebuild --list: the instance names the profile and filter select, per API (what --filter matches)."""
+    from . import _codegen, jit
+    arch = args.arch or jit.default_arch()
+    _codegen.submodule("toolchain").require_available_backend(arch)
+    for api in apis:
+        selection = _codegen.submodule("profiles").select(api, arch, args.profile, args.name_filter)
+        for spec in selection.specs:
+            print(spec.name)
+        print(f"{len(selection.specs)} {api} instances for {arch} (profile {args.profile}"
+              f"{', filter ' + args.name_filter if args.name_filter else ''})")
+    return 0
 
 
 if __name__ == "__main__":

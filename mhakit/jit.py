@@ -8,8 +8,11 @@ back to when a fast family's run-time guard fails (alignment, empty sequences, .
 
     $MHAKIT_CACHE_DIR, else $XDG_CACHE_HOME/mhakit, else ~/.cache/mhakit
         v1/<api>/<entry name>-<source key>-<toolchain key>/  libmha_<api>.so + manifest.json (written last)
-        v1/locks/<entry dir>.lock                            fcntl locks: one builder per entry across processes
-        v1/tmp/                                              builds in progress (a killed build leaves only this)
+        v1/locks/<entry dir>.lock, prebuild-<api>-<arch>.lock   fcntl locks: one builder per entry, one prebuild
+                                                             per (api, arch), across processes
+        v1/tmp/<name>.<pid>.<random>/                        builds in progress, each owned through a lock on its
+                                                             .owner file (a killed build leaves only this, and the
+                                                             next build removes it)
         v1/index/calls|entries/<key>.json                    call signature / instance list -> entry (shortcuts)
         v1/toolchains.json                                   nvcc version per nvcc file (path, size, mtime)
 
@@ -24,7 +27,8 @@ whose source key matches is used, whatever compiler built it.
 Safety. Building happens in v1/tmp/ while holding the entry's lock; the library and then its manifest (sha256 and
 size of the library, every key input) are written there and the directory is moved into place with ``os.replace``.
 A reader accepts an entry only if its manifest parses, names the expected key, and the library's size and sha256
-match, so a killed build, a truncated file or a corrupt manifest is rebuilt, never loaded.
+match, so a killed build, a truncated file or a corrupt manifest is rebuilt, never loaded. A cache that cannot be
+written (read-only, a file, not permitted) still serves what it holds; a miss raises CacheDirError.
 
 Speed. Each process memoises call signature -> loaded library (a dict lookup per call). The first call of a
 signature in a new process reads v1/index/calls/<call key>.json, where the call key hashes the signature, the content
@@ -42,7 +46,7 @@ deterministic mode, unaligned strides).
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import hashlib
 import json
 import os
@@ -58,9 +62,9 @@ from typing import Callable, Iterable, Optional
 
 from . import _codegen
 
-__all__ = ["FORMAT", "ENV_CACHE_DIR", "JitError", "NoCompilerError", "Entry", "Plan", "KernelCache", "cache_dir",
-           "derive_entry", "entries_within", "make_plan", "toolchain_for", "library", "prebuild", "device_arch",
-           "default_cache", "codegen_builder", "LOADERS"]
+__all__ = ["FORMAT", "ENV_CACHE_DIR", "JitError", "NoCompilerError", "CacheDirError", "Entry", "Plan", "KernelCache",
+           "cache_dir", "derive_entry", "entries_within", "make_plan", "toolchain_for", "library", "prebuild",
+           "device_arch", "default_cache", "codegen_builder", "LOADERS"]
 
 FORMAT = 1                      # layout of the cache; bump to start a fresh v<N>/ tree
 ENV_CACHE_DIR = "MHAKIT_CACHE_DIR"
@@ -74,6 +78,10 @@ class JitError(RuntimeError):
 
 class NoCompilerError(JitError):
     """The cache lacks a library and there is no toolchain to build it."""
+
+
+class CacheDirError(JitError):
+    """The cache lacks a library and its directory cannot be written (read-only, a file, not permitted)."""
 
 
 def cache_dir() -> Path:
@@ -220,17 +228,22 @@ def _memo_path(root: Path) -> Path:
     return root / "toolchains.json"
 
 
+def _read_memo(root: Path) -> dict:
+    """toolchains.json, or {} when it is missing or is not a JSON object (it is then rewritten by the next probe)."""
+    memo = _read_json(_memo_path(root))
+    return memo if isinstance(memo, dict) else {}
+
+
 def _nvcc_version(path: str, root: Path, refresh: bool = False) -> str:
     """nvcc's version, memoised per nvcc file (realpath, size, mtime) in toolchains.json; refresh re-runs the probe."""
     real = os.path.realpath(path)
     st = os.stat(real)
     stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    memo = _read_json(_memo_path(root)) or {}
-    known = memo.get(real)
+    known = _read_memo(root).get(real)
     if not refresh and isinstance(known, dict) and all(known.get(k) == v for k, v in stamp.items()) and known.get("version"):
         return known["version"]
     version = _codegen.submodule("toolchain").probe_nvcc_version(path)
-    memo = _read_json(_memo_path(root)) or {}
+    memo = _read_memo(root)
     memo[real] = dict(stamp, version=version)
     try:
         _write_json_atomic(_memo_path(root), memo)
@@ -315,21 +328,31 @@ def codegen_builder(plan: Plan, stage: Path, build_dir: Path, jobs: Optional[int
 
 @contextmanager
 def _locked(path: Path, what: str, log: Callable[[str], None]):
-    """An exclusive fcntl lock on `path` (created if needed; never deleted). The kernel drops it if we die."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"[mhakit] waiting for another process that is building {what}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    """An exclusive lock on `path` between processes (codegen/locks.py); says once that it waits for another."""
+    with _codegen.submodule("locks").exclusive(
+            path, lambda: log(f"[mhakit] waiting for another process that is building {what}")):
         yield
-    finally:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. EPERM: it exists
+        return True
+    return True
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 class KernelCache:
@@ -353,6 +376,83 @@ class KernelCache:
     @property
     def tmp_dir(self) -> Path:
         return self.root / "tmp"
+
+    # --- writing ------------------------------------------------------------------------------------------------
+    def _unwritable(self, exc: OSError, needed_for: str, prebuilding: bool = False) -> CacheDirError:
+        where = exc.filename or self.root
+        remedy = f"set {ENV_CACHE_DIR} to a writable directory" + (
+            "" if prebuilding else ", or fill this cache ahead of time with `python -m mhakit prebuild` for this "
+                                   "configuration")
+        return CacheDirError(f"the kernel cache {self.base} cannot be written ({exc.strerror or exc}: {where}), so "
+                             f"{needed_for} cannot be built into it: {remedy}")
+
+    def require_writable(self, needed_for: str, prebuilding: bool = False) -> None:
+        """Raise CacheDirError (one sentence: which directory, what to do) unless builds can be written here."""
+        try:
+            for directory in (self.tmp_dir, self.root / "locks"):
+                directory.mkdir(parents=True, exist_ok=True)
+                if not os.access(directory, os.W_OK | os.X_OK):
+                    raise OSError(errno.EACCES, "not writable", str(directory))
+        except OSError as exc:
+            raise self._unwritable(exc, needed_for, prebuilding) from None
+
+    @contextmanager
+    def _work_dir(self, prefix: str):
+        """A fresh directory tmp/<prefix>.<pid>.<random>, removed when the block ends. This process owns it by
+        holding the lock on its .owner file, so that a later process can tell a dead build's leftovers
+        (sweep_tmp) from a live build's directory."""
+        locks = _codegen.submodule("locks")
+        work = self.tmp_dir / f"{prefix}.{os.getpid()}.{secrets.token_hex(4)}"
+        work.mkdir(parents=True)
+        fd = locks.try_take(work / ".owner.new", create=True)
+        try:
+            if fd is not None:
+                os.replace(work / ".owner.new", work / ".owner")  # .owner exists only while locked
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            if fd is not None:
+                os.close(fd)
+
+    def _claim_if_dead(self, directory: Path):
+        """For a directory under tmp/ whose owner is gone: a lock descriptor to close after removing it (-1 when
+        it has no .owner file, as builds of older versions left them, and the pid in its name is gone); else None."""
+        owner = directory / ".owner"
+        if owner.exists():
+            return _codegen.submodule("locks").try_take(owner)
+        try:
+            pid = int(directory.name.rsplit(".", 2)[1])
+        except (IndexError, ValueError):
+            return None
+        return None if _pid_alive(pid) else -1
+
+    def _dead_tmp(self, remove: bool) -> list[tuple[Path, int]]:
+        found = []
+        try:
+            children = sorted(p for p in self.tmp_dir.iterdir() if p.is_dir())
+        except OSError:
+            return found
+        for directory in children:
+            fd = self._claim_if_dead(directory)
+            if fd is None:
+                continue
+            try:
+                found.append((directory, _tree_bytes(directory)))
+                if remove:
+                    shutil.rmtree(directory, ignore_errors=True)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        return found
+
+    def stale_tmp(self) -> list[tuple[Path, int]]:
+        """Build directories under tmp/ left by processes that died (killed builds and prebuilds), with their
+        sizes in bytes."""
+        return self._dead_tmp(remove=False)
+
+    def sweep_tmp(self) -> int:
+        """Remove what stale_tmp() lists; returns how many directories went. Builds call it before they start."""
+        return len(self._dead_tmp(remove=True))
 
     # --- lookup -------------------------------------------------------------------------------------------------
     @staticmethod
@@ -394,12 +494,6 @@ class KernelCache:
         return None
 
     # --- building -----------------------------------------------------------------------------------------------
-    def _remove_stale(self, plan: Plan) -> None:
-        """Leftovers of builds of this entry that died (we hold its lock, so nobody else is building it)."""
-        if self.tmp_dir.is_dir():
-            for leftover in self.tmp_dir.glob(f"{plan.dirname}.*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-
     def ensure(self, plan: Plan, *, jobs: Optional[int] = None, build_dir: Optional[Path] = None,
                quiet: bool = False, probe: bool = True) -> Path:
         """The plan's library, building it first if the cache lacks it (once across processes). `probe`: re-run
@@ -417,11 +511,16 @@ class KernelCache:
             lib = self.find(plan)
             if lib is not None:
                 return lib
-        with _locked(self.lock_path(plan), plan.entry.name, self.log):
-            lib = self.find(plan)  # another process may have built it while we waited
-            if lib is not None:
-                return lib
-            return self._build_locked(plan, jobs, build_dir, quiet)
+        needed_for = f"the kernels for this call ({plan.entry.name})"
+        self.require_writable(needed_for)
+        try:
+            with _locked(self.lock_path(plan), plan.entry.name, self.log):
+                lib = self.find(plan)  # another process may have built it while we waited
+                if lib is not None:
+                    return lib
+                return self._build_locked(plan, jobs, build_dir, quiet)
+        except OSError as exc:  # e.g. the disk filled up, or the cache was made read-only meanwhile
+            raise self._unwritable(exc, needed_for) from None
 
     def _with_probed_toolchain(self, plan: Plan) -> Plan:
         """A real build runs nvcc anyway: re-probe its version (cheap next to a build) so that a stale memo can never
@@ -434,10 +533,13 @@ class KernelCache:
         return make_plan(plan.entry, fresh)
 
     def _build_locked(self, plan: Plan, jobs: Optional[int], build_dir: Optional[Path], quiet: bool) -> Path:
-        self._remove_stale(plan)
-        work = self.tmp_dir / f"{plan.dirname}.{os.getpid()}.{secrets.token_hex(4)}"
+        self.sweep_tmp()
+        with self._work_dir(plan.dirname) as work:
+            return self._build_in(plan, work, jobs, build_dir, quiet)
+
+    def _build_in(self, plan: Plan, work: Path, jobs: Optional[int], build_dir: Optional[Path], quiet: bool) -> Path:
         stage = work / "entry"
-        stage.mkdir(parents=True)
+        stage.mkdir()
         final = self.entry_dir(plan)
         n = len(plan.entry.specs)
         if not quiet:
@@ -446,36 +548,33 @@ class KernelCache:
                      f"for {plan.entry.arch} with nvcc {version} (-j{jobs or os.cpu_count() or 1}) into "
                      f"{final.parent}; this happens once, later calls and processes load it")
         start = time.monotonic()
-        try:
-            library = Path(self.builder(plan, stage, Path(build_dir) if build_dir else work / "build", jobs))
-            if library.parent != stage or not library.is_file():
-                raise JitError(f"the builder did not leave a library in {stage} (got {library})")
-            with open(library, "rb") as f:
-                os.fsync(f.fileno())
-            seconds = time.monotonic() - start
-            manifest = {
-                "format": FORMAT,
-                "name": plan.entry.name,
-                "api": plan.entry.api,
-                "arch": plan.entry.arch,
-                "instances": plan.entry.instance_names,
-                "key": plan.key,
-                "source_key": plan.source_key,
-                "toolchain_key": plan.toolchain_key,
-                "library": library.name,
-                "size": library.stat().st_size,
-                "sha256": _file_sha256(library),
-                "build_seconds": round(seconds, 2),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),  # information only; never part of a key
-                "inputs": plan.inputs,
-            }
-            _write_json_atomic(stage / "manifest.json", manifest)  # last: its presence completes the entry
-            final.parent.mkdir(parents=True, exist_ok=True)
-            if final.exists():  # an entry that failed its check: move it out of the way, then replace it
-                os.replace(final, work / "replaced")
-            os.replace(stage, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        library = Path(self.builder(plan, stage, Path(build_dir) if build_dir else work / "build", jobs))
+        if library.parent != stage or not library.is_file():
+            raise JitError(f"the builder did not leave a library in {stage} (got {library})")
+        with open(library, "rb") as f:
+            os.fsync(f.fileno())
+        seconds = time.monotonic() - start
+        manifest = {
+            "format": FORMAT,
+            "name": plan.entry.name,
+            "api": plan.entry.api,
+            "arch": plan.entry.arch,
+            "instances": plan.entry.instance_names,
+            "key": plan.key,
+            "source_key": plan.source_key,
+            "toolchain_key": plan.toolchain_key,
+            "library": library.name,
+            "size": library.stat().st_size,
+            "sha256": _file_sha256(library),
+            "build_seconds": round(seconds, 2),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),  # information only; never part of a key
+            "inputs": plan.inputs,
+        }
+        _write_json_atomic(stage / "manifest.json", manifest)  # last: its presence completes the entry
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # an entry that failed its check: move it out of the way, then replace it
+            os.replace(final, work / "replaced")
+        os.replace(stage, final)
         if not quiet:
             self.log(f"[mhakit] built {plan.entry.name} in {time.monotonic() - start:.1f} s")
         return final / library.name
@@ -539,16 +638,27 @@ class KernelCache:
         out = []
         for api_dir in sorted(p for p in self.root.glob("*") if p.is_dir() and p.name not in ("locks", "tmp", "index")):
             for directory in sorted(p for p in api_dir.iterdir() if p.is_dir()):
-                manifest = _read_json(directory / "manifest.json") or {}
+                manifest = _read_json(directory / "manifest.json")
+                manifest = manifest if isinstance(manifest, dict) else {}
                 ok = self.check_entry(directory, key=manifest.get("key"), source_key=manifest.get("source_key"))
-                out.append({"dir": str(directory), "name": manifest.get("name", directory.name),
-                            "instances": manifest.get("instances", []), "ok": ok is not None,
+                instances = manifest.get("instances")
+                out.append({"dir": str(directory), "name": str(manifest.get("name", directory.name)),
+                            "instances": instances if isinstance(instances, list) else [], "ok": ok is not None,
                             "build_seconds": manifest.get("build_seconds")})
         return out
 
-    def clear(self) -> None:
-        """Remove this cache format's tree (entries, index, memo). Callers must not be building meanwhile."""
-        shutil.rmtree(self.root, ignore_errors=True)
+    def clear(self) -> list[str]:
+        """Remove this cache format's tree (entries, index, memo). Callers must not be building meanwhile. Returns
+        what could not be removed ("path: reason"; empty when everything went)."""
+        failures: list[str] = []
+
+        def failed(_function, path, exc_info):
+            exc = exc_info[1]
+            failures.append(f"{path}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
+
+        if os.path.lexists(self.root):
+            shutil.rmtree(self.root, onerror=failed)
+        return failures
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -684,6 +794,28 @@ def default_arch() -> str:
     return _codegen.submodule("toolchain").detect_arch()
 
 
+def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolchain, shared: Path,
+                      jobs: Optional[int], log) -> None:
+    """prebuild's work: every instance object of `todo` in one parallel ninja run under `shared`, then each
+    library's dispatch table and link, installed into the cache."""
+    build = _codegen.submodule("build")
+    start = time.monotonic()
+    union = sorted({sp.name: sp for p in todo for sp in p.entry.specs}.values(), key=lambda sp: sp.name)
+    log(f"[mhakit] compiling {len(union)} kernel instances with nvcc {toolchain.version} "
+        f"(-j{jobs or os.cpu_count() or 1})")
+    request = build.BuildRequest(api=api, arch=arch, specs=union, build_dir=shared / "build",
+                                 install_dir=shared / "all", jobs=jobs, capture_output=True, toolchain=toolchain)
+    try:
+        build.build(request, log=lambda *_: None)
+    except build.BuildError as exc:
+        raise JitError(f"prebuild failed: {exc}") from None
+    log(f"[mhakit] compiled in {time.monotonic() - start:.1f} s; linking {len(todo)} libraries")
+    for i, plan in enumerate(todo, 1):
+        cache.ensure(plan, jobs=jobs, build_dir=shared / "build", quiet=True, probe=False)
+        log(f"[mhakit] [{i}/{len(todo)}] {plan.entry.name}")
+    log(f"[mhakit] prebuild finished in {time.monotonic() - start:.1f} s")
+
+
 def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str = "fwd",
              name_filter: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[KernelCache] = None,
              quiet: bool = False) -> list[Path]:
@@ -709,32 +841,26 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
     toolchain, why = toolchain_for(arch, cache.root, refresh=True)
     plans = [make_plan(e, toolchain, why_no_toolchain=why) for e in entries]
     todo = [p for p in plans if cache.find(p) is None]
-    log(f"[mhakit] prebuild {api} (profile {profile}) for {arch}: {len(plans)} libraries, "
-        f"{len(plans) - len(todo)} already in {cache.root}")
-    if todo:
+    if not todo:
+        log(f"[mhakit] prebuild {api} (profile {profile}) for {arch}: all {len(plans)} libraries already in "
+            f"{cache.root}")
+    else:
         if toolchain is None:
             raise NoCompilerError(f"prebuild needs a toolchain: {why}")
-        build = _codegen.submodule("build")
-        shared = cache.tmp_dir / f"prebuild.{os.getpid()}.{secrets.token_hex(4)}"
-        start = time.monotonic()
+        needed_for = f"the {api} libraries of profile {profile}"
+        cache.require_writable(needed_for, prebuilding=True)
         try:
-            union = sorted({sp.name: sp for p in todo for sp in p.entry.specs}.values(), key=lambda sp: sp.name)
-            log(f"[mhakit] compiling {len(union)} kernel instances with nvcc {toolchain.version} "
-                f"(-j{jobs or os.cpu_count() or 1})")
-            request = build.BuildRequest(api=api, arch=arch, specs=union, build_dir=shared / "build",
-                                         install_dir=shared / "all", jobs=jobs, capture_output=True,
-                                         toolchain=toolchain)
-            try:
-                build.build(request, log=lambda *_: None)
-            except build.BuildError as exc:
-                raise JitError(f"prebuild failed: {exc}") from None
-            log(f"[mhakit] compiled in {time.monotonic() - start:.1f} s; linking {len(todo)} libraries")
-            for i, plan in enumerate(todo, 1):
-                cache.ensure(plan, jobs=jobs, build_dir=shared / "build", quiet=True, probe=False)
-                log(f"[mhakit] [{i}/{len(todo)}] {plan.entry.name}")
-        finally:
-            shutil.rmtree(shared, ignore_errors=True)
-        log(f"[mhakit] prebuild finished in {time.monotonic() - start:.1f} s")
+            # One prebuild per (api, arch) at a time: a second one waits, then finds the libraries the first built.
+            with _locked(cache.root / "locks" / f"prebuild-{api}-{arch}.lock", f"{api} libraries for {arch}", log):
+                todo = [p for p in plans if cache.find(p) is None]
+                log(f"[mhakit] prebuild {api} (profile {profile}) for {arch}: {len(plans)} libraries, "
+                    f"{len(plans) - len(todo)} already in {cache.root}")
+                if todo:
+                    cache.sweep_tmp()
+                    with cache._work_dir("prebuild") as shared:
+                        _prebuild_compile(cache, api, arch, todo, toolchain, shared, jobs, log)
+        except OSError as exc:
+            raise cache._unwritable(exc, needed_for, prebuilding=True) from None
     paths = []
     for plan in plans:
         lib = cache.find(plan)

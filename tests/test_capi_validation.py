@@ -59,6 +59,17 @@ def lib(minimal_fwd_build):
     (dict(stride_k=-128), "strides must be >= 0"),
     (dict(mask_type=7), "mask_type 7 is unknown"),
     (dict(data_type=5), "data_type 5 is not supported"),
+    # grid limits: -2 with the limit, never "rebuild with a profile" (issue 8, item 4)
+    (dict(batch=65536), "batch (65536) is above the limit of 65535 sequences per call"),
+    (dict(batch=2**31 - 1), "is above the limit of 65535 sequences per call"),
+    (dict(nhead_q=70000, nhead_k=70000), "nhead_q (70000) is above the limit of 65535 query heads per call"),
+    # alignment of every pointer to its element (item 11)
+    (dict(q_ptr=FAKE + 1), "q_ptr (0x7f0000000001) is misaligned: fp16/bf16 data must be 2-byte aligned"),
+    (dict(k_ptr=FAKE + 1), "k_ptr (0x7f0000000001) is misaligned"),
+    (dict(o_ptr=FAKE + 7), "o_ptr (0x7f0000000007) is misaligned"),
+    (dict(has_lse=1, lse_ptr=FAKE + 2), "lse_ptr (0x7f0000000002) is misaligned: the fp32 LSE must be 4-byte aligned"),
+    (dict(is_group_mode=1, seqstart_q_ptr=FAKE + 1, seqstart_k_ptr=FAKE),
+     "seqstart_q_ptr (0x7f0000000001) is misaligned: int32 offsets must be 4-byte aligned"),
 ])
 def test_invalid_arguments_are_refused_with_one_sentence(lib, overrides, message):
     args = valid_args(**overrides)
@@ -103,3 +114,20 @@ def test_padded_and_unaligned_cases_fall_back_to_the_generic_family(lib):
 def test_empty_problems_return_zero_without_launching(lib):
     assert lib.mha_fwd_raw(valid_args(batch=0)) == 0.0
     assert lib.mha_fwd_raw(valid_args(seqlen_q=0)) == 0.0
+
+
+def test_limits_are_documented_where_the_validator_takes_them_from():
+    """The grid and head-dim limits the validator enforces come from mha_common.h, which documents them."""
+    from conftest import REPO
+    header = (REPO / "csrc" / "include" / "mha_common.h").read_text()
+    for name, value in (("MHAKIT_MAX_BATCH", 65535), ("MHAKIT_MAX_NHEAD", 65535), ("MHAKIT_MAX_HDIM", 256)):
+        assert f"{name} = {value}" in header
+    assert "MHAKIT_MAX_BATCH" in (REPO / "csrc" / "runtime" / "api_common.cpp").read_text()
+
+
+def test_without_a_gpu_a_valid_call_is_a_cuda_error_saying_so(lib):
+    from conftest import have_gpu
+    if have_gpu():
+        pytest.skip("a GPU is present: the GPU tests run this call for real")
+    assert lib.mha_fwd_raw(valid_args()) == _capi.ERROR_CUDA
+    assert lib.last_error().startswith("no CUDA device/driver is available to this process (")

@@ -54,7 +54,17 @@ def lib(minimal_bwd_build):
     (dict(stride_dk=-1), "strides must be >= 0"),
     (dict(mask_type=4), "mask_type 4 is unknown"),
     (dict(data_type=2), "data_type 2 is not supported"),
-    (dict(workspace_ptr=FAKE + 8, workspace_bytes=1 << 30), "workspace_ptr must be 256-byte aligned"),
+    (dict(workspace_ptr=FAKE + 8, workspace_bytes=1 << 30), "the workspace must be 256-byte aligned"),
+    # grid limits: -2 with the limit, never "rebuild with a profile" (issue 8, item 4)
+    (dict(batch=65536), "batch (65536) is above the limit of 65535 sequences per call"),
+    (dict(nhead_q=65536, nhead_k=1), "nhead_q (65536) is above the limit of 65535 query heads per call"),
+    # alignment of every pointer to its element (item 11)
+    (dict(q_ptr=FAKE + 1), "q_ptr (0x7f0000000001) is misaligned: fp16/bf16 data must be 2-byte aligned"),
+    (dict(do_ptr=FAKE + 3), "do_ptr (0x7f0000000003) is misaligned"),
+    (dict(dv_ptr=FAKE + 1), "dv_ptr (0x7f0000000001) is misaligned"),
+    (dict(lse_ptr=FAKE + 2), "lse_ptr (0x7f0000000002) is misaligned: the fp32 LSE must be 4-byte aligned"),
+    (dict(is_group_mode=1, seqstart_q_ptr=FAKE, seqstart_k_ptr=FAKE + 2),
+     "seqstart_k_ptr (0x7f0000000002) is misaligned: int32 offsets must be 4-byte aligned"),
 ])
 def test_invalid_arguments_are_refused_with_one_sentence(lib, overrides, message):
     args = valid_args(**overrides)

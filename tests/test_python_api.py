@@ -299,10 +299,10 @@ def test_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatc
         monkeypatch.setattr(module, memo, {})  # per-process memos start empty for the fake device
     monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
     q, k, v = arr((30, 4, 64)), arr((40, 2, 64)), arr((40, 2, 64))
-    with pytest.raises(_capi.MhakitError, match="no usable CUDA device") as info:
+    with pytest.raises(_capi.MhakitError, match="no CUDA device/driver is available") as info:
         mhakit.mha_varlen_fwd(q, k, v, [0, 10, 10, 30], [0, 0, 25, 40], 20, 25, causal=True, return_lse=True,
                               stream=0x5000)
-    assert info.value.code == _capi.ERROR_UNSUPPORTED
+    assert info.value.code == _capi.ERROR_CUDA
     names = [c[0] for c in fake.calls]
     allocs = [c[1] for c in fake.calls if c[0] == "cuMemAllocAsync"]
     assert allocs[:2] == [(30 * 4 * 64 * 2, 0x5000), (4 * 30 * 4, 0x5000)]  # O (fp16) and LSE (fp32)
@@ -315,7 +315,7 @@ def test_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatc
     # batch mode, head-major memory viewed as bshd, GQA, a sliding window: accepted by the library as well
     q = arr((2, 33, 4, 64), strides=(4 * 33 * 64, 64, 33 * 64, 1))
     k = arr((2, 47, 2, 64), strides=(2 * 47 * 64, 64, 47 * 64, 1))
-    with pytest.raises(_capi.MhakitError, match="no usable CUDA device"):
+    with pytest.raises(_capi.MhakitError, match="no CUDA device/driver is available"):
         mhakit.mha_fwd(q, k, k, window=(8, 0), lse_out=arr((2, 4, 33), "float32"))
     names = sorted(d.name.split("-")[0] for d in (tmp_path / "cache" / "v1" / "fwd").iterdir())
     assert names == ["fwd_fp16_batch_mask_sm80", "fwd_fp16_group_mask_sm80"]
@@ -540,10 +540,10 @@ def test_bwd_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkey
 
     monkeypatch.setattr(_capi.BwdLibrary, "mha_bwd", spy)
     q, k, v = arr((30, 4, 64)), arr((40, 2, 64)), arr((40, 2, 64))
-    with pytest.raises(_capi.MhakitError, match="no usable CUDA device") as info:
+    with pytest.raises(_capi.MhakitError, match="no CUDA device/driver is available") as info:
         mhakit.mha_varlen_bwd(q, q, k, v, q, arr((4, 30), "float32"), [0, 10, 10, 30], [0, 0, 25, 40], 20, 25,
                               causal=True, deterministic=True, stream=0x5000)
-    assert info.value.code == _capi.ERROR_UNSUPPORTED
+    assert info.value.code == _capi.ERROR_CUDA
     allocs = [c[1] for c in fake.calls if c[0] == "cuMemAllocAsync"]
     assert allocs[:3] == [(30 * 4 * 64 * 2, 0x5000), (40 * 2 * 64 * 2, 0x5000), (40 * 2 * 64 * 2, 0x5000)]
     uploads = [c[1] for c in fake.calls if c[0] == "cuMemcpyHtoDAsync"]
@@ -560,7 +560,7 @@ def test_bwd_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkey
     q = arr((2, 33, 4, 64), strides=(4 * 33 * 64, 64, 33 * 64, 1))
     kk = arr((2, 47, 2, 64), strides=(2 * 47 * 64, 64, 47 * 64, 1))
     dk = arr((2, 47, 2, 64), strides=(47 * 2 * 72, 2 * 72, 72, 1))  # rows padded to 72 elements
-    with pytest.raises(_capi.MhakitError, match="no usable CUDA device"):
+    with pytest.raises(_capi.MhakitError, match="no CUDA device/driver is available"):
         mhakit.mha_bwd(q, q, kk, kk, q, arr((2, 4, 33), "float32"), window=(8, 0), dk=dk, stream=0x5000)
     assert launches[1]["name"].startswith("bwd_d64_fp16_batch_mask_sm80_generic_")
     assert launches[1]["group"] == 0 and launches[1]["deterministic"] == 0

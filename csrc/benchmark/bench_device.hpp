@@ -3,25 +3,35 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <new>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../reference/bench_cli.hpp"  // checked_product
 #include "mha_common.h"
 
 namespace mhakit::bench {
 
 constexpr int kExitFail = 1;   // validation failed, or the library refused the call
 constexpr int kExitUsage = 2;  // bad command line
-constexpr int kExitCuda = 3;   // the CUDA runtime failed
+constexpr int kExitCuda = 3;   // no CUDA device/driver, or the CUDA runtime failed
 
 // The running program's name, for messages; each benchmark sets it first thing in main().
 inline const char* g_program = "benchmark";
+
+[[noreturn]] inline void usage_error(const std::string& msg) {
+    std::fprintf(stderr, "%s: error: %s\n", g_program, msg.c_str());
+    std::exit(kExitUsage);
+}
 
 [[noreturn]] inline void cuda_failure(cudaError_t err, const char* expr, const char* file, int line) {
     std::cout << std::flush;
@@ -35,6 +45,81 @@ inline const char* g_program = "benchmark";
         const cudaError_t err_ = (expr);                                                         \
         if (err_ != cudaSuccess) ::mhakit::bench::cuda_failure(err_, #expr, __FILE__, __LINE__); \
     } while (0)
+
+// Exits with kExitCuda and one line when this process has no CUDA device to run on (no GPU, no driver, or a driver
+// older than the runtime), before any buffer is allocated.
+inline void require_cuda_device() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaSuccess && count > 0) return;
+    std::fprintf(stderr, "%s: no CUDA device/driver is available (%s)\n", g_program,
+                 err != cudaSuccess ? cudaGetErrorString(err) : "no device found");
+    std::exit(kExitCuda);
+}
+
+// Host memory this process may use: physical memory, or less under an address-space or data-size limit.
+inline double host_memory_limit() {
+    double limit = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    for (int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+        rlimit rl{};
+        if (getrlimit(resource, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) limit = std::min(limit, double(rl.rlim_cur));
+    }
+    return limit;
+}
+
+// The sizes of a run, for messages ("-b=2 -h=8 -s=512/512 -d=128/128").
+inline std::string g_sizes;
+
+[[noreturn]] inline void host_memory_failure(double bytes) {
+    std::cout << std::flush;
+    if (bytes > 0)
+        std::fprintf(stderr, "%s: error: %s need about %.1f GiB of host memory (inputs and reference), more than this "
+                             "process may use (%.1f GiB); use smaller sizes, or -v=0 to skip the reference\n",
+                     g_program, g_sizes.c_str(), bytes / double(1ull << 30), host_memory_limit() / double(1ull << 30));
+    else
+        std::fprintf(stderr, "%s: error: ran out of host memory for %s; use smaller sizes\n", g_program,
+                     g_sizes.c_str());
+    std::exit(kExitUsage);
+}
+
+// Element counts of q, k, v, o (and dq, dk, dv, do, which have their shapes) and lse.
+struct TensorCounts {
+    size_t q, k, v, o, lse;
+};
+
+// The element counts of a run's tensors (shape_batch sequences of shape_sq / shape_sk tokens: group mode packs the
+// batch into one), refused in one line (kExitUsage) when they cannot be addressed. Sets g_sizes for later messages.
+inline TensorCounts checked_counts(int batch, int64_t shape_batch, int64_t nhead, int64_t nhead_k, int64_t shape_sq,
+                                   int64_t shape_sk, int64_t hdim_q, int64_t hdim_v) {
+    g_sizes = "-b=" + std::to_string(batch) + " -h=" + std::to_string(nhead) + " -s=" + std::to_string(shape_sq) + "/" +
+              std::to_string(shape_sk) + " -d=" + std::to_string(hdim_q) + "/" + std::to_string(hdim_v);
+    const int64_t counts[] = {checked_product({shape_batch, nhead, shape_sq, hdim_q}),
+                              checked_product({shape_batch, nhead_k, shape_sk, hdim_q}),
+                              checked_product({shape_batch, nhead_k, shape_sk, hdim_v}),
+                              checked_product({shape_batch, nhead, shape_sq, hdim_v}),
+                              checked_product({shape_batch, nhead, shape_sq})};
+    for (int64_t c : counts)
+        if (c < 0 || c > INT64_MAX / 16) usage_error(g_sizes + ": the tensors have too many elements to address");
+    return {size_t(counts[0]), size_t(counts[1]), size_t(counts[2]), size_t(counts[3]), size_t(counts[4])};
+}
+
+// Refuses (kExitUsage, one line) a run whose host buffers cannot fit, before any allocation.
+inline void require_host_memory(double bytes) {
+    if (bytes > host_memory_limit()) host_memory_failure(bytes);
+}
+
+// main()'s body, with allocation failures that slip past require_host_memory() reported in one line instead of
+// aborting.
+template <class Body>
+int run_main(Body&& body) {
+    try {
+        return body();
+    } catch (const std::bad_alloc&) {
+        host_memory_failure(0);
+    } catch (const std::length_error&) {
+        host_memory_failure(0);
+    }
+}
 
 // A device allocation (at least 256 bytes, so that empty tensors still get a valid pointer).
 class DeviceBuffer {
@@ -67,11 +152,6 @@ private:
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
 };
-
-[[noreturn]] inline void usage_error(const std::string& msg) {
-    std::fprintf(stderr, "%s: error: %s\n", g_program, msg.c_str());
-    std::exit(kExitUsage);
-}
 
 template <class T>
 std::string list_str(const std::vector<T>& v, size_t max_items = 64) {

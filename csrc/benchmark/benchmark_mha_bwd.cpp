@@ -22,7 +22,8 @@
 //       -pthread -Wl,-rpath,'$ORIGIN'
 //
 // Exit status: 0 success; 1 validation failed (gradients, forward, or determinism) or the library refused the
-// arguments (not supported / invalid); 2 bad command line; 3 CUDA runtime error.
+// arguments (not supported / invalid); 2 bad command line (sizes whose buffers cannot fit in host memory
+// included); 3 no CUDA device/driver, or a CUDA runtime error.
 #include "mha_bwd.h"
 #include "mha_fwd.h"
 
@@ -154,8 +155,7 @@ std::vector<uint16_t> download16(const DeviceBuffer& buf, size_t elems) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    mhakit::bench::g_program = kProg;
+int run(int argc, char** argv) {
     namespace host = mhakit::host;
     namespace bench = mhakit::bench;
 
@@ -242,11 +242,16 @@ int main(int argc, char** argv) {
     const int64_t shape_sq = group ? int64_t(seqstart_q.back()) : int64_t(seqlen_qs[0]);
     const int64_t shape_sk = group ? int64_t(seqstart_k.back()) : int64_t(seqlen_ks[0]);
 
-    const size_t q_elems = size_t(shape_batch * nhead * shape_sq * hdim_q);
-    const size_t k_elems = size_t(shape_batch * nhead_k * shape_sk * hdim_q);
-    const size_t v_elems = size_t(shape_batch * nhead_k * shape_sk * hdim_v);
-    const size_t o_elems = size_t(shape_batch * nhead * shape_sq * hdim_v);
-    const size_t lse_elems = size_t(shape_batch * nhead * shape_sq);
+    // Element counts checked before anything is allocated; then the host memory they need, then the device.
+    const bench::TensorCounts counts =
+        bench::checked_counts(batch, shape_batch, nhead, nhead_k, shape_sq, shape_sk, hdim_q, hdim_v);
+    const size_t q_elems = counts.q, k_elems = counts.k, v_elems = counts.v, o_elems = counts.o,
+                 lse_elems = counts.lse;
+    // inputs (q, k, v, do); with -v=1 also the outputs' copies (2 bytes) and the fp32 references of dq, dk, dv, o
+    // and lse
+    const double data = double(q_elems + k_elems + v_elems + o_elems);
+    bench::require_host_memory(2.0 * data + (do_validation ? 2.0 * data + 4.0 * data + 8.0 * double(lse_elems) : 0.0));
+    bench::require_cuda_device();
 
     // ---------------------------------------------------------------- host inputs
     std::vector<uint16_t> q_host(q_elems), k_host(k_elems), v_host(v_elems), do_host(o_elems);
@@ -498,4 +503,9 @@ int main(int argc, char** argv) {
                          list_str(seqstart_k).c_str());
     }
     return ok ? 0 : kExitFail;
+}
+
+int main(int argc, char** argv) {
+    mhakit::bench::g_program = kProg;
+    return mhakit::bench::run_main([&] { return run(argc, argv); });
 }

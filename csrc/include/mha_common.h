@@ -34,9 +34,28 @@ typedef enum mhakit_mask_type {
 
 // Return codes of mha_fwd / mha_bwd. A non-negative value is the kernel time in ms (0 when not timing).
 enum {
-    MHAKIT_ERROR_UNSUPPORTED = -1,   // arguments are valid, but no built kernel serves these traits
+    MHAKIT_ERROR_UNSUPPORTED = -1,   // arguments are valid, but no built kernel serves these traits (a rebuild with
+                                     // other instances, or for this GPU's arch, would)
     MHAKIT_ERROR_INVALID_ARGS = -2,  // arguments are inconsistent or out of range; nothing was launched
-    MHAKIT_ERROR_CUDA = -3,          // the CUDA runtime reported an error during launch or timing
+    MHAKIT_ERROR_CUDA = -3,          // no CUDA device/driver is available, or the CUDA runtime reported an error
+                                     // during launch or timing
+};
+
+// Limits of every call, forward and backward (beyond them a call returns MHAKIT_ERROR_INVALID_ARGS and says which):
+//   batch                  0 .. MHAKIT_MAX_BATCH      (the kernels give each sequence a row of a CUDA grid dimension)
+//   nhead_q                1 .. MHAKIT_MAX_NHEAD      (likewise each query head); nhead_k divides nhead_q
+//   hdim_q, hdim_v         multiples of 8 in [8, MHAKIT_MAX_HDIM]
+//   seqlen_*, max_seqlen_* 0 .. INT32_MAX; group-mode offsets (seqstart_*) are int32, so a batch's total is too
+//   strides                >= 0, in elements; the head dimension is contiguous (stride 1)
+//   pointers               aligned to their element: 2 bytes for fp16/bf16 tensors, 4 for LSE (fp32) and seqstart
+//                          (int32), MHAKIT_WORKSPACE_ALIGNMENT for the backward's workspace
+// Faster kernel families add run-time guards of their own (16-byte alignment, ...); a call they refuse runs on the
+// generic family, never fails because of them.
+enum {
+    MHAKIT_MAX_BATCH = 65535,
+    MHAKIT_MAX_NHEAD = 65535,
+    MHAKIT_MAX_HDIM = 256,
+    MHAKIT_WORKSPACE_ALIGNMENT = 256,
 };
 
 // How to run: which stream, and whether to time. Mirrors ck_tile::stream_config as aiter uses it.

@@ -7,6 +7,7 @@
 //   * parse_mask: the mask strings 0, 1|t, 2|b, t:l,r, b:l,r, g:y,x, xt:w, xb:w -> mhakit_mask_type + window sizes;
 //   * decode_seqlens: -s / -s_k, including per-batch comma lists in group mode, generating missing lengths from the
 //     seed around the last given value (the total is kept: lengths move between sequences one unit at a time);
+//   * checked_product: element counts computed without overflowing int64 (sizes are checked before allocating);
 //   * fill_tensor: the -init methods (forward: ui/0, ni, uf/1, nf, tf/2; backward: 0, 1, 2) into fp16/bf16 host
 //     buffers.
 #pragma once
@@ -19,6 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
@@ -340,6 +343,26 @@ inline std::vector<int> generate_seqlens(bool group, int count, int avg, int min
     return v;
 }
 
+// The product of `dims` (each >= 0), or -1 when it does not fit int64.
+inline int64_t checked_product(std::initializer_list<int64_t> dims) {
+    int64_t p = 1;
+    for (int64_t d : dims) {
+        if (d < 0 || (d != 0 && p > INT64_MAX / d)) return -1;
+        p *= d;
+    }
+    return p;
+}
+
+// The sum of `lens`, or -1 when it does not fit the int32 offsets of group mode (seqstart).
+inline int64_t int32_total(const std::vector<int>& lens) {
+    int64_t total = 0;
+    for (int l : lens) {
+        total += l;
+        if (total > INT32_MAX) return -1;
+    }
+    return total;
+}
+
 // -s / -s_k as aiter decodes them.
 //   batch mode: one value each; s_k < 0 means s_k = s. Every sequence gets these lengths.
 //   group mode: "-s=s0,s1,..." and "-s_k=k0,k1,..." per sequence; s_k entries past the end of its list repeat the
@@ -391,11 +414,18 @@ inline bool decode_seqlens(bool group, int batch, const std::string& s, const st
         sq.insert(sq.end(), rq.begin(), rq.end());
         sk.insert(sk.end(), rk.begin(), rk.end());
     }
+    for (const auto& [name, lens] : {std::make_pair("-s", &sq), std::make_pair("-s_k", &sk)})
+        if (int32_total(*lens) < 0) {
+            *err = std::string(name) + ": the sequences of the batch hold more than 2147483647 tokens in total, " +
+                   "beyond the int32 offsets (seqstart) of group mode";
+            return false;
+        }
     *seqlen_q = sq;
     *seqlen_k = sk;
     return true;
 }
 
+// Cumulative offsets of `lens` (callers check int32_total() first: the offsets are int32).
 inline std::vector<int32_t> to_seqstarts(const std::vector<int>& lens) {
     std::vector<int32_t> st(1, 0);
     for (int l : lens) st.push_back(st.back() + l);

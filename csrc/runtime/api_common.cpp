@@ -4,7 +4,6 @@
 
 namespace mhakit {
 namespace {
-constexpr int kMaxHdim = 256;
 constexpr int kWindowBound = 1 << 29;
 constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
 }  // namespace
@@ -33,9 +32,26 @@ float check_heads(int nhead_q, int nhead_k) {
 
 float check_head_dims(int hdim_q, int hdim_v) {
     for (int d : {hdim_q, hdim_v})
-        if (d < 8 || d % 8 != 0 || d > kMaxHdim)
-            return fail(E, "hdim_q and hdim_v must be multiples of 8 in [8, %d] (got %d and %d)", kMaxHdim, hdim_q,
-                        hdim_v);
+        if (d < 8 || d % 8 != 0 || d > MHAKIT_MAX_HDIM)
+            return fail(E, "hdim_q and hdim_v must be multiples of 8 in [8, %d] (got %d and %d)", MHAKIT_MAX_HDIM,
+                        hdim_q, hdim_v);
+    return 0.f;
+}
+
+float check_grid(int batch, int nhead_q) {
+    if (batch > MHAKIT_MAX_BATCH)
+        return fail(E, "batch (%d) is above the limit of %d sequences per call (one CUDA grid dimension); split the "
+                       "batch over several calls", batch, MHAKIT_MAX_BATCH);
+    if (nhead_q > MHAKIT_MAX_NHEAD)
+        return fail(E, "nhead_q (%d) is above the limit of %d query heads per call (one CUDA grid dimension); "
+                       "split the heads over several calls", nhead_q, MHAKIT_MAX_NHEAD);
+    return 0.f;
+}
+
+float check_alignment(std::initializer_list<NamedPointer> pointers, size_t alignment, const char* what) {
+    for (const NamedPointer& p : pointers)
+        if (reinterpret_cast<uintptr_t>(p.ptr) % alignment != 0)
+            return fail(E, "%s (%p) is misaligned: %s must be %zu-byte aligned", p.name, p.ptr, what, alignment);
     return 0.f;
 }
 

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 
 #include "mha_common.h"
@@ -19,6 +21,17 @@ float check_dtype(int dtype);
 float check_scale(float scale, const char* name);
 float check_heads(int nhead_q, int nhead_k);
 float check_head_dims(int hdim_q, int hdim_v);
+// batch and nhead_q within the CUDA grid (MHAKIT_MAX_BATCH, MHAKIT_MAX_NHEAD in mha_common.h).
+float check_grid(int batch, int nhead_q);
+
+// Every pointer a multiple of `alignment` bytes (NULL passes: whether a NULL is allowed is checked elsewhere);
+// `what` names the data in the message ("fp16/bf16 data": "q_ptr (0x...1) is misaligned: fp16/bf16 data must be
+// 2-byte aligned").
+struct NamedPointer {
+    const char* name;
+    const void* ptr;
+};
+float check_alignment(std::initializer_list<NamedPointer> pointers, size_t alignment, const char* what);
 float check_nonnegative_strides(std::initializer_list<int64_t> strides);
 float check_mask_type(int mask_type);
 

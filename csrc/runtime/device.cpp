@@ -25,21 +25,32 @@ bool runs_on(const char* arch, int major, int minor) {
     return major == cc / 10 && minor >= cc % 10;
 }
 
+// Errors that mean "this process has no GPU to run on" rather than a fault of the call.
+bool no_device_or_driver(cudaError_t err) {
+    return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary ||
+           err == cudaErrorDevicesUnavailable || err == cudaErrorInitializationError ||
+           err == cudaErrorSystemDriverMismatch || err == cudaErrorCompatNotSupportedOnDevice;
+}
+
+float device_failure(cudaError_t err, const char* what, int device) {
+    cudaGetLastError();  // reset the runtime error state so that later calls start clean
+    if (no_device_or_driver(err))
+        return fail(MHAKIT_ERROR_CUDA, "no CUDA device/driver is available to this process (%s: %s)", what,
+                    cudaGetErrorString(err));
+    return fail(MHAKIT_ERROR_CUDA, "%s failed for device %d: %s", what, device, cudaGetErrorString(err));
+}
+
 }  // namespace
 
 float check_device_arch(const char* arch) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) {
-        cudaGetLastError();  // reset the runtime error state so that later calls start clean
-        return fail(MHAKIT_ERROR_UNSUPPORTED, "no usable CUDA device: %s", cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess) return device_failure(err, "cudaGetDevice", device);
     if (device >= 0 && device < kMaxDevices && g_checked[device].load(std::memory_order_relaxed) == 1) return 0.f;
     int major = 0, minor = 0;
     if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
         (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess)
-        return fail(MHAKIT_ERROR_CUDA, "cannot read the compute capability of device %d: %s", device,
-                    cudaGetErrorString(err));
+        return device_failure(err, "reading the compute capability", device);
     if (!runs_on(arch, major, minor))
         return fail(MHAKIT_ERROR_UNSUPPORTED,
                     "this library was built for %s but device %d has compute capability %d.%d; rebuild with "

@@ -3,8 +3,9 @@
 
 namespace mhakit {
 
-// 0 when the current device can run code built for `arch` (e.g. "sm_90a"), else MHAKIT_ERROR_UNSUPPORTED (no
-// GPU, or another architecture) or MHAKIT_ERROR_CUDA, with last_error set. Cached per device after the first call.
+// 0 when the current device can run code built for `arch` (e.g. "sm_90a"), else MHAKIT_ERROR_UNSUPPORTED (a GPU
+// of another architecture: a rebuild for it helps) or MHAKIT_ERROR_CUDA (no CUDA device/driver available, or the
+// runtime failed), with last_error set. Cached per device after the first call.
 float check_device_arch(const char* arch);
 
 }  // namespace mhakit

@@ -14,7 +14,6 @@ namespace mhakit {
 namespace {
 
 constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
-constexpr uintptr_t kWorkspaceAlignment = 256;  // what cudaMalloc returns; kernels vectorise their scratch
 
 float validate(const mhakit_bwd_args& a) {
     if (float rc = check_dtype(a.data_type)) return rc;
@@ -39,8 +38,20 @@ float validate(const mhakit_bwd_args& a) {
     if (keys_possible && (!a.k_ptr || !a.v_ptr || !a.dk_ptr || !a.dv_ptr))
         return fail(E, "k_ptr, v_ptr, dk_ptr and dv_ptr must not be NULL (they may be NULL only in batch mode with "
                        "seqlen_k == 0)");
-    if (a.workspace_ptr != nullptr && reinterpret_cast<uintptr_t>(a.workspace_ptr) % kWorkspaceAlignment != 0)
-        return fail(E, "workspace_ptr must be 256-byte aligned (as cudaMalloc returns)");
+    if (float rc = check_grid(a.batch, a.nhead_q)) return rc;
+    if (float rc = check_alignment({{"q_ptr", a.q_ptr}, {"k_ptr", a.k_ptr}, {"v_ptr", a.v_ptr}, {"o_ptr", a.o_ptr},
+                                    {"do_ptr", a.do_ptr}, {"dq_ptr", a.dq_ptr}, {"dk_ptr", a.dk_ptr},
+                                    {"dv_ptr", a.dv_ptr}},
+                                   2, "fp16/bf16 data"))
+        return rc;
+    if (float rc = check_alignment({{"lse_ptr", a.lse_ptr}}, 4, "the fp32 LSE")) return rc;
+    if (a.is_group_mode)
+        if (float rc = check_alignment({{"seqstart_q_ptr", a.seqstart_q_ptr}, {"seqstart_k_ptr", a.seqstart_k_ptr}},
+                                       4, "int32 offsets"))
+            return rc;
+    // The kernels vectorise their scratch; cudaMalloc returns this alignment.
+    if (float rc = check_alignment({{"workspace_ptr", a.workspace_ptr}}, MHAKIT_WORKSPACE_ALIGNMENT, "the workspace"))
+        return rc;
     if (float rc = check_nonnegative_strides(
             {a.stride_q, a.stride_k, a.stride_v, a.stride_o, a.stride_do, a.stride_dq, a.stride_dk, a.stride_dv,
              a.nhead_stride_q, a.nhead_stride_k, a.nhead_stride_v, a.nhead_stride_o, a.nhead_stride_do,

@@ -35,6 +35,15 @@ float validate(const mhakit_fwd_args& a) {
     if (keys_possible && (a.k_ptr == nullptr || a.v_ptr == nullptr))
         return fail(E, "k_ptr and v_ptr must not be NULL (they may be NULL only in batch mode with seqlen_k == 0)");
     if (a.has_lse && a.lse_ptr == nullptr) return fail(E, "has_lse is set but lse_ptr is NULL");
+    if (float rc = check_grid(a.batch, a.nhead_q)) return rc;
+    if (float rc = check_alignment({{"q_ptr", a.q_ptr}, {"k_ptr", a.k_ptr}, {"v_ptr", a.v_ptr}, {"o_ptr", a.o_ptr}},
+                                   2, "fp16/bf16 data"))
+        return rc;
+    if (float rc = check_alignment({{"lse_ptr", a.has_lse ? a.lse_ptr : nullptr}}, 4, "the fp32 LSE")) return rc;
+    if (a.is_group_mode)
+        if (float rc = check_alignment({{"seqstart_q_ptr", a.seqstart_q_ptr}, {"seqstart_k_ptr", a.seqstart_k_ptr}},
+                                       4, "int32 offsets"))
+            return rc;
     if (float rc = check_nonnegative_strides({a.stride_q, a.stride_k, a.stride_v, a.stride_o, a.nhead_stride_q,
                                               a.nhead_stride_k, a.nhead_stride_v, a.nhead_stride_o,
                                               a.nhead_stride_lse, a.batch_stride_q, a.batch_stride_k,
