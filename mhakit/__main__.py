@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                 for name in e["instances"]:
                     print(f"      {name}")
         print(f"{len(entries)} entries")
+        from . import _ext
+        ext = _ext.cached(cache)
+        print(f"C call path for this Python ({_ext.abi_tag()}): "
+              + (str(ext) if ext else "not built (the first call or prebuild builds it)"))
         stale = cache.stale_tmp()
         if stale:
             size = sum(nbytes for _, nbytes in stale)

@@ -21,12 +21,13 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
 from . import _codegen
 
-__all__ = ["ENV_DISABLE", "module", "build", "ExtError", "compiler"]
+__all__ = ["ENV_DISABLE", "module", "build", "cached", "abi_tag", "ExtError", "compiler"]
 
 ENV_DISABLE = "MHAKIT_NO_EXT"
 NAME = "_mhakit_ext"
@@ -62,7 +63,7 @@ def _key(cc: Optional[list[str]]) -> str:
     h = hashlib.sha256()
     for path in _sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(repr((sysconfig.get_config_var("EXT_SUFFIX"), sys.implementation.cache_tag, FLAGS, LIBS,
+    h.update(repr((abi_tag(), sys.implementation.cache_tag, FLAGS, LIBS,
                    [Path(cc[0]).name, *cc[1:]] if cc else None)).encode())
     return h.hexdigest()[:20]
 
@@ -85,6 +86,17 @@ def _cached(directory: Path) -> Optional[Path]:
     return path
 
 
+def abi_tag() -> str:
+    return sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag
+
+
+def cached(cache=None) -> Optional[Path]:
+    """The extension module this Python would load from the cache, or None (nothing compiled, no lock taken)."""
+    from . import jit
+    cache = cache or jit.default_cache()
+    return _cached(_entry_dir(cache.root, _key(compiler())))
+
+
 def build(cache=None, *, quiet: bool = False) -> Path:
     """The extension module's path in the cache (a :class:`mhakit.jit.KernelCache`, default the process's),
     compiling it first when missing (once across processes)."""
@@ -98,16 +110,14 @@ def build(cache=None, *, quiet: bool = False) -> Path:
         return found
     if cc is None:
         raise ExtError("no C compiler found (set CC, or install gcc or clang)")
-    import secrets
-    import time
+    cache.require_writable("the C call path")
     with jit._locked(cache.root / "locks" / f"{final.name}.lock", "the C call path", cache.log):
         found = _cached(final)
         if found is not None:
             return found
-        work = cache.tmp_dir / f"{final.name}.{os.getpid()}.{secrets.token_hex(4)}"
-        stage = work / "entry"
-        stage.mkdir(parents=True)
-        try:
+        with cache._work_dir(final.name) as work:
+            stage = work / "entry"
+            stage.mkdir()
             target = stage / f"{NAME}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
             include = _codegen.source_dirs()["csrc"] / "include"
             cmd = [*cc, *FLAGS, f"-I{sysconfig.get_paths()['include']}", f"-I{include}", str(_sources()[0]),
@@ -119,15 +129,13 @@ def build(cache=None, *, quiet: bool = False) -> Path:
             jit._write_json_atomic(stage / "manifest.json", {
                 "module": target.name, "sha256": jit._file_sha256(target), "key": key, "command": cmd,
                 "build_seconds": round(time.monotonic() - start, 2)})
-            final.parent.mkdir(parents=True, exist_ok=True)
-            if final.exists():
-                os.replace(final, work / "replaced")
-            os.replace(stage, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            cache.install(stage, final, work)
         if not quiet:
             cache.log(f"[mhakit] built the C call path ({NAME}) in {time.monotonic() - start:.1f} s into {final}")
-    return _cached(final) or target
+    found = _cached(final)
+    if found is None:
+        raise ExtError(f"the C call path installed into {final} does not pass its check")
+    return found
 
 
 def _load(path: Path):

@@ -19,7 +19,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple
 
 from . import _arrays
 from ._arrays import ArrayView, DeviceArray

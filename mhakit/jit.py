@@ -56,7 +56,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -414,6 +414,15 @@ class KernelCache:
             if fd is not None:
                 os.close(fd)
 
+    @staticmethod
+    def install(stage: Path, final: Path, work: Path) -> None:
+        """Move a completed entry (its manifest written last) from `stage` to `final` atomically; an entry there
+        that failed its check is first moved aside into `work` (removed with it)."""
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():
+            os.replace(final, work / "replaced")
+        os.replace(stage, final)
+
     def _claim_if_dead(self, directory: Path):
         """For a directory under tmp/ whose owner is gone: a lock descriptor to close after removing it (-1 when
         it has no .owner file, as builds of older versions left them, and the pid in its name is gone); else None."""
@@ -571,10 +580,7 @@ class KernelCache:
             "inputs": plan.inputs,
         }
         _write_json_atomic(stage / "manifest.json", manifest)  # last: its presence completes the entry
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():  # an entry that failed its check: move it out of the way, then replace it
-            os.replace(final, work / "replaced")
-        os.replace(stage, final)
+        self.install(stage, final, work)
         if not quiet:
             self.log(f"[mhakit] built {plan.entry.name} in {time.monotonic() - start:.1f} s")
         return final / library.name
@@ -636,7 +642,8 @@ class KernelCache:
     def entries(self) -> list[dict]:
         """Every entry directory with its manifest summary and whether it passes its check."""
         out = []
-        for api_dir in sorted(p for p in self.root.glob("*") if p.is_dir() and p.name not in ("locks", "tmp", "index")):
+        for api_dir in sorted(p for p in self.root.glob("*")
+                              if p.is_dir() and p.name not in ("locks", "tmp", "index", "ext")):
             for directory in sorted(p for p in api_dir.iterdir() if p.is_dir()):
                 manifest = _read_json(directory / "manifest.json")
                 manifest = manifest if isinstance(manifest, dict) else {}
@@ -868,4 +875,12 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
             raise JitError(f"{plan.entry.name} is missing after prebuild")
         cache.remember_entry(plan, lib)  # a first call then finds it without rendering (see library_for)
         paths.append(lib)
+    # The C call path belongs in a deployment's cache too (keyed by this Python's ABI tag); without a C compiler
+    # here, calls there take the pure-Python path.
+    from . import _ext
+    try:
+        _ext.build(cache, quiet=quiet)
+    except (_ext.ExtError, JitError, OSError) as exc:
+        log(f"[mhakit] the C call path was not built into the cache ({str(exc).splitlines()[0]}); calls will take "
+            "the slower pure-Python path")
     return paths

@@ -400,6 +400,8 @@ class TestPrebuild:
         monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
         assert len(paths) == 4 and builder.calls == 4 and compiled == [4]
+        from mhakit import _ext
+        assert _ext.compiler() is None or _ext.cached(cache) is not None, "prebuild fills in the C call path too"
         assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 4
         # a first call of a prebuilt configuration finds it without building or rendering
         monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
