@@ -47,7 +47,8 @@
 #include "fmha_bwd_hopper_aux.hpp"
 #include "fmha_bwd_hopper_common.hpp"
 #include "fmha_bwd_hopper_kernel.hpp"
-#include "fmha_fwd_hopper.cuh"  // DtypeOf
+#include "fmha_hopper_guards.hpp"
+#include "hopper_types.hpp"
 
 namespace mhakit::hopper {
 
@@ -154,7 +155,7 @@ struct BwdKernel {
         if (err != cudaSuccess) return err;
         char* wsb = static_cast<char*>(p.workspace);
         const int m_tiles = int(ws.sq_pad / kBlockM);
-        const dim3 grid_q(m_tiles, p.nhead_q, p.batch);
+        const dim3 grid_q = bwd::RowTileScheduler::grid(m_tiles, p.nhead_q, p.batch);
 
         bwd::PreprocessParams pp;
         pp.o = p.o;
@@ -181,7 +182,7 @@ struct BwdKernel {
         if (err != cudaSuccess) return err;
 
         const typename Impl::Params params = make_params(p, ws);
-        const dim3 grid((p.seqlen_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
+        const dim3 grid = Impl::Scheduler::grid((p.seqlen_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
         cutlass::device_kernel<Impl><<<grid, Impl::MaxThreadsPerBlock, Impl::SharedStorageSize, stream>>>(params);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;

@@ -36,19 +36,9 @@
 
 #include "fmha_hopper_guards.hpp"
 #include "fmha_hopper_kernel.hpp"
+#include "hopper_types.hpp"
 
 namespace mhakit::hopper {
-
-template <mhakit_dtype kDtype>
-struct DtypeOf;
-template <>
-struct DtypeOf<MHAKIT_DTYPE_FP16> {
-    using type = cutlass::half_t;
-};
-template <>
-struct DtypeOf<MHAKIT_DTYPE_BF16> {
-    using type = cutlass::bfloat16_t;
-};
 
 template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
 struct FwdKernel {
@@ -128,7 +118,7 @@ struct FwdKernel {
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;
         const typename Impl::Params params = make_params(p);
-        const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.batch, p.nhead_q);
+        const dim3 grid = Impl::grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
         const dim3 block(Impl::MaxThreadsPerBlock);
         cutlass::device_kernel<Impl><<<grid, block, Impl::SharedStorageSize, stream>>>(params);
         return cudaGetLastError();

@@ -1,0 +1,105 @@
+// Which tiles a mask lets a CTA visit, and which of them need an element-wise mask: the one statement of the tile
+// geometry of every mask kind, for the forward and the backward of every kernel family.
+//
+// A mask is CK's generic coordinate (y, x) of one sequence (mask.h): row i sees key j iff
+//     i - y + 1 <= j < min(i + x, seqlen_k).
+// Seen from the queries (forward, backward dQ pass), a block of rows [r0, r1] walks key tiles of kBlockN keys; seen
+// from the keys (backward main pass), a block of keys walks query tiles of kBlockM rows. In both directions a tile
+// pair is *full* when every row of the query tile sees every key of the key tile: only the other pairs (window
+// edges, the causal diagonal, the seqlen_k tail) need the element-wise mask. Full tiles form one contiguous range.
+//
+// Coordinates are 64-bit: window sizes (clamped to 2^29 by the runtime) plus sequence lengths may pass int32.
+// Everything here runs once per CTA or once per tile, never per element.
+#pragma once
+
+#include <stdint.h>
+
+#include "mask.h"
+
+namespace mhakit {
+
+// Tiles [begin, end) in ascending order; empty when end <= begin.
+struct TileRange {
+    int begin, end;
+    MHAKIT_HOST_DEVICE bool empty() const { return end <= begin; }
+    MHAKIT_HOST_DEVICE bool contains(int t) const { return t >= begin && t < end; }
+};
+
+MHAKIT_HOST_DEVICE int64_t floor_div64(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+MHAKIT_HOST_DEVICE int64_t ceil_div64(int64_t a, int64_t b) { return -floor_div64(-a, b); }
+
+// kMasked = false is the mask that excludes nothing (y = seqlen_q, x = seqlen_k): the compiler folds every
+// expression below to the sequence bounds.
+template <bool kMasked>
+struct MaskGeometry {
+    int64_t y, x;
+    int sq, sk;
+
+    // The geometry of one sequence from the call's mask (mask_type, left, right as in mha_common.h).
+    MHAKIT_HOST_DEVICE static MaskGeometry make(int mask_type, int left, int right, int sq, int sk) {
+        MaskCoord c{sq, sk};
+        if (kMasked) c = make_mask_coord(mask_type, left, right, sq, sk);
+        return from_coord(c, sq, sk);
+    }
+    // ... from a coordinate already made (and possibly clamped) on the host.
+    MHAKIT_HOST_DEVICE static MaskGeometry from_coord(MaskCoord c, int sq, int sk) {
+        MaskGeometry g;
+        g.y = kMasked ? c.y : sq;
+        g.x = kMasked ? c.x : sk;
+        g.sq = sq;
+        g.sk = sk;
+        return g;
+    }
+
+    // Visible keys of row i: [key_begin(i), key_end(i)), both clamped to [0, sk].
+    MHAKIT_HOST_DEVICE int64_t key_begin(int64_t i) const { return kMasked ? clamp(i - y + 1, sk) : 0; }
+    MHAKIT_HOST_DEVICE int64_t key_end(int64_t i) const { return kMasked ? clamp(i + x, sk) : sk; }
+    // Rows that see key j: [query_begin(j), query_end(j)), both clamped to [0, sq].
+    MHAKIT_HOST_DEVICE int64_t query_begin(int64_t j) const { return kMasked ? clamp(j - x + 1, sq) : 0; }
+    MHAKIT_HOST_DEVICE int64_t query_end(int64_t j) const { return kMasked ? clamp(j + y, sq) : sq; }
+
+    // Whether row i sees key j (j < sk included): the element-wise mask of tiles that are not full.
+    MHAKIT_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
+        return j < sk && (!kMasked || (j >= i - y + 1 && j < i + x));
+    }
+
+    // Key tiles that some row of [r0, r1] (real rows, r1 < sq) sees.
+    template <int kBlockN>
+    MHAKIT_HOST_DEVICE TileRange key_tiles(int r0, int r1) const {
+        const int64_t lo = key_begin(r0), hi = key_end(r1);
+        if (hi <= lo) return TileRange{0, 0};
+        return TileRange{int(lo / kBlockN), int((hi + kBlockN - 1) / kBlockN)};
+    }
+    // Key tiles that every row of [r0, r1] sees whole (past-the-end keys count as unseen).
+    template <int kBlockN>
+    MHAKIT_HOST_DEVICE TileRange full_key_tiles(int r0, int r1) const {
+        return TileRange{int(ceil_div64(key_begin(r1), kBlockN)), int(floor_div64(key_end(r0), kBlockN))};
+    }
+    // Query tiles holding a row that sees some key of [n0, n1] (real keys, n1 < sk).
+    template <int kBlockM>
+    MHAKIT_HOST_DEVICE TileRange query_tiles(int n0, int n1) const {
+        const int64_t lo = query_begin(n0), hi = query_end(n1);
+        if (hi <= lo) return TileRange{0, 0};
+        return TileRange{int(lo / kBlockM), int((hi + kBlockM - 1) / kBlockM)};
+    }
+    // Query tiles m whose rows [m kBlockM, (m + 1) kBlockM) all see every key of [n0, n0 + kBlockN). Rows past sq
+    // are counted as rows (kernels make their contribution zero), so a partial last query tile may be reported
+    // as needing the mask where it strictly would not.
+    template <int kBlockM, int kBlockN>
+    MHAKIT_HOST_DEVICE TileRange full_query_tiles(int n0) const {
+        if (int64_t(n0) + kBlockN > sk) return TileRange{0, 0};
+        if (!kMasked) return TileRange{0, int((int64_t(sq) + kBlockM - 1) / kBlockM)};
+        // n0 >= r1 - y + 1 for r1 = (m + 1) kBlockM - 1, and n0 + kBlockN - 1 < r0 + x for r0 = m kBlockM
+        int64_t b = ceil_div64(int64_t(n0) + kBlockN - x, kBlockM);
+        int64_t e = floor_div64(int64_t(n0) + y, kBlockM);
+        b = b < 0 ? 0 : b;
+        e = e < b ? b : e;
+        const int64_t tiles = (int64_t(sq) + kBlockM - 1) / kBlockM;
+        return TileRange{int(b < tiles ? b : tiles), int(e < tiles ? e : tiles)};
+    }
+
+  private:
+    MHAKIT_HOST_DEVICE static int64_t clamp(int64_t v, int hi) { return v < 0 ? 0 : (v > hi ? int64_t(hi) : v); }
+};
+
+}  // namespace mhakit
