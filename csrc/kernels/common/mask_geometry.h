@@ -6,7 +6,8 @@
 // Seen from the queries (forward, backward dQ pass), a block of rows [r0, r1] walks key tiles of kBlockN keys; seen
 // from the keys (backward main pass), a block of keys walks query tiles of kBlockM rows. In both directions a tile
 // pair is *full* when every row of the query tile sees every key of the key tile: only the other pairs (window
-// edges, the causal diagonal, the seqlen_k tail) need the element-wise mask. Full tiles form one contiguous range.
+// edges, the causal diagonal, the seqlen_k tail) need the element-wise mask. Seen from a query block the full key
+// tiles form one contiguous range (full_key_tiles); tile_full answers for one pair.
 //
 // Coordinates are 64-bit: window sizes (clamped to 2^29 by the runtime) plus sequence lengths may pass int32.
 // Everything here runs once per CTA or once per tile, never per element.
@@ -82,20 +83,11 @@ struct MaskGeometry {
         if (hi <= lo) return TileRange{0, 0};
         return TileRange{int(lo / kBlockM), int((hi + kBlockM - 1) / kBlockM)};
     }
-    // Query tiles m whose rows [m kBlockM, (m + 1) kBlockM) all see every key of [n0, n0 + kBlockN). Rows past sq
-    // are counted as rows (kernels make their contribution zero), so a partial last query tile may be reported
-    // as needing the mask where it strictly would not.
-    template <int kBlockM, int kBlockN>
-    MHAKIT_HOST_DEVICE TileRange full_query_tiles(int n0) const {
-        if (int64_t(n0) + kBlockN > sk) return TileRange{0, 0};
-        if (!kMasked) return TileRange{0, int((int64_t(sq) + kBlockM - 1) / kBlockM)};
-        // n0 >= r1 - y + 1 for r1 = (m + 1) kBlockM - 1, and n0 + kBlockN - 1 < r0 + x for r0 = m kBlockM
-        int64_t b = ceil_div64(int64_t(n0) + kBlockN - x, kBlockM);
-        int64_t e = floor_div64(int64_t(n0) + y, kBlockM);
-        b = b < 0 ? 0 : b;
-        e = e < b ? b : e;
-        const int64_t tiles = (int64_t(sq) + kBlockM - 1) / kBlockM;
-        return TileRange{int(b < tiles ? b : tiles), int(e < tiles ? e : tiles)};
+    // Whether every row of [r0, r1] sees every key of [n0, n0 + kBlockN) (past-the-end keys count as unseen): the
+    // tile pair needs no element-wise mask. Per tile, for loops that cannot afford to keep a range live.
+    template <int kBlockN>
+    MHAKIT_HOST_DEVICE bool tile_full(int64_t r0, int64_t r1, int n0) const {
+        return n0 >= key_begin(r1) && int64_t(n0) + kBlockN <= key_end(r0);
     }
 
   private:

@@ -191,10 +191,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int h_end = min(h_begin + ws.heads_per_split, (hk + 1) * group);
     const int n_heads = max(h_end - h_begin, 0);
 
-    // Query blocks whose rows can see a key of [n0, n0 + keys_valid), and those that see every key of the block.
+    // Query blocks whose rows can see a key of [n0, n0 + keys_valid).
     const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
     const TileRange mrange = geom.template query_tiles<kBM>(n0, n0 + keys_valid - 1);
-    const TileRange full = geom.template full_query_tiles<kBM, kBN>(n0);
     const int m_begin = mrange.begin, m_end = mrange.empty() ? mrange.begin : mrange.end;
     const int nm = m_end - m_begin;
     const int n_iter = nm * n_heads;
@@ -290,7 +289,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             dpt, sV + wk * kSdpRows * kSV, sdO + wq * kSdpCols * kSV, ksv, kSdpNT / 2);
 
         // ---- P^T, dS^T (fp32) ----
-        const bool need_mask = !full.contains(m0 / kBM);
+        const bool need_mask = !geom.template tile_full<kBN>(m0, min(m0 + kBM, sq) - 1, n0);
 #pragma unroll
         for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
@@ -443,7 +442,6 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
 
     const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
     const TileRange visit = geom.template key_tiles<kBN>(m0, m0 + rows_valid - 1);
-    const TileRange full = geom.template full_key_tiles<kBN>(m0, m0 + rows_valid - 1);
     const int n_begin = visit.begin, n_end = visit.empty() ? visit.begin : visit.end;
 
     float lse2[kMT][2], dsum[kMT][2];
@@ -521,7 +519,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         }
         ptx::cp_async_commit();
 
-        const bool need_mask = !full.contains(n_block);
+        const bool need_mask = !geom.template tile_full<kBN>(m0, m0 + rows_valid - 1, n0);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll

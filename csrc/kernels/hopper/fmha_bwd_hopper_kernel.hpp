@@ -27,8 +27,8 @@
 // (fmha_bwd_hopper_aux.hpp) maps it back with the same tiled-MMA partition.
 //
 // Masks: the CTA visits only query tiles that see some key of the block and masks element-wise only tiles on the
-// band's edges or the key tail (MaskGeometry::query_tiles / full_query_tiles, kernels/common/mask_geometry.h). Rows past seqlen_q carry LSE = +inf in the
-// workspace, which makes their P (hence dS) exactly zero.
+// band's edges or the key tail (MaskGeometry::query_tiles / tile_full, kernels/common/mask_geometry.h). Rows past
+// seqlen_q carry LSE = +inf in the workspace, which makes their P (hence dS) exactly zero.
 // GQA: the CTA owns one kv head and loops over its query heads, accumulating dK/dV in registers (no atomics, no
 // extra workspace for dK/dV).
 #pragma once
@@ -254,8 +254,7 @@ struct HopperBwdKernelImpl {
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-            consumer(params, st, pipe_q, pipe_do, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1,
-                     geom.template full_query_tiles<kBlockM, kBlockN>(n0));
+            consumer(params, st, pipe_q, pipe_do, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
         }
 #endif
     }
@@ -370,8 +369,7 @@ struct HopperBwdKernelImpl {
 
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
-                                 int n_block, int hk, int b, int m_begin, int n_m, int n_iters, int wg,
-                                 TileRange full) {
+                                 int n_block, int hk, int b, int m_begin, int n_m, int n_iters, int wg) {
         using cutlass::arch::NamedBarrier;
         using namespace cutlass::fmha::collective;
 
@@ -380,6 +378,7 @@ struct HopperBwdKernelImpl {
         const int sk = params.seqlen_k;
         const int xr = params.mask_x;
         const int yr = params.mask_y;
+        const Geometry geom = geometry(params);
         const float scale_log2 = params.scale_log2;
         const int n0 = n_block * kBlockN;
 
@@ -436,8 +435,9 @@ struct HopperBwdKernelImpl {
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
             const int h = hk * params.group + h_in;
-            const bool need_mask = !full.contains(m);
             const int r0 = m * kBlockM;
+            // Rows past sq count as rows here: their LSE is +inf in the workspace, so their P is 0 anyway.
+            const bool need_mask = !geom.template tile_full<kBlockN>(r0, r0 + kBlockM - 1, n0);
 
             Tensor acc_S = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
             Tensor acc_dP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
