@@ -67,9 +67,7 @@ struct MaskGeometry {
     // Key tiles that some row of [r0, r1] (real rows, r1 < sq) sees.
     template <int kBlockN>
     MHAKIT_HOST_DEVICE TileRange key_tiles(int r0, int r1) const {
-        const int64_t lo = key_begin(r0), hi = key_end(r1);
-        if (hi <= lo) return TileRange{0, 0};
-        return TileRange{int(lo / kBlockN), int((hi + kBlockN - 1) / kBlockN)};
+        return tiles_touching(key_begin(r0), key_end(r1), kBlockN);
     }
     // Key tiles that every row of [r0, r1] sees whole (past-the-end keys count as unseen).
     template <int kBlockN>
@@ -79,9 +77,7 @@ struct MaskGeometry {
     // Query tiles holding a row that sees some key of [n0, n1] (real keys, n1 < sk).
     template <int kBlockM>
     MHAKIT_HOST_DEVICE TileRange query_tiles(int n0, int n1) const {
-        const int64_t lo = query_begin(n0), hi = query_end(n1);
-        if (hi <= lo) return TileRange{0, 0};
-        return TileRange{int(lo / kBlockM), int((hi + kBlockM - 1) / kBlockM)};
+        return tiles_touching(query_begin(n0), query_end(n1), kBlockM);
     }
     // Whether every row of [r0, r1] sees every key of [n0, n0 + kBlockN) (past-the-end keys count as unseen): the
     // tile pair needs no element-wise mask. Per tile, for loops that cannot afford to keep a range live.
@@ -91,6 +87,11 @@ struct MaskGeometry {
     }
 
   private:
+    // Tiles of `block` that hold some index of [lo, hi) (lo >= 0); empty for an empty interval.
+    MHAKIT_HOST_DEVICE static TileRange tiles_touching(int64_t lo, int64_t hi, int block) {
+        if (hi <= lo) return TileRange{0, 0};
+        return TileRange{int(lo / block), int((hi + block - 1) / block)};
+    }
     MHAKIT_HOST_DEVICE static int64_t clamp(int64_t v, int hi) { return v < 0 ? 0 : (v > hi ? int64_t(hi) : v); }
 };
 

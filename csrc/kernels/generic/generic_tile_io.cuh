@@ -18,6 +18,19 @@ inline bool aligned16(const void* ptr, int64_t s0, int64_t s1, int64_t s2) {
 
 #if defined(__CUDACC__)
 
+// f(r, c) for every (row, 16-byte chunk) of a kRows x kChunks tile that thread tid owns: the threads walk the
+// tile's chunks row-major, kThreads apart.
+template <int kRows, int kChunks, int kThreads, class F>
+__device__ __forceinline__ void for_each_chunk(int tid, F&& f) {
+    constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+    for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+        const int idx = tid + it * kThreads;
+        if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
+        f(idx / kChunks, idx % kChunks);
+    }
+}
+
 // One 16-byte chunk: cp.async (zero-filled when !valid) or element-wise loads for unaligned tensors.
 __device__ __forceinline__ void load_chunk(uint32_t dst, const uint16_t* src, const uint16_t* fallback, bool valid,
                                            bool aligned) {
@@ -68,17 +81,12 @@ __device__ __forceinline__ void load_tile(uint16_t* smem, const uint16_t* gbase,
             }
         }
     } else {
-        constexpr int kTotal = kRows * kChunks;
-#pragma unroll
-        for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-            const int idx = tid + it * kThreads;
-            if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
-            const int r = idx / kChunks, c = idx % kChunks;
-            if (c >= chunks_load) continue;
+        for_each_chunk<kRows, kChunks, kThreads>(tid, [&](int r, int c) {
+            if (c >= chunks_load) return;
             const bool valid = (r < rows_valid) && (c < chunks_valid);
             load_chunk(ptx::smem_addr(smem + r * kStride + c * 8), gbase + r * row_stride + c * 8, gbase, valid,
                        aligned);
-        }
+        });
     }
 }
 
@@ -108,16 +116,11 @@ __device__ __forceinline__ void store8(uint16_t* dst, uint4 v, bool aligned) {
 template <int kRows, int kChunks, int kStride, int kThreads>
 __device__ __forceinline__ void store_tile(const uint16_t* smem, uint16_t* gbase, int64_t row_stride, int rows_valid,
                                            int chunks_valid, bool aligned, int tid) {
-    constexpr int kTotal = kRows * kChunks;
-#pragma unroll
-    for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-        const int idx = tid + it * kThreads;
-        if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
-        const int r = idx / kChunks, c = idx % kChunks;
-        if (r >= rows_valid || c >= chunks_valid) continue;
+    for_each_chunk<kRows, kChunks, kThreads>(tid, [&](int r, int c) {
+        if (r >= rows_valid || c >= chunks_valid) return;
         const uint4 v = ptx::ld_shared_v4(ptx::smem_addr(smem + r * kStride + c * 8));
         store8(gbase + r * row_stride + c * 8, v, aligned);
-    }
+    });
 }
 
 // 4 bytes global -> shared through L1; src_bytes = 0 writes zeros and reads nothing.

@@ -234,7 +234,26 @@ struct HopperFwdKernelImpl {
 
         OnlineSoftmax<R> softmax;
         clear(acc_o);
-        auto mask_tile = [&](int n) {
+        StateQ rq;
+        rq.advance(wg);  // warpgroup w owns Q stage w
+        StateKV rkv;     // K0, V0, K1, V1, ... alternate in the ring
+
+        // S = Q·K^T and O += P·V of the tiles in ring slot k / v, issued asynchronously (one wgmma batch each).
+        auto issue_qk = [&](StateKV const& k) {
+            pipe_kv.consumer_wait(k);
+            warpgroup_fence_operand(acc_s);
+            warpgroup_arrive();
+            gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, k.index()), acc_s);
+            warpgroup_commit_batch();
+        };
+        auto issue_pv = [&](StateKV const& v) {
+            pipe_kv.consumer_wait(v);
+            warpgroup_fence_operand(acc_o);
+            warpgroup_arrive();
+            cute::gemm(mma_pv, tOrP, tOrV(_, _, _, v.index()), acc_o);
+            warpgroup_commit_batch();
+        };
+        auto mask_tile = [&](int n) {  // tiles not seen whole by every row of the block
             if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
         };
 
@@ -253,18 +272,11 @@ struct HopperFwdKernelImpl {
             if (wg == NumMmaWG - 1) NamedBarrier::arrive(2 * 128, kBarSched + 0);
         }
 
-        StateQ rq;
-        rq.advance(wg);  // warpgroup w owns Q stage w
-        StateKV rkv;     // K0, V0, K1, V1, ... alternate in the ring
         pipe_q.consumer_wait(rq);
 
         // ---- first tile: S = Q K^T, softmax ----
         sched_sync();
-        pipe_kv.consumer_wait(rkv);
-        warpgroup_fence_operand(acc_s);
-        warpgroup_arrive();
-        gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, rkv.index()), acc_s);
-        warpgroup_commit_batch();
+        issue_qk(rkv);
         sched_arrive(tiles.visit.end - tiles.visit.begin == 1);
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
@@ -272,7 +284,7 @@ struct HopperFwdKernelImpl {
         ++rkv;  // -> V0
         mask_tile(tiles.visit.begin);
         softmax.template update<true>(s_mn, scale_log2);
-        detail::pack_fragment<Element>(acc_s, tOrP);
+        detail::pack_fragment<Element>(acc_s, tOrP);  // P: the A operand (registers) of P·V
 
         // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
         CUTLASS_PRAGMA_NO_UNROLL
@@ -280,16 +292,8 @@ struct HopperFwdKernelImpl {
             StateKV rv = rkv;  // V_{n-1}
             ++rkv;             // K_n
             sched_sync();
-            pipe_kv.consumer_wait(rkv);
-            warpgroup_fence_operand(acc_s);
-            warpgroup_arrive();
-            gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, rkv.index()), acc_s);
-            warpgroup_commit_batch();
-            pipe_kv.consumer_wait(rv);
-            warpgroup_fence_operand(acc_o);
-            warpgroup_arrive();
-            cute::gemm(mma_pv, tOrP, tOrV(_, _, _, rv.index()), acc_o);
-            warpgroup_commit_batch();
+            issue_qk(rkv);
+            issue_pv(rv);
             sched_arrive(n == tiles.visit.end - 1);
 
             warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
@@ -307,11 +311,7 @@ struct HopperFwdKernelImpl {
         }
 
         // ---- last P·V ----
-        pipe_kv.consumer_wait(rkv);
-        warpgroup_fence_operand(acc_o);
-        warpgroup_arrive();
-        cute::gemm(mma_pv, tOrP, tOrV(_, _, _, rkv.index()), acc_o);
-        warpgroup_commit_batch();
+        issue_pv(rkv);
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         pipe_kv.consumer_release(rkv);
