@@ -356,14 +356,9 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[kMT][kNT / 2][4], const f
 // columns c and c + 1 of the warp's tile (r = mt*16 + g + 8 hf, c = nt*8 + 2 t4).
 template <int kMT, int kNT, class F>
 __device__ __forceinline__ void for_each_acc_pair(const float (&acc)[kMT][kNT][4], F&& f) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-                f(mt * 16 + g + 8 * hf, nt * 8 + 2 * t4, acc[mt][nt][2 * hf], acc[mt][nt][2 * hf + 1]);
+    ptx::for_each_frag_pair<kMT, kNT>([&](int mt, int nt, int hf, int r, int c) {
+        f(r, c, acc[mt][nt][2 * hf], acc[mt][nt][2 * hf + 1]);
+    });
 }
 
 // D fragments -> shared memory [row][col] (16-bit, row stride kStride), optionally scaled; rows offset row0, columns

@@ -88,27 +88,19 @@ __device__ __forceinline__ void recompute_pt_dst(float (&st)[kMT][kNT][4], float
                                                  const float* lse2, const float* dsum, int col0, int key0,
                                                  int query0, bool need_mask, const MaskGeometry<kMasked>& geom,
                                                  float scale_log2) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    ptx::for_each_frag_pair<kMT, kNT>([&](int mt, int nt, int hf, int r, int c) {
+        const int ql = col0 + c;
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + ql);
+        const float2 ds = *reinterpret_cast<const float2*>(dsum + ql);
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-            const int ql = col0 + nt * 8 + 2 * t4;
-            const float2 l2 = *reinterpret_cast<const float2*>(lse2 + ql);
-            const float2 ds = *reinterpret_cast<const float2*>(dsum + ql);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float l = (e & 1) ? l2.y : l2.x, d = (e & 1) ? ds.y : ds.x;
-                float pv = ptx::ex2(fmaf(st[mt][nt][e], scale_log2, -l));
-                if (need_mask) {
-                    const int j = key0 + mt * 16 + g + 8 * (e >> 1);
-                    const int i = query0 + ql + (e & 1);
-                    if (!geom.visible(i, j)) pv = 0.f;
-                }
-                st[mt][nt][e] = pv;
-                dpt[mt][nt][e] = pv * (dpt[mt][nt][e] - d);
-            }
+        for (int e1 = 0; e1 < 2; ++e1) {
+            const int e = 2 * hf + e1;
+            float pv = ptx::ex2(fmaf(st[mt][nt][e], scale_log2, e1 ? -l2.y : -l2.x));
+            if (need_mask && !geom.visible(query0 + ql + e1, key0 + r)) pv = 0.f;
+            st[mt][nt][e] = pv;
+            dpt[mt][nt][e] = pv * (dpt[mt][nt][e] - (e1 ? ds.y : ds.x));
         }
+    });
 }
 
 // The same on untransposed accumulators (queries x keys, the dQ pass): row (mt, hf) = row0 + mt*16 + g + 8 hf with
@@ -118,22 +110,15 @@ __device__ __forceinline__ void recompute_ds(float (&s)[kMT][kNT][4], const floa
                                              const float (&lse2)[kMT][2], const float (&dsum)[kMT][2], int row0,
                                              int key0, bool need_mask, const MaskGeometry<kMasked>& geom,
                                              float scale_log2) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    ptx::for_each_frag_pair<kMT, kNT>([&](int mt, int nt, int hf, int r, int c) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int hf = e >> 1;
-                float pv = ptx::ex2(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][hf]));
-                if (need_mask) {
-                    const int j = key0 + nt * 8 + 2 * t4 + (e & 1);
-                    const int i = row0 + mt * 16 + g + 8 * hf;
-                    if (!geom.visible(i, j)) pv = 0.f;
-                }
-                s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]);
-            }
+        for (int e1 = 0; e1 < 2; ++e1) {
+            const int e = 2 * hf + e1;
+            float pv = ptx::ex2(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][hf]));
+            if (need_mask && !geom.visible(row0 + r, key0 + c + e1)) pv = 0.f;
+            s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]);
+        }
+    });
 }
 
 #endif  // __CUDACC__
