@@ -21,12 +21,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from . import _arrays
+from . import _arrays, _codegen
 from ._arrays import ArrayView, DeviceArray
 
 __all__ = ["mha_fwd", "mha_varlen_fwd", "mha_bwd", "mha_varlen_bwd"]
 
-MAX_HDIM = 256
 # MHAKIT_LOG_LEVEL=1: each call prints the kernel instance it launches ("[mhakit] mha_fwd -> <name>", likewise
 # mha_bwd) to stdout.
 LOG_LEVEL = int(os.environ.get("MHAKIT_LOG_LEVEL", "0") or 0)
@@ -79,9 +78,9 @@ def _check_ndim(view: ArrayView, ndim: int, dims: str) -> None:
 
 
 def _check_head_dim(view: ArrayView, d: int, what: str) -> None:
-    if d < 8 or d % 8 or d > MAX_HDIM:
-        raise ValueError(f"{view.name}: {what} {d} is not supported; head dims must be multiples of 8 in "
-                         f"[8, {MAX_HDIM}]")
+    head_dims = _codegen.submodule("catalogue").load("cuda").head_dims  # the API's head dims: catalogue data
+    if not head_dims.accepts(d):
+        raise ValueError(f"{view.name}: {what} {d} is not supported; head dims must be {head_dims.describe()}")
     if view.strides[-1] != 1 and view.size > 0:  # an empty array's strides are arbitrary (CuPy reports zeros)
         raise ValueError(f"{view.name}: the head dimension must be contiguous (stride 1); got element strides "
                          f"{view.strides} for shape {view.shape}")

@@ -1,10 +1,12 @@
 // Does the current GPU run the machine code this library was built for?
 #pragma once
 
+#include "runtime/registry.h"
+
 namespace mhakit {
 
-// 0 when the current device can run code built for `arch` (e.g. "sm_90a"), else MHAKIT_ERROR_UNSUPPORTED (no
+// 0 when the current device can run code built for `arch` (the library's record), else MHAKIT_ERROR_UNSUPPORTED (no
 // GPU, or another architecture) or MHAKIT_ERROR_CUDA, with last_error set. Cached per device after the first call.
-float check_device_arch(const char* arch);
+float check_device_arch(const BuiltArch& arch);
 
 }  // namespace mhakit

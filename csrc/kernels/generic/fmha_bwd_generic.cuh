@@ -31,7 +31,7 @@
 // Tiles (kBlockM x kBlockN, warps) of the catalogue — all fit the 99 KB opt-in shared memory of sm_86/sm_89:
 //   d32: 64x128x8, d64: 64x128x8, d128: 64x64x4, d192/128: 32x64x8, d256: 32x32x4 (measured on one H200 against
 //   32x128x8, 64x64x8, 32x64x4 at d128, 64x64x4 and 128x64x8 at d64, 128x128x8 at d32). The dQ pass uses 4 warps
-//   and 64 or 128 query rows (BwdTuning).
+//   and 64 or 128 query rows (the catalogue's dq_row_tiles).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,29 +56,14 @@ namespace bwd_detail {
 
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
-// Tuning knobs the catalogue's (kBlockM, kBlockN, kNumWarps) do not name, chosen per bucket from H200 timings:
-//   kKeysPerWarp   key rows per warp in S^T / dP^T / dK / dV (16, or 32 to halve shared-memory traffic per mma);
+// The catalogue's traits (dtype, head-dim buckets, mode, mask class), tile (kBlockM query rows per step, kBlockN keys
+// per CTA, kNumWarps warps) and tuning knobs (codegen/catalogue/cuda.toml, [bwd.generic], where each is explained):
+//   kKeysPerWarp   key rows per warp in S^T / dP^T / dK / dV;
 //   kDqRowTiles    16-row tiles per warp of the dQ pass (its CTA is 4 warps x 16 * kDqRowTiles query rows);
 //   kDqBlockN      keys per step of the dQ pass;
 //   kDqPass        1: dQ by the separate pass in non-deterministic mode too, 0: fp32 reductions from the main kernel.
-// Measured (bf16, b=1, h=16, s=4096): 32 keys per warp lost or tied everywhere; a 128-row dQ pass with 32-key
-// steps gained 9% at d128 (non-causal) and 12% in deterministic mode at d64; the dQ pass beat fp32 reductions from
-// d128 on (d64 / d32: reductions are faster).
-template <int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kNumWarps>
-struct BwdTuning {
-    static constexpr int kKeysPerWarp = 16;
-    static constexpr int kDqRowTiles = (kHdimQ >= 64 && kHdimQ <= 128 && kHdimV <= 128) ? 2 : 1;
-    static constexpr int kDqBlockN =
-        (kHdimQ + kHdimV > 384 || (kDqRowTiles == 2 && kHdimQ + kHdimV > 128)) ? 32 : 64;
-    static constexpr int kDqPass = kHdimQ >= 128 ? 1 : 0;
-};
-
 template <mhakit_dtype kDtype_, int kHdimQ_, int kHdimV_, bool kGroupMode_, bool kMasked_, int kBlockM_,
-          int kBlockN_, int kNumWarps_,
-          int kKeysPerWarp_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kKeysPerWarp,
-          int kDqRowTiles_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kDqRowTiles,
-          int kDqBlockN_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kDqBlockN,
-          int kDqPass_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kDqPass>
+          int kBlockN_, int kNumWarps_, int kKeysPerWarp_, int kDqRowTiles_, int kDqBlockN_, int kDqPass_>
 struct BwdConfig {
     static constexpr mhakit_dtype kDtype = kDtype_;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_;
@@ -518,16 +503,9 @@ struct BwdKernelImpl {
     static_assert(kSmemBytes <= 101376, "generic backward tile needs more shared memory than sm_86/sm_89 offer");
     static_assert(kDqSmemBytes <= 101376, "generic backward dQ tile needs more shared memory than sm_86/sm_89 offer");
 
-    // Pure host arithmetic: head dims fit the bucket, the mode and mask class match, grids fit.
-    static bool supports(const BwdParams& p) {
-        if (p.hdim_q <= 0 || p.hdim_v <= 0 || p.hdim_q > kHdimQ || p.hdim_v > kHdimV) return false;
-        if ((p.hdim_q & 7) != 0 || (p.hdim_v & 7) != 0) return false;
-        if ((p.seqstart_q != nullptr) != kGroupMode || (kGroupMode && p.seqstart_k == nullptr)) return false;
-        if (!kMasked && p.mask_type != 0) return false;
-        if (p.nhead_k <= 0 || p.nhead_q <= 0 || p.nhead_q % p.nhead_k != 0) return false;
-        if (p.nhead_q > 65535 || p.batch > 65535) return false;
-        return true;
-    }
+    // Run-time guard beyond what the runtime checked (the validator, the instance's traits: dtype, mode, mask class,
+    // head-dim bucket): the grids fit. Pure host arithmetic.
+    static bool supports(const BwdParams& p) { return p.nhead_q <= 65535 && p.batch <= 65535; }
 
     static size_t workspace_bytes(const BwdParams& p) {
         return bwd_detail::plan_workspace(p, kBlockN, kGroupMode, atomic_dq(p)).total;
@@ -586,11 +564,11 @@ struct BwdKernelImpl {
 
 }  // namespace bwd_detail
 
-// The catalogue's template: traits (dtype, head-dim bucket, mode, mask class) and tile (kBlockM query rows per step,
-// kBlockN keys per CTA, kNumWarps warps); the remaining knobs come from BwdTuning.
+// The catalogue's template: traits, tile and tuning knobs (see BwdConfig).
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, bool kGroupMode, bool kMasked, int kBlockM, int kBlockN,
-          int kNumWarps>
-struct BwdKernel : bwd_detail::BwdKernelImpl<bwd_detail::BwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked,
-                                                                    kBlockM, kBlockN, kNumWarps>> {};
+          int kNumWarps, int kKeysPerWarp, int kDqRowTiles, int kDqBlockN, int kDqPass>
+struct BwdKernel
+    : bwd_detail::BwdKernelImpl<bwd_detail::BwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked, kBlockM, kBlockN,
+                                                      kNumWarps, kKeysPerWarp, kDqRowTiles, kDqBlockN, kDqPass>> {};
 
 }  // namespace mhakit::generic
