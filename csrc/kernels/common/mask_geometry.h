@@ -9,8 +9,10 @@
 // edges, the causal diagonal, the seqlen_k tail) need the element-wise mask. Seen from a query block the full key
 // tiles form one contiguous range (full_key_tiles); tile_full answers for one pair.
 //
-// Coordinates are 64-bit: window sizes (clamped to 2^29 by the runtime) plus sequence lengths may pass int32.
-// Everything here runs once per CTA or once per tile, never per element.
+// Index is the width of the coordinate arithmetic: int64_t where the raw coordinate (window sizes clamped to 2^29 by
+// the runtime, plus sequence lengths) may pass int32; int where the host has clamped x to [-sq, sk] and y to
+// [-sk, sq] (the Hopper family), which keeps the per-tile tests as cheap as 32-bit compares. tile_full() and
+// visible() run per tile / per element; the range functions once per CTA.
 #pragma once
 
 #include <stdint.h>
@@ -26,14 +28,20 @@ struct TileRange {
     MHAKIT_HOST_DEVICE bool contains(int t) const { return t >= begin && t < end; }
 };
 
-MHAKIT_HOST_DEVICE int64_t floor_div64(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-MHAKIT_HOST_DEVICE int64_t ceil_div64(int64_t a, int64_t b) { return -floor_div64(-a, b); }
+template <class Index>
+MHAKIT_HOST_DEVICE Index floor_div(Index a, Index b) {
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+template <class Index>
+MHAKIT_HOST_DEVICE Index ceil_div(Index a, Index b) {
+    return -floor_div(-a, b);
+}
 
 // kMasked = false is the mask that excludes nothing (y = seqlen_q, x = seqlen_k): the compiler folds every
 // expression below to the sequence bounds.
-template <bool kMasked>
+template <bool kMasked, class Index = int64_t>
 struct MaskGeometry {
-    int64_t y, x;
+    Index y, x;
     int sq, sk;
 
     // The geometry of one sequence from the call's mask (mask_type, left, right as in mha_common.h).
@@ -53,14 +61,14 @@ struct MaskGeometry {
     }
 
     // Visible keys of row i: [key_begin(i), key_end(i)), both clamped to [0, sk].
-    MHAKIT_HOST_DEVICE int64_t key_begin(int64_t i) const { return kMasked ? clamp(i - y + 1, sk) : 0; }
-    MHAKIT_HOST_DEVICE int64_t key_end(int64_t i) const { return kMasked ? clamp(i + x, sk) : sk; }
+    MHAKIT_HOST_DEVICE Index key_begin(Index i) const { return kMasked ? clamp(i - y + 1, sk) : 0; }
+    MHAKIT_HOST_DEVICE Index key_end(Index i) const { return kMasked ? clamp(i + x, sk) : sk; }
     // Rows that see key j: [query_begin(j), query_end(j)), both clamped to [0, sq].
-    MHAKIT_HOST_DEVICE int64_t query_begin(int64_t j) const { return kMasked ? clamp(j - x + 1, sq) : 0; }
-    MHAKIT_HOST_DEVICE int64_t query_end(int64_t j) const { return kMasked ? clamp(j + y, sq) : sq; }
+    MHAKIT_HOST_DEVICE Index query_begin(Index j) const { return kMasked ? clamp(j - x + 1, sq) : 0; }
+    MHAKIT_HOST_DEVICE Index query_end(Index j) const { return kMasked ? clamp(j + y, sq) : sq; }
 
     // Whether row i sees key j (j < sk included): the element-wise mask of tiles that are not full.
-    MHAKIT_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
+    MHAKIT_HOST_DEVICE bool visible(Index i, Index j) const {
         return j < sk && (!kMasked || (j >= i - y + 1 && j < i + x));
     }
 
@@ -72,7 +80,7 @@ struct MaskGeometry {
     // Key tiles that every row of [r0, r1] sees whole (past-the-end keys count as unseen).
     template <int kBlockN>
     MHAKIT_HOST_DEVICE TileRange full_key_tiles(int r0, int r1) const {
-        return TileRange{int(ceil_div64(key_begin(r1), kBlockN)), int(floor_div64(key_end(r0), kBlockN))};
+        return TileRange{int(ceil_div<Index>(key_begin(r1), kBlockN)), int(floor_div<Index>(key_end(r0), kBlockN))};
     }
     // Query tiles holding a row that sees some key of [n0, n1] (real keys, n1 < sk).
     template <int kBlockM>
@@ -80,19 +88,21 @@ struct MaskGeometry {
         return tiles_touching(query_begin(n0), query_end(n1), kBlockM);
     }
     // Whether every row of [r0, r1] sees every key of [n0, n0 + kBlockN) (past-the-end keys count as unseen): the
-    // tile pair needs no element-wise mask. Per tile, for loops that cannot afford to keep a range live.
+    // tile pair needs no element-wise mask. The same test as full_key_tiles, for one pair, written without clamps
+    // (n0 >= 0 makes them redundant) because the backward loops ask it per tile.
     template <int kBlockN>
-    MHAKIT_HOST_DEVICE bool tile_full(int64_t r0, int64_t r1, int n0) const {
-        return n0 >= key_begin(r1) && int64_t(n0) + kBlockN <= key_end(r0);
+    MHAKIT_HOST_DEVICE bool tile_full(Index r0, Index r1, int n0) const {
+        const Index n = n0;
+        return n + kBlockN <= sk && (!kMasked || (n >= r1 - y + 1 && n + kBlockN <= r0 + x));
     }
 
   private:
     // Tiles of `block` that hold some index of [lo, hi) (lo >= 0); empty for an empty interval.
-    MHAKIT_HOST_DEVICE static TileRange tiles_touching(int64_t lo, int64_t hi, int block) {
+    MHAKIT_HOST_DEVICE static TileRange tiles_touching(Index lo, Index hi, int block) {
         if (hi <= lo) return TileRange{0, 0};
         return TileRange{int(lo / block), int((hi + block - 1) / block)};
     }
-    MHAKIT_HOST_DEVICE static int64_t clamp(int64_t v, int hi) { return v < 0 ? 0 : (v > hi ? int64_t(hi) : v); }
+    MHAKIT_HOST_DEVICE static Index clamp(Index v, int hi) { return v < 0 ? 0 : (v > hi ? Index(hi) : v); }
 };
 
 }  // namespace mhakit

@@ -72,7 +72,7 @@ struct HopperBwdKernelImpl {
     static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 128 (key split) or 64 (query split)");
 
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/false>;  // blocks: key blocks
-    using Geometry = MaskGeometry<kMasked>;
+    using Geometry = MaskGeometry<kMasked, int>;  // x, y arrive clamped: 32-bit sums do not overflow
 
     static constexpr int NumMmaWG = 2;
     static constexpr int NumMmaThreads = NumMmaWG * 128;

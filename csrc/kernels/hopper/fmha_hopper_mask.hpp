@@ -22,11 +22,12 @@ struct KeyTiles {
 
 template <bool kMasked, int kBlockM, int kBlockN>
 struct ForwardMask {
-    MaskGeometry<kMasked> geom;
+    // The problem shape carries the host-clamped coordinate (x in [-sq, sk], y in [-sk, sq]): 32-bit arithmetic.
+    using Geometry = MaskGeometry<kMasked, int>;
+    Geometry geom;
 
-    // The problem shape carries the host-clamped coordinate: x in [-sq, sk], y in [-sk, sq].
     CUTLASS_HOST_DEVICE explicit ForwardMask(HopperProblemShape const& ps)
-        : geom(MaskGeometry<kMasked>::from_coord(MaskCoord{cute::get<6>(ps), cute::get<5>(ps)}, cute::get<2>(ps),
+        : geom(Geometry::from_coord(MaskCoord{cute::get<6>(ps), cute::get<5>(ps)}, cute::get<2>(ps),
                                                  cute::get<3>(ps))) {}
 
     CUTLASS_HOST_DEVICE KeyTiles key_tiles(int m_block) const {
