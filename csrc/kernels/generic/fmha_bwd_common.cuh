@@ -352,40 +352,23 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[kMT][kNT / 2][4], const f
         }
 }
 
-// f(r, c, a, b) for every pair of horizontally adjacent elements of one warp's D fragments: (a, b) sit at row r,
-// columns c and c + 1 of the warp's tile (r = mt*16 + g + 8 hf, c = nt*8 + 2 t4).
-template <int kMT, int kNT, class F>
-__device__ __forceinline__ void for_each_acc_pair(const float (&acc)[kMT][kNT][4], F&& f) {
-    ptx::for_each_frag_pair<kMT, kNT>([&](int mt, int nt, int hf, int r, int c) {
-        f(r, c, acc[mt][nt][2 * hf], acc[mt][nt][2 * hf + 1]);
-    });
-}
-
 // D fragments -> shared memory [row][col] (16-bit, row stride kStride), optionally scaled; rows offset row0, columns
 // offset col0 for this warp.
 template <mhakit_dtype kDtype, int kMT, int kNT, int kStride>
 __device__ __forceinline__ void acc_to_smem(uint16_t* smem, const float (&acc)[kMT][kNT][4], int row0, int col0,
                                             float mul) {
     using Mma = ptx::Mma<kDtype>;
-    for_each_acc_pair(acc, [&](int r, int c, float a, float b) {
-        ptx::st_shared_b32(ptx::smem_addr(smem + (row0 + r) * kStride + col0 + c), Mma::pack(a * mul, b * mul));
-    });
-}
-
-// D fragments times mul -> fp32 rows of a global [rows][ld] array (rows < rows_valid, columns < cols_valid only);
-// this warp's tile starts at (row0, col0). kAdd: fp32 reductions into the array instead of stores.
-template <bool kAdd, int kMT, int kNT>
-__device__ __forceinline__ void acc_to_global_f32(float* dst, int64_t ld, const float (&acc)[kMT][kNT][4], int row0,
-                                                  int col0, int rows_valid, int cols_valid, float mul) {
-    for_each_acc_pair(acc, [&](int r, int c, float a, float b) {
-        if (row0 + r >= rows_valid || col0 + c >= cols_valid) return;
-        float* d = dst + static_cast<int64_t>(row0 + r) * ld + col0 + c;
-        if constexpr (kAdd) {
-            red_add2(d, a * mul, b * mul);
-        } else {
-            *reinterpret_cast<float2*>(d) = make_float2(a * mul, b * mul);
-        }
-    });
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = row0 + mt * 16 + g + 8 * hf, c = col0 + nt * 8 + 2 * t4;
+                ptx::st_shared_b32(ptx::smem_addr(smem + r * kStride + c),
+                                   Mma::pack(acc[mt][nt][2 * hf] * mul, acc[mt][nt][2 * hf + 1] * mul));
+            }
 }
 
 // ------------------------------------------------------------------------------------------------------------------

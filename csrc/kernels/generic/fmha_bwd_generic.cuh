@@ -47,7 +47,6 @@
 #include "../common/tile_scheduler.h"
 #include "fmha_bwd_common.cuh"
 #include "generic_ptx.cuh"
-#include "generic_softmax.cuh"
 #include "generic_tile_io.cuh"
 
 namespace mhakit::generic {
@@ -184,7 +183,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int nm = m_end - m_begin;
     const int n_iter = nm * n_heads;
 
-    const int tid = threadIdx.x, warp = tid >> 5;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int wk = warp % Cfg::kWK, wq = warp / Cfg::kWK;        // S^T / dK / dV layout
     const int dm = warp % Cfg::kDqWM, dc = warp / Cfg::kDqWM;    // dQ layout
 
@@ -276,8 +275,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
         // ---- P^T, dS^T (fp32) ----
         const bool need_mask = !geom.template tile_full<kBN>(m0, min(m0 + kBM, sq) - 1, n0);
-        generic::detail::recompute_pt_dst(st, dpt, sLse, sDsum, wq * kSdpCols, n0 + wk * kSdpRows, m0, need_mask, geom,
-                                          scale_log2);
+#pragma unroll
+        for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kSdpNT; ++nt) {
+                const int ql = wq * kSdpCols + nt * 8 + 2 * t4;
+                const float2 lse2 = *reinterpret_cast<const float2*>(sLse + ql);
+                const float2 dsum = *reinterpret_cast<const float2*>(sDsum + ql);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float l = (e & 1) ? lse2.y : lse2.x, d = (e & 1) ? dsum.y : dsum.x;
+                    float pv = ptx::ex2(fmaf(st[mt][nt][e], scale_log2, -l));
+                    if (need_mask) {
+                        const int j = n0 + wk * kSdpRows + mt * 16 + g + 8 * (e >> 1);
+                        const int i = m0 + ql + (e & 1);
+                        if (!geom.visible(i, j)) pv = 0.f;
+                    }
+                    st[mt][nt][e] = pv;
+                    dpt[mt][nt][e] = pv * (dpt[mt][nt][e] - d);
+                }
+            }
+
 
         // ---- dV += P^T dO; then dO of the next block streams in during dK += dS^T Q and dQ ----
         if constexpr (kPInRegs) {
@@ -316,7 +334,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                                                                          sK + dc * kDqCols, (keys_valid + 15) >> 4,
                                                                          dq_np);
             float* gdq = ws.dq + (static_cast<int64_t>(h) * ws.rows_q + si.row_q0 + m0) * p.hdim_q;
-            acc_to_global_f32<true>(gdq, p.hdim_q, acc_dq, dm * kDqRows, dc * kDqCols, sq - m0, p.hdim_q, 1.f);
+#pragma unroll
+            for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int ql = dm * kDqRows + mt * 16 + g + 8 * hf;
+                    if (m0 + ql >= sq) continue;
+#pragma unroll
+                    for (int nt = 0; nt < kDqNT; ++nt) {
+                        const int x = dc * kDqCols + nt * 8 + 2 * t4;
+                        if (x < p.hdim_q)
+                            red_add2(gdq + static_cast<int64_t>(ql) * p.hdim_q + x, acc_dq[mt][nt][2 * hf],
+                                     acc_dq[mt][nt][2 * hf + 1]);
+                    }
+                }
         }
     }
 
@@ -339,10 +370,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     } else {
         const int64_t row0 =
             (static_cast<int64_t>(split) * p.nhead_k + hk) * ws.rows_k + si.row_k0 + n0;
-        acc_to_global_f32<false>(ws.pk + row0 * p.hdim_q, p.hdim_q, acc_dk, wk * kSdpRows, wq * kKCols, keys_valid,
-                                 p.hdim_q, scale);
-        acc_to_global_f32<false>(ws.pv + row0 * p.hdim_v, p.hdim_v, acc_dv, wk * kSdpRows, wq * kVCols, keys_valid,
-                                 p.hdim_v, 1.f);
+        float* pk = ws.pk + row0 * p.hdim_q;
+        float* pv = ws.pv + row0 * p.hdim_v;
+#pragma unroll
+        for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int kl = wk * kSdpRows + mt * 16 + g + 8 * hf;
+                if (kl >= keys_valid) continue;
+#pragma unroll
+                for (int nt = 0; nt < kKNT; ++nt) {
+                    const int x = wq * kKCols + nt * 8 + 2 * t4;
+                    if (x < p.hdim_q)
+                        *reinterpret_cast<float2*>(pk + static_cast<int64_t>(kl) * p.hdim_q + x) =
+                            make_float2(acc_dk[mt][nt][2 * hf] * scale, acc_dk[mt][nt][2 * hf + 1] * scale);
+                }
+#pragma unroll
+                for (int nt = 0; nt < kVNT; ++nt) {
+                    const int x = wq * kVCols + nt * 8 + 2 * t4;
+                    if (x < p.hdim_v)
+                        *reinterpret_cast<float2*>(pv + static_cast<int64_t>(kl) * p.hdim_v + x) =
+                            make_float2(acc_dv[mt][nt][2 * hf], acc_dv[mt][nt][2 * hf + 1]);
+                }
+            }
     }
 }
 
@@ -373,7 +423,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     const int rows_valid = min(kBM, sq - m0);
     const int hk = h / (p.nhead_q / p.nhead_k);
 
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int row0 = warp * 16 * kMT;
 
     const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
@@ -456,7 +506,21 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         ptx::cp_async_commit();
 
         const bool need_mask = !geom.template tile_full<kBN>(m0, m0 + rows_valid - 1, n0);
-        generic::detail::recompute_ds(s, dp, lse2, dsum, m0 + row0, n0, need_mask, geom, scale_log2);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int hf = e >> 1;
+                    float pv = ptx::ex2(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][hf]));
+                    if (need_mask) {
+                        const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
+                        const int i = m0 + row0 + mt * 16 + g + 8 * hf;
+                        if (!geom.visible(i, j)) pv = 0.f;
+                    }
+                    s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]);
+                }
         uint32_t dsf[kMT][kNT / 2][4];
         acc_to_a<kDtype, kMT, kNT>(dsf, s);
         gemm_rs<kDtype, kMT, kQT, kBN / 16, true, kSQ>(acc_dq, dsf, sK, ksq);

@@ -97,18 +97,4 @@ struct Mma<MHAKIT_DTYPE_BF16> {
     }
 };
 
-// f(mt, nt, hf, r, c) for each row half of each m16n8 tile of one warp's D fragments acc[kMT][kNT][4]: elements
-// 2 hf and 2 hf + 1 of acc[mt][nt] sit at row r = mt*16 + g + 8 hf, columns c and c + 1 with c = nt*8 + 2 t4 (g, t4:
-// the lane's group and thread-in-group), in the warp's tile.
-template <int kMT, int kNT, class F>
-__device__ __forceinline__ void for_each_frag_pair(F&& f) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) f(mt, nt, hf, mt * 16 + g + 8 * hf, nt * 8 + 2 * t4);
-}
-
 }  // namespace mhakit::generic::ptx
