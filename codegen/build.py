@@ -53,7 +53,7 @@ class BuildError(RuntimeError):
 @dataclass
 class BuildRequest:
     api: str = "fwd"
-    arch: str = "sm_90a"
+    arch: str = field(default_factory=lambda: catalogue_mod.load("cuda").default_arch)
     profile: str = "default"
     name_filter: str | None = None
     build_dir: Path = Path("build")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import catalogue as catalogue_mod
 from .rules import violations
-from .spec import Algorithm, KernelSpec, Signature
+from .spec import Algorithm, Guards, KernelSpec, Signature
 
 PROFILES_FILE = Path(__file__).resolve().parent / "profiles.toml"
 PROFILE_KEYS = ("dtype", "hdim", "mode", "mask", "family")
@@ -59,8 +59,9 @@ def enumerate_specs(api: str, arch: str, backend: str = "cuda") -> Selection:
                             algorithm=Algorithm(fam.name, arch, tile.params),
                             priority=fam.priority,
                             template=fam.template,
+                            guards=Guards.of(fam),
                         )
-                        reasons = violations(spec)
+                        reasons = violations(spec, backend)
                         if reasons:
                             selection.rejected.append((spec.name, reasons))
                         else:

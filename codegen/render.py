@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 
+from . import catalogue
 from .spec import KernelSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -38,10 +39,17 @@ def render_instance(spec: KernelSpec, env: jinja2.Environment | None = None) -> 
     return env.get_template(spec.template).render(**spec.template_context())
 
 
-def render_dispatch(api: str, arch: str, specs: list[KernelSpec], env: jinja2.Environment | None = None) -> str:
+def render_dispatch(api: str, arch: str, specs: list[KernelSpec], env: jinja2.Environment | None = None,
+                    backend: str = "cuda") -> str:
     env = env or _environment()
+    cat = catalogue.load(backend)
+    record = cat.arch(arch)
+    major, minor = (int(x) for x in record.compute_capabilities[0].split("."))
+    arch_ctx = {"name": record.name, "major": major, "minor": minor,
+                "arch_specific": "true" if record.arch_specific else "false"}
     return env.get_template("dispatch.cu.j2").render(
-        api=api, Api=api.capitalize(), arch=arch, instances=[spec.template_context() for spec in specs])
+        api=api, Api=api.capitalize(), arch=arch_ctx, head_dims=cat.head_dims,
+        instances=[spec.template_context() for spec in specs])
 
 
 def _named(rel: str, text: str) -> str:

@@ -1,58 +1,80 @@
 """Explicit validity rules for specs. Each rule returns None when the spec is fine, else the reason it is not.
 
-Enumeration (profiles.py) applies every rule, so an impossible combination in the catalogue is dropped with a
-reason (visible with `compile.py --list --verbose`) instead of failing deep inside the compiler."""
+Every rule reads its facts from the catalogue (codegen/catalogue/<backend>.toml): the API's head dims, the family's
+static guards (modes, masks, dtypes, equal head dims, whether it needs an arch-specific target) and the arches that
+list it. Enumeration (profiles.py) applies every rule, so an impossible combination is dropped with a reason
+(visible with `compile.py --list --verbose`) instead of failing deep inside the compiler."""
 from __future__ import annotations
 
 from typing import Callable, Optional
 
+from . import catalogue as catalogue_mod
 from .spec import KernelSpec
 
-MAX_HDIM = 256
+Rule = Callable[[KernelSpec, "catalogue_mod.Catalogue"], Optional[str]]
 
 
-def head_dims_in_range(spec: KernelSpec) -> Optional[str]:
-    s = spec.signature
+def _family(spec: KernelSpec, cat: "catalogue_mod.Catalogue"):
+    return cat.families.get((spec.signature.api, spec.algorithm.family))
+
+
+def family_is_known(spec: KernelSpec, cat) -> Optional[str]:
+    if _family(spec, cat) is None:
+        return f"the catalogue has no {spec.signature.api} family '{spec.algorithm.family}'"
+    return None
+
+
+def head_dims_in_range(spec: KernelSpec, cat) -> Optional[str]:
+    s, hd = spec.signature, cat.head_dims
     for label, d in (("hdim_q", s.hdim_q), ("hdim_v", s.hdim_v)):
-        if d <= 0 or d % 8 or d > MAX_HDIM:
-            return f"{label}={d} must be a positive multiple of 8 up to {MAX_HDIM}"
+        if not hd.accepts(d):
+            return f"{label}={d} must be a positive multiple of {hd.multiple} up to {hd.max}"
     return None
 
 
-def hopper_needs_equal_head_dims(spec: KernelSpec) -> Optional[str]:
-    s = spec.signature
-    if spec.algorithm.family == "hopper" and s.hdim_q != s.hdim_v:
-        return "the hopper family computes Q·Kᵀ and P·V with one head-dim tile (hdim_q == hdim_v)"
+def family_serves_signature(spec: KernelSpec, cat) -> Optional[str]:
+    fam, s = _family(spec, cat), spec.signature
+    if fam is None:
+        return None
+    for what, value, served in (("dtype", s.dtype, fam.dtypes), ("mode", s.mode, fam.modes),
+                                ("mask class", s.mask, fam.masks)):
+        if value not in served:
+            return f"the {fam.name} family serves {', '.join(served)} {what} only, not {value} {what} (catalogue)"
+    if fam.equal_head_dims and s.hdim_q != s.hdim_v:
+        return (f"the {fam.name} family computes Q·Kᵀ and P·V with one head-dim tile "
+                "(equal_head_dims: hdim_q == hdim_v)")
     return None
 
 
-def hopper_is_batch_mode(spec: KernelSpec) -> Optional[str]:
-    if spec.algorithm.family == "hopper" and spec.signature.mode != "batch":
-        return "the hopper family's TMA epilogue stores whole tiles, so group mode goes to the generic family"
+def family_built_for_arch(spec: KernelSpec, cat) -> Optional[str]:
+    fam, arch_name = _family(spec, cat), spec.algorithm.arch
+    if fam is None or arch_name not in cat.arches:
+        return None if fam is None else f"unknown arch '{arch_name}'"
+    arch = cat.arches[arch_name]
+    if fam.needs_arch_specific and not arch.arch_specific:
+        targets = ", ".join(sorted(a.name for a in cat.arches.values() if a.arch_specific))
+        return f"the {fam.name} family needs an arch-specific target ({targets}), not {arch_name}"
+    if fam.name not in arch.families:
+        return f"arch.{arch_name} does not list the {fam.name} family"
     return None
 
 
-def hopper_needs_sm90a(spec: KernelSpec) -> Optional[str]:
-    if spec.algorithm.family == "hopper" and spec.algorithm.arch != "sm_90a":
-        return "wgmma and setmaxnreg exist only on the sm_90a target"
-    return None
-
-
-def tiles_have_block_sizes(spec: KernelSpec) -> Optional[str]:
+def tiles_have_block_sizes(spec: KernelSpec, cat) -> Optional[str]:
     tile = dict(spec.algorithm.tile)
     if "block_m" not in tile or "block_n" not in tile:
         return "a tile needs block_m and block_n"
     return None
 
 
-RULES: tuple[Callable[[KernelSpec], Optional[str]], ...] = (
+RULES: tuple[Rule, ...] = (
+    family_is_known,
     head_dims_in_range,
-    hopper_needs_equal_head_dims,
-    hopper_is_batch_mode,
-    hopper_needs_sm90a,
+    family_serves_signature,
+    family_built_for_arch,
     tiles_have_block_sizes,
 )
 
 
-def violations(spec: KernelSpec) -> list[str]:
-    return [reason for rule in RULES if (reason := rule(spec)) is not None]
+def violations(spec: KernelSpec, backend: str = "cuda") -> list[str]:
+    cat = catalogue_mod.load(backend)
+    return [reason for rule in RULES if (reason := rule(spec, cat)) is not None]

@@ -40,11 +40,34 @@ class Algorithm:
 
 
 @dataclass(frozen=True)
+class Guards:
+    """The family's static guards, copied from its catalogue entry: what an instance refuses whatever its run-time
+    checks say. The runtime applies them through the generated dispatch table, the JIT when it derives entries."""
+
+    equal_head_dims: bool  # serves only hdim_q == hdim_v
+    deterministic: bool    # bwd: serves deterministic calls
+    align_bytes: int       # every tensor's base pointer and strides a multiple of this many bytes
+
+    @classmethod
+    def of(cls, family) -> "Guards":
+        """From a catalogue Family."""
+        return cls(family.equal_head_dims, family.deterministic, family.align_bytes)
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     signature: Signature
     algorithm: Algorithm
     priority: int
     template: str
+    guards: Guards
+
+    def admits_head_dims(self, hdim_q: int, hdim_v: int) -> bool:
+        """Whether a call's real head dims fit this instance: within the bucket, and equal where the family needs
+        them equal."""
+        s = self.signature
+        fits = hdim_q <= s.hdim_q and hdim_v <= s.hdim_v
+        return fits and (hdim_q == hdim_v or not self.guards.equal_head_dims)
 
     @property
     def name(self) -> str:
@@ -69,4 +92,7 @@ class KernelSpec:
             "arch": a.arch,
             "tile": dict(a.tile),
             "priority": self.priority,
+            "equal_head_dims": "true" if self.guards.equal_head_dims else "false",
+            "deterministic": "true" if self.guards.deterministic else "false",
+            "align_bytes": self.guards.align_bytes,
         }

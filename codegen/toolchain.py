@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import catalogue as catalogue_mod
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CSRC = REPO_ROOT / "csrc"
 CUTLASS_PIN = "nvidia-cutlass==4.2.0.0"
@@ -22,14 +24,13 @@ class ToolchainError(RuntimeError):
     """The build cannot start: a missing compiler, an unknown arch, missing headers. One line, says what to do."""
 
 
-# nvidia-smi's compute capability -> the arch we build for it (Hopper gets the arch-specific sm_90a target).
-_CC_TO_ARCH = {"8.0": "sm_80", "8.6": "sm_86", "8.7": "sm_86", "8.9": "sm_89", "9.0": "sm_90a",
-               "10.0": "sm_100", "12.0": "sm_120"}
-DEFAULT_ARCH = "sm_90a"
+# Which arch a compute capability gets, and the default target, are the catalogue's arch records (codegen/catalogue/
+# cuda.toml: compute_capability, gencode, arch_specific, default_arch); this module only asks the GPU.
 
 
 def detect_arch() -> str:
-    """The arch of GPU 0 when one is visible, else sm_90a (the H100/H200 this project targets first)."""
+    """The arch of GPU 0 when one is visible, else the catalogue's default_arch."""
+    cat = catalogue_mod.load("cuda")
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
@@ -37,9 +38,11 @@ def detect_arch() -> str:
                                  capture_output=True, text=True, timeout=20).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
             out = []
-        if out and out[0] in _CC_TO_ARCH:
-            return _CC_TO_ARCH[out[0]]
-    return DEFAULT_ARCH
+        match = re.fullmatch(r"(\d+)\.(\d+)", out[0]) if out else None
+        arch = cat.arch_for_compute_capability(int(match.group(1)), int(match.group(2))) if match else None
+        if arch is not None:
+            return arch.name
+    return cat.default_arch
 
 
 def backend_of_arch(arch: str) -> str:
@@ -183,16 +186,14 @@ def cutlass_version(root: Path) -> str:
 
 
 def arch_for_compute_capability(major: int, minor: int) -> str:
-    """The arch mhakit builds for a device of compute capability major.minor: the table above, else the base arch of
-    the same major (SASS for sm_X0 runs on every sm_Xy); sm_90a for Hopper."""
-    key = f"{major}.{minor}"
-    if key in _CC_TO_ARCH:
-        return _CC_TO_ARCH[key]
-    base = f"{major}.0"
-    if base in _CC_TO_ARCH:
-        return _CC_TO_ARCH[base]
-    raise ToolchainError(f"compute capability {key} is not supported: mhakit builds for sm_80 and newer "
-                         f"({', '.join(sorted(set(_CC_TO_ARCH.values())))})")
+    """The arch mhakit builds for a device of compute capability major.minor (the catalogue's arch records: the arch
+    listing it, else the one listing major.0, since SASS for sm_X0 runs on every sm_Xy)."""
+    cat = catalogue_mod.load("cuda")
+    arch = cat.arch_for_compute_capability(major, minor)
+    if arch is None:
+        raise ToolchainError(f"compute capability {major}.{minor} is not supported: mhakit builds for "
+                             f"{', '.join(sorted(cat.arches))}")
+    return arch.name
 
 
 def require_available_backend(arch: str) -> str:

@@ -21,12 +21,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
-from . import _arrays
+from . import _arrays, _codegen
 from ._arrays import ArrayView, DeviceArray
 
 __all__ = ["mha_fwd", "mha_varlen_fwd", "mha_bwd", "mha_varlen_bwd"]
 
-MAX_HDIM = 256
 # MHAKIT_LOG_LEVEL=1: each call prints the kernel instance it launches ("[mhakit] mha_fwd -> <name>", likewise
 # mha_bwd) to stdout.
 LOG_LEVEL = int(os.environ.get("MHAKIT_LOG_LEVEL", "0") or 0)
@@ -80,9 +79,9 @@ def _check_ndim(view: ArrayView, ndim: int, dims: str) -> None:
 
 
 def _check_head_dim(view: ArrayView, d: int, what: str) -> None:
-    if d < 8 or d % 8 or d > MAX_HDIM:
-        raise ValueError(f"{view.name}: {what} {d} is not supported; head dims must be multiples of 8 in "
-                         f"[8, {MAX_HDIM}]")
+    head_dims = _codegen.submodule("catalogue").load("cuda").head_dims  # the API's head dims: catalogue data
+    if not head_dims.accepts(d):
+        raise ValueError(f"{view.name}: {what} {d} is not supported; head dims must be {head_dims.describe()}")
     if view.strides[-1] != 1 and view.size > 0:  # an empty array's strides are arbitrary (CuPy reports zeros)
         raise ValueError(f"{view.name}: the head dimension must be contiguous (stride 1); got element strides "
                          f"{view.strides} for shape {view.shape}")
@@ -839,7 +838,8 @@ def _ext_callbacks():
     from . import _capi, _cuda, jit
 
     def resolve(api_name, device, kind, hdim_q, hdim_v, mode, masked):
-        if not all(8 <= d <= MAX_HDIM and d % 8 == 0 for d in (hdim_q, hdim_v)):
+        head_dims = _codegen.submodule("catalogue").load("cuda").head_dims
+        if not (head_dims.accepts(hdim_q) and head_dims.accepts(hdim_v)):
             return None  # the Python path says why
         return jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked).entry_points()
 

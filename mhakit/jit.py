@@ -131,13 +131,9 @@ def _read_json(path: Path):
 # Which instances a call needs
 # ------------------------------------------------------------------------------------------------------------------
 
-# The static part of a family's run-time guard, as the kernels state it in supports(): the hopper families (forward
-# and backward) compute with one head-dim tile, so they serve only hdim_q == hdim_v. (Alignment, empty sequences,
-# deterministic mode and the like are checked at run time; the generic instance built alongside serves those calls.)
-FAMILY_ADMITS: dict[str, Callable[[int, int], bool]] = {
-    "hopper": lambda hdim_q, hdim_v: hdim_q == hdim_v,
-}
-
+# Which families serve which head dims, modes and masks is catalogue data (codegen/catalogue/cuda.toml): the specs
+# carry their family's static guards (KernelSpec.admits_head_dims). Alignment, empty sequences, deterministic mode
+# and the like are checked at run time; the lowest-priority instance built alongside serves those calls.
 _SPECS_BY_API_ARCH: dict = {}
 
 
@@ -183,10 +179,7 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
         s = spec.signature
         if s.dtype != dtype or s.mode != mode or s.mask != mask:
             continue
-        if hdim_q > s.hdim_q or hdim_v > s.hdim_v:
-            continue
-        admits = FAMILY_ADMITS.get(spec.algorithm.family)
-        if admits is not None and not admits(hdim_q, hdim_v):
+        if not spec.admits_head_dims(hdim_q, hdim_v):
             continue
         padding = (s.hdim_q - hdim_q) + (s.hdim_v - hdim_v)
         family = spec.algorithm.family
@@ -205,11 +198,13 @@ def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
     pool = list(specs)
     allowed = {sp.name for sp in pool}
     found: dict[tuple, Entry] = {}
+    head_dims = _codegen.submodule("catalogue").load("cuda").head_dims
+    dims = range(head_dims.multiple, head_dims.max + 1, head_dims.multiple)
     for dtype in DTYPES:
         for mode in MODES:
             for masked in (False, True):
-                for hq in range(8, 257, 8):
-                    for hv in range(8, 257, 8):
+                for hq in dims:
+                    for hv in dims:
                         try:
                             entry = derive_entry(api, arch, dtype, hq, hv, mode, masked)
                         except ValueError:

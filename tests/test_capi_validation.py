@@ -109,6 +109,10 @@ def test_padded_and_unaligned_cases_fall_back_to_the_generic_family(lib):
     assert name is not None and name.startswith("fwd_d128_bf16_batch_nmask_sm90a_")
     odd = lib.kernel_name(valid_args(stride_q=129))
     assert odd == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+    # the catalogue's align_bytes = 16 of [fwd.hopper]: a base pointer 8 bytes off, a head stride 4 elements off
+    assert lib.kernel_name(valid_args(v_ptr=FAKE + 8)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+    assert lib.kernel_name(valid_args(nhead_stride_o=256 * 128 + 4)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+    assert lib.kernel_name(valid_args(batch=1, batch_stride_k=3)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
 
 
 def test_empty_problems_return_zero_without_launching(lib):

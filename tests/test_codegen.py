@@ -8,13 +8,14 @@ import pytest
 
 from codegen import catalogue, profiles, render, rules
 from codegen.ninja import Compile, Executable, NinjaFile
-from codegen.spec import Algorithm, KernelSpec, Signature
+from codegen.spec import Algorithm, Guards, KernelSpec, Signature
 
 
 def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mode="batch", mask="nmask"):
     tile = (("block_m", 64), ("block_n", 64), ("warps", 4))
+    fam = catalogue.load("cuda").family("fwd", family)
     return KernelSpec(Signature("fwd", dtype, hq, hv, mode, mask), Algorithm(family, arch, tile), 1,
-                      f"instance_{family}.cu.j2")
+                      f"instance_{family}.cu.j2", Guards.of(fam))
 
 
 class TestCatalogue:
@@ -37,6 +38,22 @@ class TestCatalogue:
         with pytest.raises(catalogue.CatalogueError, match="unknown arch 'sm_75'.*sm_90a"):
             catalogue.load("cuda").arch("sm_75")
 
+    def test_family_guards_and_arch_records_are_catalogue_data(self):
+        cat = catalogue.load("cuda")
+        hopper, generic = cat.family("bwd", "hopper"), cat.family("bwd", "generic")
+        assert hopper.equal_head_dims and not hopper.deterministic and hopper.align_bytes == 16
+        assert not generic.equal_head_dims and generic.deterministic and "group" in generic.modes
+        assert cat.arch_for_compute_capability(9, 0).name == "sm_90a" and cat.arch("sm_90a").arch_specific
+        assert cat.arch_for_compute_capability(8, 7).name == "sm_86"      # listed
+        assert cat.arch_for_compute_capability(12, 1).name == "sm_120"    # major.0 stands in for major.y
+        assert cat.arch_for_compute_capability(7, 5) is None
+        assert cat.default_arch in cat.arches
+        assert cat.head_dims.accepts(8) and cat.head_dims.accepts(256) and not cat.head_dims.accepts(100)
+
+    def test_generic_backward_tuning_knobs_are_in_the_tiles(self):
+        for tile in catalogue.load("cuda").family("bwd", "generic").tiles:
+            assert {"keys_per_warp", "dq_row_tiles", "dq_block_n", "dq_pass"} <= dict(tile.params).keys()
+
     def test_unknown_backend(self):
         with pytest.raises(catalogue.CatalogueError, match="no catalogue for backend 'nope'"):
             catalogue.load("nope")
@@ -50,6 +67,7 @@ class TestRules:
         (dict(family="hopper", hq=192, hv=128), "hdim_q == hdim_v"),
         (dict(family="hopper", mode="group"), "group mode"),
         (dict(family="hopper", arch="sm_80"), "sm_90a"),
+        (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=100), "multiple of 8"),
         (dict(hv=264), "up to 256"),
     ])
@@ -116,9 +134,20 @@ class TestRendering:
         specs = profiles.select("fwd", "sm_90a", "minimal").specs
         text = render.render_dispatch("fwd", "sm_90a", specs)
         assert f"const int kNumFwdInstances = {len(specs)};" in text
-        assert 'const char* const kFwdBuiltArch = "sm_90a";' in text
+        assert 'const BuiltArch kFwdBuiltArch = {"sm_90a", 9, 0, /*arch_specific=*/true};' in text
+        assert "const HeadDimRule kFwdHeadDims = {/*multiple=*/8, /*max=*/256};" in text
         for s in specs:
             assert f'{{"{s.name}", MHAKIT_DTYPE_BF16, 128, 128, /*group_mode=*/false' in text
+        hopper = [s for s in specs if s.algorithm.family == "hopper"]
+        assert hopper and all(s.guards.equal_head_dims and s.guards.align_bytes == 16 for s in hopper)
+        assert text.count("/*equal_head_dims=*/true,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
+        sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)
+        assert 'const BuiltArch kBwdBuiltArch = {"sm_86", 8, 6, /*arch_specific=*/false};' in sm80
+
+    def test_generic_backward_instance_passes_the_catalogue_knobs(self):
+        spec = profiles.select("bwd", "sm_90a", "default", "bwd_d128_bf16_group_mask_sm90a_generic").specs[0]
+        text = render.render_instance(spec)
+        assert "/*keys_per_warp=*/16, /*dq_row_tiles=*/2,\n" in text and "/*dq_block_n=*/32, /*dq_pass=*/1>;" in text
 
     def test_write_if_changed_keeps_mtime_of_identical_content(self, tmp_path):
         path = tmp_path / "a.cu"

@@ -492,7 +492,8 @@ def bwd_hopper_candidates(arch="sm_90a"):
     hopper = [spec_mod.KernelSpec(spec_mod.Signature("bwd", dtype, d, d, "batch", mask),
                                   spec_mod.Algorithm("hopper", arch, (("block_m", bm), ("block_n", bn),
                                                                       ("hdim_q", d), ("hdim_v", d))),
-                                  priority=10, template="instance_hopper.cu.j2")
+                                  priority=10, template="instance_hopper.cu.j2",
+                                  guards=spec_mod.Guards(equal_head_dims=True, deterministic=False, align_bytes=16))
               for d, (bm, bn) in tiles.items() for dtype in ("fp16", "bf16") for mask in ("nmask", "mask")]
     return real + hopper
 

@@ -30,11 +30,11 @@ float check_heads(int nhead_q, int nhead_k) {
     return 0.f;
 }
 
-float check_head_dims(int hdim_q, int hdim_v) {
+float check_head_dims(int hdim_q, int hdim_v, const HeadDimRule& rule) {
     for (int d : {hdim_q, hdim_v})
-        if (d < 8 || d % 8 != 0 || d > MHAKIT_MAX_HDIM)
-            return fail(E, "hdim_q and hdim_v must be multiples of 8 in [8, %d] (got %d and %d)", MHAKIT_MAX_HDIM,
-                        hdim_q, hdim_v);
+        if (d < rule.multiple || d % rule.multiple != 0 || d > rule.max)
+            return fail(E, "hdim_q and hdim_v must be multiples of %d in [%d, %d] (got %d and %d)", rule.multiple,
+                        rule.multiple, rule.max, hdim_q, hdim_v);
     return 0.f;
 }
 
@@ -53,6 +53,41 @@ float check_alignment(std::initializer_list<NamedPointer> pointers, size_t align
         if (reinterpret_cast<uintptr_t>(p.ptr) % alignment != 0)
             return fail(E, "%s (%p) is misaligned: %s must be %zu-byte aligned", p.name, p.ptr, what, alignment);
     return 0.f;
+}
+
+namespace {
+// A base pointer and the strides (elements) of the modes that address memory: the row stride always (TMA needs
+// it even for one row), the head and batch strides where their extent exceeds 1.
+bool tensor_aligned(const void* ptr, int64_t row, int64_t head, int nhead, int64_t batch, int nbatch, int64_t elem,
+                    int64_t bytes) {
+    if (reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) != 0) return false;
+    if ((row * elem) % bytes != 0) return false;
+    if (nhead > 1 && (head * elem) % bytes != 0) return false;
+    if (nbatch > 1 && (batch * elem) % bytes != 0) return false;
+    return true;
+}
+}  // namespace
+
+bool tensors_aligned(const FwdParams& p, int elem_bytes, int bytes) {
+    const int nb = p.seqstart_q != nullptr ? 1 : p.batch;  // group mode: batch strides are not used
+    return tensor_aligned(p.q, p.q_row_stride, p.q_head_stride, p.nhead_q, p.q_batch_stride, nb, elem_bytes, bytes) &&
+           tensor_aligned(p.k, p.k_row_stride, p.k_head_stride, p.nhead_k, p.k_batch_stride, nb, elem_bytes, bytes) &&
+           tensor_aligned(p.v, p.v_row_stride, p.v_head_stride, p.nhead_k, p.v_batch_stride, nb, elem_bytes, bytes) &&
+           tensor_aligned(p.o, p.o_row_stride, p.o_head_stride, p.nhead_q, p.o_batch_stride, nb, elem_bytes, bytes);
+}
+
+bool tensors_aligned(const BwdParams& p, int elem_bytes, int bytes) {
+    const int nb = p.seqstart_q != nullptr ? 1 : p.batch;
+    const int hq = p.nhead_q, hk = p.nhead_k;
+    const int64_t e = elem_bytes;
+    return tensor_aligned(p.q, p.q_row_stride, p.q_head_stride, hq, p.q_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.k, p.k_row_stride, p.k_head_stride, hk, p.k_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.v, p.v_row_stride, p.v_head_stride, hk, p.v_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.o, p.o_row_stride, p.o_head_stride, hq, p.o_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.dout, p.do_row_stride, p.do_head_stride, hq, p.do_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.dq, p.dq_row_stride, p.dq_head_stride, hq, p.dq_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.dk, p.dk_row_stride, p.dk_head_stride, hk, p.dk_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.dv, p.dv_row_stride, p.dv_head_stride, hk, p.dv_batch_stride, nb, e, bytes);
 }
 
 float check_nonnegative_strides(std::initializer_list<int64_t> strides) {

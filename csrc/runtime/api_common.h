@@ -20,7 +20,7 @@ const char* dtype_name(int dtype);
 float check_dtype(int dtype);
 float check_scale(float scale, const char* name);
 float check_heads(int nhead_q, int nhead_k);
-float check_head_dims(int hdim_q, int hdim_v);
+float check_head_dims(int hdim_q, int hdim_v, const HeadDimRule& rule);
 // batch and nhead_q within the CUDA grid (MHAKIT_MAX_BATCH, MHAKIT_MAX_NHEAD in mha_common.h).
 float check_grid(int batch, int nhead_q);
 
@@ -39,9 +39,27 @@ float check_mask_type(int mask_type);
 // arithmetic (sums of lengths and window sizes) inside int32.
 int clamp_window(int w);
 
-// Among the instances whose traits and run-time guards hold, the best one: the highest family priority, then the
-// tightest head-dim bucket, then an unmasked instance over a masked one for unmasked problems. Every candidate is
-// scored, so a coarse bucket or a slower family listed first can never shadow a better instance.
+// Bytes per element of the API's dtypes (fp16, bf16).
+constexpr int kElemBytes = 2;
+
+// The static guard align_bytes over every tensor a pass reads or writes (the LSE excepted: fp32, any strides).
+bool tensors_aligned(const FwdParams& p, int elem_bytes, int bytes);
+bool tensors_aligned(const BwdParams& p, int elem_bytes, int bytes);
+
+inline bool wants_deterministic(const FwdParams&) { return false; }  // the forward has nothing to choose
+inline bool wants_deterministic(const BwdParams& p) { return p.deterministic; }
+
+// The family's static guards (catalogue data, carried by the dispatch table) against one call.
+template <class Params>
+bool static_guards_hold(const KernelInstance<Params>& inst, const Params& p) {
+    if (inst.equal_head_dims && p.hdim_q != p.hdim_v) return false;
+    if (!inst.deterministic && wants_deterministic(p)) return false;
+    return tensors_aligned(p, kElemBytes, inst.align_bytes);
+}
+
+// Among the instances whose traits, static guards and run-time guards hold, the best one: the highest family
+// priority, then the tightest head-dim bucket, then an unmasked instance over a masked one for unmasked problems.
+// Every candidate is scored, so a coarse bucket or a slower family listed first can never shadow a better instance.
 template <class Params>
 const KernelInstance<Params>* choose_instance(const KernelInstance<Params>* table, int count, const Params& p,
                                               int dtype) {
@@ -54,6 +72,7 @@ const KernelInstance<Params>* choose_instance(const KernelInstance<Params>* tabl
         if (inst.dtype != dtype || inst.group_mode != group_mode) continue;
         if (p.hdim_q > inst.hdim_q || p.hdim_v > inst.hdim_v) continue;
         if (needs_mask && !inst.masked) continue;
+        if (!static_guards_hold(inst, p)) continue;
         if (!inst.supports(p)) continue;
         const long padding = (inst.hdim_q - p.hdim_q) + (inst.hdim_v - p.hdim_v);
         const long score = inst.priority * 100000L - padding * 10L - (inst.masked && !needs_mask ? 1 : 0);
@@ -64,12 +83,12 @@ const KernelInstance<Params>* choose_instance(const KernelInstance<Params>* tabl
 
 // MHAKIT_ERROR_UNSUPPORTED with a sentence naming the traits and what the library holds.
 template <class Params>
-float unsupported(const char* api, const Params& p, int dtype, const char* arch, int count) {
+float unsupported(const char* api, const Params& p, int dtype, const BuiltArch& arch, int count) {
     return fail(MHAKIT_ERROR_UNSUPPORTED,
                 "no %s kernel built into this library serves dtype=%s hdim_q=%d hdim_v=%d mode=%s mask_type=%d "
                 "(library built for %s with %d instances; rebuild with a profile that includes them, see "
                 "compile.py --list)",
-                api, dtype_name(dtype), p.hdim_q, p.hdim_v, p.seqstart_q ? "group" : "batch", p.mask_type, arch,
+                api, dtype_name(dtype), p.hdim_q, p.hdim_v, p.seqstart_q ? "group" : "batch", p.mask_type, arch.name,
                 count);
 }
 

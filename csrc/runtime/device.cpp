@@ -3,8 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "mha_common.h"
 #include "runtime/error.h"
@@ -17,12 +15,9 @@ std::atomic<int> g_checked[kMaxDevices];  // 0 unknown, 1 compatible
 
 // Built only as SASS (no PTX), so code for sm_XY runs on the same major with minor >= Y, and an
 // arch-specific target (sm_90a) runs only on exactly that compute capability.
-bool runs_on(const char* arch, int major, int minor) {
-    if (std::strncmp(arch, "sm_", 3) != 0) return false;
-    const int cc = std::atoi(arch + 3);
-    const bool arch_specific = arch[std::strlen(arch) - 1] == 'a';
-    if (arch_specific) return major * 10 + minor == cc;
-    return major == cc / 10 && minor >= cc % 10;
+bool runs_on(const BuiltArch& arch, int major, int minor) {
+    if (arch.arch_specific) return major == arch.major && minor == arch.minor;
+    return major == arch.major && minor >= arch.minor;
 }
 
 // Errors that mean "this process has no GPU to run on" rather than a fault of the call.
@@ -42,7 +37,7 @@ float device_failure(cudaError_t err, const char* what, int device) {
 
 }  // namespace
 
-float check_device_arch(const char* arch) {
+float check_device_arch(const BuiltArch& arch) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return device_failure(err, "cudaGetDevice", device);
@@ -55,7 +50,7 @@ float check_device_arch(const char* arch) {
         return fail(MHAKIT_ERROR_UNSUPPORTED,
                     "this library was built for %s but device %d has compute capability %d.%d; rebuild with "
                     "compile.py --arch for this GPU",
-                    arch, device, major, minor);
+                    arch.name, device, major, minor);
     if (device >= 0 && device < kMaxDevices) g_checked[device].store(1, std::memory_order_relaxed);
     return 0.f;
 }

@@ -20,7 +20,7 @@ float validate(const mhakit_bwd_args& a) {
     if (float rc = check_scale(a.scale, "scale")) return rc;
     if (a.batch < 0) return fail(E, "batch must be >= 0 (got %d)", a.batch);
     if (float rc = check_heads(a.nhead_q, a.nhead_k)) return rc;
-    if (float rc = check_head_dims(a.hdim_q, a.hdim_v)) return rc;
+    if (float rc = check_head_dims(a.hdim_q, a.hdim_v, kBwdHeadDims)) return rc;
     if (a.is_group_mode) {
         if (a.seqstart_q_ptr == nullptr || a.seqstart_k_ptr == nullptr)
             return fail(E, "group mode needs seqstart_q_ptr and seqstart_k_ptr (device arrays of batch+1 offsets)");

@@ -10,6 +10,18 @@
 
 namespace mhakit {
 
+// The arch a library was built for, from the catalogue's [arch.*] record: the device check compares the GPU with it.
+struct BuiltArch {
+    const char* name;    // "sm_90a"
+    int major, minor;    // the lowest compute capability it is built for
+    bool arch_specific;  // true: runs on exactly major.minor (sm_90a); false: on major.y for every y >= minor
+};
+
+// The head dims the API accepts, from the catalogue's [head_dims]: multiples of `multiple` in [multiple, max].
+struct HeadDimRule {
+    int multiple, max;
+};
+
 template <class Params>
 struct KernelInstance {
     const char* name;
@@ -19,6 +31,10 @@ struct KernelInstance {
     bool group_mode;  // true: serves group mode only; false: batch mode only
     bool masked;      // true: serves every mask kind (and none); false: no mask only
     int priority;     // family rank from the catalogue (higher is faster)
+    // The family's static guards (catalogue): checked by choose_instance before the run-time guard `supports`.
+    bool equal_head_dims;  // serves only hdim_q == hdim_v
+    bool deterministic;    // serves deterministic backward calls
+    int align_bytes;       // every tensor's base pointer and strides a multiple of this many bytes
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     cudaError_t (*run)(const Params&, cudaStream_t);  // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)
@@ -28,11 +44,13 @@ using FwdInstance = KernelInstance<FwdParams>;
 using BwdInstance = KernelInstance<BwdParams>;
 
 // Defined by the generated dispatch source of each library.
-extern const char* const kFwdBuiltArch;
+extern const BuiltArch kFwdBuiltArch;
+extern const HeadDimRule kFwdHeadDims;
 extern const FwdInstance kFwdInstances[];
 extern const int kNumFwdInstances;
 
-extern const char* const kBwdBuiltArch;
+extern const BuiltArch kBwdBuiltArch;
+extern const HeadDimRule kBwdHeadDims;
 extern const BwdInstance kBwdInstances[];
 extern const int kNumBwdInstances;
 

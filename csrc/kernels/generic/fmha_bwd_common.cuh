@@ -8,7 +8,7 @@
 //   - small kernels:         D = rowsum(dO o O) (+ LSE in log2 units, + zeroing the fp32 dQ accumulator),
 //                            dQ accumulator -> dQ (scale, dtype, strides), and the fixed-order sum of per-split fp32
 //                            dK/dV partials for GQA/MQA.
-// The PTX wrappers (ldmatrix, mma, cp.async) and the tile loader / alignment test come from the forward family.
+// The PTX wrappers (ldmatrix, mma, cp.async) come from generic_ptx.cuh, the tile I/O from generic_tile_io.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,10 +20,19 @@
 #include "../../include/mha_common.h"
 #include "../common/bwd_params.h"
 #include "../common/mask.h"
-#include "fmha_fwd_generic.cuh"  // detail::load_tile / load_chunk / aligned16, generic_ptx.cuh
 #include "generic_ptx.cuh"
+#include "generic_tile_io.cuh"
 
 namespace mhakit::generic::bwd_detail {
+
+using generic::detail::aligned16;
+#if defined(__CUDACC__)
+using generic::detail::cp_async_4;
+using generic::detail::load8;
+using generic::detail::load_tile;
+using generic::detail::store8;
+using generic::detail::store_tile;
+#endif
 
 // ------------------------------------------------------------------------------------------------------------------
 // Sequences and workspace
@@ -170,7 +179,6 @@ enum : int {
 };
 
 inline int alignment_flags(const BwdParams& p, bool group_mode) {
-    using generic::detail::aligned16;
     auto bs = [&](int64_t s) { return group_mode ? int64_t(0) : s; };
     int f = 0;
     if (aligned16(p.q, p.q_row_stride, p.q_head_stride, bs(p.q_batch_stride))) f |= kAlQ;
@@ -197,49 +205,6 @@ __device__ __forceinline__ float to_float(uint16_t v) {
     } else {
         return __uint_as_float(static_cast<uint32_t>(v) << 16);
     }
-}
-
-// Eight elements (16 bytes) from global memory, vector load when aligned.
-__device__ __forceinline__ uint4 load8(const uint16_t* src, bool aligned) {
-    if (aligned) return *reinterpret_cast<const uint4*>(src);
-    uint32_t w[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) w[e] = static_cast<uint32_t>(src[2 * e]) | (static_cast<uint32_t>(src[2 * e + 1]) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-__device__ __forceinline__ void store8(uint16_t* dst, uint4 v, bool aligned) {
-    if (aligned) {
-        *reinterpret_cast<uint4*>(dst) = v;
-    } else {
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            dst[2 * e] = static_cast<uint16_t>(w[e] & 0xffffu);
-            dst[2 * e + 1] = static_cast<uint16_t>(w[e] >> 16);
-        }
-    }
-}
-
-// Shared-memory tile (row stride kStride elements) -> global rows [0, rows_valid) x chunks [0, chunks_valid).
-template <int kRows, int kChunks, int kStride, int kThreads>
-__device__ __forceinline__ void store_tile(const uint16_t* smem, uint16_t* gbase, int64_t row_stride, int rows_valid,
-                                           int chunks_valid, bool aligned, int tid) {
-    constexpr int kTotal = kRows * kChunks;
-#pragma unroll
-    for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-        const int idx = tid + it * kThreads;
-        if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
-        const int r = idx / kChunks, c = idx % kChunks;
-        if (r >= rows_valid || c >= chunks_valid) continue;
-        const uint4 v = ptx::ld_shared_v4(ptx::smem_addr(smem + r * kStride + c * 8));
-        store8(gbase + r * row_stride + c * 8, v, aligned);
-    }
-}
-
-// 4 bytes global -> shared through L1; src_bytes = 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
 // dst[0..1] += (a, b) in global memory, fp32, relaxed (sm_90: one vector reduction).

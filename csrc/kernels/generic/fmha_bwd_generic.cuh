@@ -31,7 +31,7 @@
 // Tiles (kBlockM x kBlockN, warps) of the catalogue — all fit the 99 KB opt-in shared memory of sm_86/sm_89:
 //   d32: 64x128x8, d64: 64x128x8, d128: 64x64x4, d192/128: 32x64x8, d256: 32x32x4 (measured on one H200 against
 //   32x128x8, 64x64x8, 32x64x4 at d128, 64x64x4 and 128x64x8 at d64, 128x128x8 at d32). The dQ pass uses 4 warps
-//   and 64 or 128 query rows (BwdTuning).
+//   and 64 or 128 query rows (the catalogue's dq_row_tiles).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,10 +42,12 @@
 #include "../../include/mha_common.h"
 #include "../common/bwd_params.h"
 #include "../common/mask.h"
+#include "../common/mask_geometry.h"
 #include "../common/smem_opt_in.h"
+#include "../common/tile_scheduler.h"
 #include "fmha_bwd_common.cuh"
-#include "fmha_fwd_generic.cuh"
 #include "generic_ptx.cuh"
+#include "generic_tile_io.cuh"
 
 namespace mhakit::generic {
 
@@ -53,29 +55,14 @@ namespace bwd_detail {
 
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
-// Tuning knobs the catalogue's (kBlockM, kBlockN, kNumWarps) do not name, chosen per bucket from H200 timings:
-//   kKeysPerWarp   key rows per warp in S^T / dP^T / dK / dV (16, or 32 to halve shared-memory traffic per mma);
+// The catalogue's traits (dtype, head-dim buckets, mode, mask class), tile (kBlockM query rows per step, kBlockN keys
+// per CTA, kNumWarps warps) and tuning knobs (codegen/catalogue/cuda.toml, [bwd.generic], where each is explained):
+//   kKeysPerWarp   key rows per warp in S^T / dP^T / dK / dV;
 //   kDqRowTiles    16-row tiles per warp of the dQ pass (its CTA is 4 warps x 16 * kDqRowTiles query rows);
 //   kDqBlockN      keys per step of the dQ pass;
 //   kDqPass        1: dQ by the separate pass in non-deterministic mode too, 0: fp32 reductions from the main kernel.
-// Measured (bf16, b=1, h=16, s=4096): 32 keys per warp lost or tied everywhere; a 128-row dQ pass with 32-key
-// steps gained 9% at d128 (non-causal) and 12% in deterministic mode at d64; the dQ pass beat fp32 reductions from
-// d128 on (d64 / d32: reductions are faster).
-template <int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kNumWarps>
-struct BwdTuning {
-    static constexpr int kKeysPerWarp = 16;
-    static constexpr int kDqRowTiles = (kHdimQ >= 64 && kHdimQ <= 128 && kHdimV <= 128) ? 2 : 1;
-    static constexpr int kDqBlockN =
-        (kHdimQ + kHdimV > 384 || (kDqRowTiles == 2 && kHdimQ + kHdimV > 128)) ? 32 : 64;
-    static constexpr int kDqPass = kHdimQ >= 128 ? 1 : 0;
-};
-
 template <mhakit_dtype kDtype_, int kHdimQ_, int kHdimV_, bool kGroupMode_, bool kMasked_, int kBlockM_,
-          int kBlockN_, int kNumWarps_,
-          int kKeysPerWarp_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kKeysPerWarp,
-          int kDqRowTiles_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kDqRowTiles,
-          int kDqBlockN_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kDqBlockN,
-          int kDqPass_ = BwdTuning<kHdimQ_, kHdimV_, kBlockM_, kBlockN_, kNumWarps_>::kDqPass>
+          int kBlockN_, int kNumWarps_, int kKeysPerWarp_, int kDqRowTiles_, int kDqBlockN_, int kDqPass_>
 struct BwdConfig {
     static constexpr mhakit_dtype kDtype = kDtype_;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_;
@@ -143,14 +130,11 @@ struct BwdConfig {
     static constexpr int kKeysPerWarp = kKeysPerWarp_;
 };
 
-// Mask helpers (64-bit: window sizes may be large). Row i sees key j iff j < sk and i - y + 1 <= j < i + x.
-struct MaskGeom {
-    int64_t y, x;
-};
-
-__device__ __forceinline__ bool key_visible(int64_t i, int64_t j, int sk, const MaskGeom& m, bool masked) {
-    return j < sk && (!masked || (j >= i - m.y + 1 && j < i + m.x));
-}
+// Block order: the main kernel walks key blocks in order (grid.y: kv head x head split); the dQ pass walks query
+// blocks, the heaviest (last, under a causal mask) first.
+using MainScheduler = SingleTileScheduler</*kHeaviestFirst=*/false>;
+template <class Cfg>
+using DqScheduler = SingleTileScheduler</*kHeaviestFirst=*/Cfg::kMasked>;
 
 // ------------------------------------------------------------------------------------------------------------------
 // Stage 2: the main kernel.
@@ -178,9 +162,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     float* sLseBase = reinterpret_cast<float*>(sP + (kPInRegs ? 0 : Cfg::kElemsP));  // [kQBuf][kBM]
     float* sDsumBase = sLseBase + kQBuf * kBM;                                        // [kQBuf][kBM]
 
-    const int n_block = blockIdx.x;
-    const int split = blockIdx.y % ws.n_splits, hk = blockIdx.y / ws.n_splits;
-    const int b = blockIdx.z;
+    const auto work = MainScheduler::work();
+    const int n_block = work.block;
+    const int split = work.head % ws.n_splits, hk = work.head / ws.n_splits;
+    const int b = work.batch;
     const BwdSeq si = bwd_seq(p, b);
     const int sq = si.seqlen_q, sk = si.seqlen_k;
     const int n0 = n_block * kBN;
@@ -191,28 +176,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int h_end = min(h_begin + ws.heads_per_split, (hk + 1) * group);
     const int n_heads = max(h_end - h_begin, 0);
 
-    MaskGeom mg{sq, sk};
-    if (kMasked) {
-        const MaskCoord mc = make_mask_coord(p.mask_type, p.window_left, p.window_right, sq, sk);
-        mg.y = mc.y;
-        mg.x = mc.x;
-    }
-    // Query blocks whose rows can see a key of [n0, n0 + keys_valid): rows i with i + x > n0 and i - y + 1 <= n_last.
-    int m_begin = 0, m_end = 0;
-    if (sq > 0) {
-        if (!kMasked) {
-            m_end = (sq + kBM - 1) / kBM;
-        } else {
-            const int64_t n_last = n0 + keys_valid - 1;
-            int64_t i_min = n0 - mg.x + 1, i_max = n_last + mg.y - 1;
-            if (i_min < 0) i_min = 0;
-            if (i_max > sq - 1) i_max = sq - 1;
-            if (i_min <= i_max) {
-                m_begin = static_cast<int>(i_min / kBM);
-                m_end = static_cast<int>(i_max / kBM) + 1;
-            }
-        }
-    }
+    // Query blocks whose rows can see a key of [n0, n0 + keys_valid).
+    const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
+    const TileRange mrange = geom.template query_tiles<kBM>(n0, n0 + keys_valid - 1);
+    const int m_begin = mrange.begin, m_end = mrange.empty() ? mrange.begin : mrange.end;
     const int nm = m_end - m_begin;
     const int n_iter = nm * n_heads;
 
@@ -248,7 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const int rows = min(kBM, sq - m0);
         const uint16_t* gQ = static_cast<const uint16_t*>(p.q) + si.q + h * p.q_head_stride +
                              static_cast<int64_t>(m0) * p.q_row_stride;
-        generic::detail::load_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQbase + buf * Cfg::kElemsQ, gQ,
+        load_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQbase + buf * Cfg::kElemsQ, gQ,
                                                                        p.q_row_stride, rows, q_chunks_load,
                                                                        q_chunks_valid, alQ, tid);
         const int64_t row0 = static_cast<int64_t>(h) * ws.rows_q + si.row_q0 + m0;
@@ -266,13 +233,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const int rows = min(kBM, sq - m0);
         const uint16_t* gdO = static_cast<const uint16_t*>(p.dout) + si.dout + h * p.do_head_stride +
                               static_cast<int64_t>(m0) * p.do_row_stride;
-        generic::detail::load_tile<kBM, Cfg::kHdimV / 8, kSV, kThreads>(sdO, gdO, p.do_row_stride, rows,
+        load_tile<kBM, Cfg::kHdimV / 8, kSV, kThreads>(sdO, gdO, p.do_row_stride, rows,
                                                                        v_chunks_load, v_chunks_valid, alDO, tid);
     };
 
-    generic::detail::load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK, p.k_row_stride, keys_valid, q_chunks_load,
+    load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK, p.k_row_stride, keys_valid, q_chunks_load,
                                                                    q_chunks_valid, alK, tid);
-    generic::detail::load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(sV, gV, p.v_row_stride, keys_valid, v_chunks_load,
+    load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(sV, gV, p.v_row_stride, keys_valid, v_chunks_load,
                                                                    v_chunks_valid, alV, tid);
     if (n_iter > 0) {
         load_q(0, 0);
@@ -307,10 +274,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             dpt, sV + wk * kSdpRows * kSV, sdO + wq * kSdpCols * kSV, ksv, kSdpNT / 2);
 
         // ---- P^T, dS^T (fp32) ----
-        const int i_last = min(m0 + kBM, sq) - 1;
-        const bool need_mask = (n0 + kBN > sk) ||
-                               (kMasked && (static_cast<int64_t>(i_last) - mg.y + 1 > n0 ||
-                                            static_cast<int64_t>(m0) + mg.x < static_cast<int64_t>(n0) + kBN));
+        const bool need_mask = !geom.template tile_full<kBN>(m0, min(m0 + kBM, sq) - 1, n0);
 #pragma unroll
         for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
@@ -325,12 +289,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                     if (need_mask) {
                         const int j = n0 + wk * kSdpRows + mt * 16 + g + 8 * (e >> 1);
                         const int i = m0 + ql + (e & 1);
-                        if (!key_visible(i, j, sk, mg, kMasked)) pv = 0.f;
+                        if (!geom.visible(i, j)) pv = 0.f;
                     }
                     st[mt][nt][e] = pv;
                     dpt[mt][nt][e] = pv * (dpt[mt][nt][e] - d);
                 }
             }
+
 
         // ---- dV += P^T dO; then dO of the next block streams in during dK += dS^T Q and dQ ----
         if constexpr (kPInRegs) {
@@ -449,8 +414,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     uint16_t* sV = sdO + kBM * kSV;
     uint16_t* sKbase = sV + kBN * kSV;  // kKBuf K tiles
 
-    const int m_block = kMasked ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-    const int h = blockIdx.y, b = blockIdx.z;
+    const auto work = DqScheduler<Cfg>::work();
+    const int m_block = work.block, h = work.head, b = work.batch;
     const BwdSeq si = bwd_seq(p, b);
     const int sq = si.seqlen_q, sk = si.seqlen_k;
     const int m0 = m_block * kBM;
@@ -461,23 +426,9 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int row0 = warp * 16 * kMT;
 
-    MaskGeom mg{sq, sk};
-    if (kMasked) {
-        const MaskCoord mc = make_mask_coord(p.mask_type, p.window_left, p.window_right, sq, sk);
-        mg.y = mc.y;
-        mg.x = mc.x;
-    }
-    auto clamp_k = [&](int64_t v) -> int64_t { return v < 0 ? 0 : (v > sk ? sk : v); };
-    const int i_first = m0, i_last = m0 + rows_valid - 1;
-    int n_begin = 0, n_end = 0;
-    {
-        const int64_t kmin = kMasked ? clamp_k(static_cast<int64_t>(i_first) - mg.y + 1) : 0;
-        const int64_t kmax = kMasked ? clamp_k(static_cast<int64_t>(i_last) + mg.x) : sk;
-        if (kmax > kmin) {
-            n_begin = static_cast<int>(kmin / kBN);
-            n_end = static_cast<int>((kmax + kBN - 1) / kBN);
-        }
-    }
+    const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
+    const TileRange visit = geom.template key_tiles<kBN>(m0, m0 + rows_valid - 1);
+    const int n_begin = visit.begin, n_end = visit.empty() ? visit.begin : visit.end;
 
     float lse2[kMT][2], dsum[kMT][2];
 #pragma unroll
@@ -510,15 +461,15 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
                              static_cast<int64_t>(m0) * p.q_row_stride;
         const uint16_t* gdO = static_cast<const uint16_t*>(p.dout) + si.dout + h * p.do_head_stride +
                               static_cast<int64_t>(m0) * p.do_row_stride;
-        generic::detail::load_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gQ, p.q_row_stride, rows_valid,
+        load_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gQ, p.q_row_stride, rows_valid,
                                                                        q_chunks_load, q_chunks_valid, alQ, tid);
-        generic::detail::load_tile<kBM, Cfg::kHdimV / 8, kSV, kThreads>(sdO, gdO, p.do_row_stride, rows_valid,
+        load_tile<kBM, Cfg::kHdimV / 8, kSV, kThreads>(sdO, gdO, p.do_row_stride, rows_valid,
                                                                        v_chunks_load, v_chunks_valid, alDO, tid);
         const int n0 = n_begin * kBN;
-        generic::detail::load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
+        load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
             sKbase, gK + static_cast<int64_t>(n0) * p.k_row_stride, p.k_row_stride, min(kBN, sk - n0),
             q_chunks_load, q_chunks_valid, alK, tid);
-        generic::detail::load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(
+        load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(
             sV, gV + static_cast<int64_t>(n0) * p.v_row_stride, p.v_row_stride, min(kBN, sk - n0), v_chunks_load,
             v_chunks_valid, alV, tid);
         ptx::cp_async_commit();
@@ -532,7 +483,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         __syncthreads();  // K, V (and Q, dO) landed; every warp is done with the previous block
         if (kKBuf == 2 && n_block + 1 < n_end) {
             const int n1 = n0 + kBN;
-            generic::detail::load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
+            load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
                 sKbase + (kb ^ 1) * kBN * kSQ, gK + static_cast<int64_t>(n1) * p.k_row_stride, p.k_row_stride,
                 min(kBN, sk - n1), q_chunks_load, q_chunks_valid, alK, tid);
         }
@@ -548,15 +499,13 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         __syncthreads();  // every warp is done with V
         if (n_block + 1 < n_end) {
             const int n1 = n0 + kBN;
-            generic::detail::load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(
+            load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(
                 sV, gV + static_cast<int64_t>(n1) * p.v_row_stride, p.v_row_stride, min(kBN, sk - n1),
                 v_chunks_load, v_chunks_valid, alV, tid);
         }
         ptx::cp_async_commit();
 
-        const bool need_mask =
-            (n0 + kBN > sk) || (kMasked && (static_cast<int64_t>(i_last) - mg.y + 1 > n0 ||
-                                            static_cast<int64_t>(i_first) + mg.x < static_cast<int64_t>(n0) + kBN));
+        const bool need_mask = !geom.template tile_full<kBN>(m0, m0 + rows_valid - 1, n0);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -568,7 +517,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
                     if (need_mask) {
                         const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
                         const int i = m0 + row0 + mt * 16 + g + 8 * hf;
-                        if (!key_visible(i, j, sk, mg, kMasked)) pv = 0.f;
+                        if (!geom.visible(i, j)) pv = 0.f;
                     }
                     s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]);
                 }
@@ -580,7 +529,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
             __syncthreads();  // every warp is done with K
             if (n_block + 1 < n_end) {
                 const int n1 = n0 + kBN;
-                generic::detail::load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
+                load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
                     sKbase, gK + static_cast<int64_t>(n1) * p.k_row_stride, p.k_row_stride, min(kBN, sk - n1),
                     q_chunks_load, q_chunks_valid, alK, tid);
             }
@@ -618,16 +567,9 @@ struct BwdKernelImpl {
     static_assert(kSmemBytes <= 101376, "generic backward tile needs more shared memory than sm_86/sm_89 offer");
     static_assert(kDqSmemBytes <= 101376, "generic backward dQ tile needs more shared memory than sm_86/sm_89 offer");
 
-    // Pure host arithmetic: head dims fit the bucket, the mode and mask class match, grids fit.
-    static bool supports(const BwdParams& p) {
-        if (p.hdim_q <= 0 || p.hdim_v <= 0 || p.hdim_q > kHdimQ || p.hdim_v > kHdimV) return false;
-        if ((p.hdim_q & 7) != 0 || (p.hdim_v & 7) != 0) return false;
-        if ((p.seqstart_q != nullptr) != kGroupMode || (kGroupMode && p.seqstart_k == nullptr)) return false;
-        if (!kMasked && p.mask_type != 0) return false;
-        if (p.nhead_k <= 0 || p.nhead_q <= 0 || p.nhead_q % p.nhead_k != 0) return false;
-        if (p.nhead_q > 65535 || p.batch > 65535) return false;
-        return true;
-    }
+    // Run-time guard beyond what the runtime checked (the validator, the instance's traits: dtype, mode, mask class,
+    // head-dim bucket): the grids fit. Pure host arithmetic.
+    static bool supports(const BwdParams& p) { return p.nhead_q <= 65535 && p.batch <= 65535; }
 
     static size_t workspace_bytes(const BwdParams& p) {
         return bwd_detail::plan_workspace(p, kBlockN, kGroupMode, atomic_dq(p)).total;
@@ -658,7 +600,7 @@ struct BwdKernelImpl {
             static std::atomic<uint64_t> attr_main{0};
             auto kernel = bwd_main_kernel<Cfg>;
             if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main)) != cudaSuccess) return err;
-            const dim3 grid((max_sk + kBlockN - 1) / kBlockN, p.nhead_k * ws.n_splits, p.batch);
+            const dim3 grid = MainScheduler::grid((max_sk + kBlockN - 1) / kBlockN, p.nhead_k * ws.n_splits, p.batch);
             kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, ws, flags);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
@@ -667,7 +609,7 @@ struct BwdKernelImpl {
                 static std::atomic<uint64_t> attr_dq{0};
                 auto kernel = bwd_dq_kernel<Cfg>;
                 if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq)) != cudaSuccess) return err;
-                const dim3 grid((max_sq + Cfg::kDqkBM - 1) / Cfg::kDqkBM, p.nhead_q, p.batch);
+                const dim3 grid = DqScheduler<Cfg>::grid((max_sq + Cfg::kDqkBM - 1) / Cfg::kDqkBM, p.nhead_q, p.batch);
                 kernel<<<grid, Cfg::kDqkThreads, kDqSmemBytes, stream>>>(p, ws, flags);
             } else {
                 const dim3 grid((max_sq + kRowKernelWarps - 1) / kRowKernelWarps, p.nhead_q, p.batch);
@@ -686,11 +628,11 @@ struct BwdKernelImpl {
 
 }  // namespace bwd_detail
 
-// The catalogue's template: traits (dtype, head-dim bucket, mode, mask class) and tile (kBlockM query rows per step,
-// kBlockN keys per CTA, kNumWarps warps); the remaining knobs come from BwdTuning.
+// The catalogue's template: traits, tile and tuning knobs (see BwdConfig).
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, bool kGroupMode, bool kMasked, int kBlockM, int kBlockN,
-          int kNumWarps>
-struct BwdKernel : bwd_detail::BwdKernelImpl<bwd_detail::BwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked,
-                                                                    kBlockM, kBlockN, kNumWarps>> {};
+          int kNumWarps, int kKeysPerWarp, int kDqRowTiles, int kDqBlockN, int kDqPass>
+struct BwdKernel
+    : bwd_detail::BwdKernelImpl<bwd_detail::BwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked, kBlockM, kBlockN,
+                                                      kNumWarps, kKeysPerWarp, kDqRowTiles, kDqBlockN, kDqPass>> {};
 
 }  // namespace mhakit::generic

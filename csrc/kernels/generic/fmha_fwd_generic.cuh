@@ -28,8 +28,13 @@
 #include "../../include/mha_common.h"
 #include "../common/fwd_params.h"
 #include "../common/mask.h"
+#include "../common/mask_geometry.h"
 #include "../common/smem_opt_in.h"
+#include "../common/tile_scheduler.h"
+#include "generic_epilogue.cuh"
 #include "generic_ptx.cuh"
+#include "generic_softmax.cuh"
+#include "generic_tile_io.cuh"
 
 namespace mhakit::generic {
 
@@ -66,70 +71,6 @@ struct FwdConfig {
     static constexpr int kElemsV = kBlockN * kSV;
     static constexpr int kSmemBytes = (kElemsQO + kElemsK + kElemsV) * 2;
 };
-
-// One 16-byte chunk: cp.async (zero-filled when !valid) or element-wise loads for unaligned tensors.
-__device__ __forceinline__ void load_chunk(uint32_t dst, const uint16_t* src, const uint16_t* fallback, bool valid,
-                                           bool aligned) {
-    if (aligned) {
-        ptx::cp_async_16(dst, valid ? src : fallback, valid ? 16 : 0);
-    } else {
-        uint32_t w[4] = {0u, 0u, 0u, 0u};
-        if (valid) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                w[e] = static_cast<uint32_t>(src[2 * e]) | (static_cast<uint32_t>(src[2 * e + 1]) << 16);
-        }
-        ptx::st_shared_v4(dst, make_uint4(w[0], w[1], w[2], w[3]));
-    }
-}
-
-// Rows [0, kRows) x 16-byte chunks [0, chunks_load) of a tile: global (row stride in elements) -> shared (kStride).
-// Chunks at or past chunks_valid and rows at or past rows_valid are zero-filled.
-template <int kRows, int kChunks, int kStride, int kThreads>
-__device__ __forceinline__ void load_tile(uint16_t* smem, const uint16_t* gbase, int64_t row_stride, int rows_valid,
-                                          int chunks_load, int chunks_valid, bool aligned, int tid) {
-    if constexpr (kThreads % kChunks == 0) {
-        // Every thread owns one chunk column and walks down the rows: addresses are one add per row step.
-        constexpr int kRowStep = kThreads / kChunks;
-        constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
-        const int c = tid % kChunks, r0 = tid / kChunks;
-        if (c >= chunks_load) return;
-        const bool c_valid = c < chunks_valid;
-        const uint16_t* src = gbase + r0 * row_stride + c * 8;
-        const int64_t src_step = kRowStep * row_stride;
-        const uint32_t dst = ptx::smem_addr(smem + r0 * kStride + c * 8);
-        if (aligned) {
-#pragma unroll
-            for (int it = 0; it < kIters; ++it) {
-                const int r = r0 + it * kRowStep;
-                if ((kRows % kRowStep) != 0 && r >= kRows) break;
-                const bool valid = c_valid && r < rows_valid;
-                ptx::cp_async_16(dst + it * kRowStep * kStride * 2, valid ? src + it * src_step : gbase,
-                                 valid ? 16 : 0);
-            }
-        } else {
-#pragma unroll
-            for (int it = 0; it < kIters; ++it) {
-                const int r = r0 + it * kRowStep;
-                if ((kRows % kRowStep) != 0 && r >= kRows) break;
-                load_chunk(dst + it * kRowStep * kStride * 2, src + it * src_step, gbase, c_valid && r < rows_valid,
-                           false);
-            }
-        }
-    } else {
-        constexpr int kTotal = kRows * kChunks;
-#pragma unroll
-        for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-            const int idx = tid + it * kThreads;
-            if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
-            const int r = idx / kChunks, c = idx % kChunks;
-            if (c >= chunks_load) continue;
-            const bool valid = (r < rows_valid) && (c < chunks_valid);
-            load_chunk(ptx::smem_addr(smem + r * kStride + c * 8), gbase + r * row_stride + c * 8, gbase, valid,
-                       aligned);
-        }
-    }
-}
 
 // S += Q·Kᵀ for one key tile. Steps run k-major (kk outer, key pair np inner) so that consecutive mma write
 // different accumulators; the K fragment of the next step (and the Q fragment of the next kk) is loaded one step
@@ -210,20 +151,54 @@ __device__ __forceinline__ void gemm_pv(float (&acc_o)[Cfg::kMT][Cfg::kOT][4],
 enum : int { kAlignQ = 1, kAlignK = 2, kAlignV = 4, kAlignO = 8 };
 
 template <class Cfg>
+using FwdScheduler = SingleTileScheduler</*kHeaviestFirst=*/Cfg::kMasked>;  // masked: the heaviest blocks first
+
+// P (the softmax's output over S) as m16n8k16 A fragments of the P·V product.
+template <class Cfg>
+__device__ __forceinline__ void pack_p(uint32_t (&p_frag)[Cfg::kMT][Cfg::kKV][4], const float (&s)[Cfg::kMT][Cfg::kNT][4]) {
+    using Mma = ptx::Mma<Cfg::kDtype>;
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < Cfg::kKV; ++kk) {
+            p_frag[mt][kk][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            p_frag[mt][kk][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            p_frag[mt][kk][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            p_frag[mt][kk][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+}
+
+// Keys a row does not see become -inf (rows (mt, hf) of this thread see [row_lo, row_hi)).
+template <class Cfg>
+__device__ __forceinline__ void mask_s(float (&s)[Cfg::kMT][Cfg::kNT][4], const int (&row_lo)[Cfg::kMT][2],
+                                       const int (&row_hi)[Cfg::kMT][2], int n0) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
+                const int hf = e >> 1;
+                if (j < row_lo[mt][hf] || j >= row_hi[mt][hf]) s[mt][nt][e] = -INFINITY;
+            }
+}
+
+template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p, const int align_flags) {
     constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kMT = Cfg::kMT, kNT = Cfg::kNT;
     constexpr int kKQ = Cfg::kKQ, kKV = Cfg::kKV, kOT = Cfg::kOT, kSQ = Cfg::kSQ, kSV = Cfg::kSV;
     constexpr int kThreads = Cfg::kThreads;
     constexpr bool kMasked = Cfg::kMasked, kQInRegs = Cfg::kQInRegs;
-    using Mma = ptx::Mma<Cfg::kDtype>;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);  // Q tile, later the O staging tile
     uint16_t* sK = sQ + Cfg::kElemsQO;
     uint16_t* sV = sK + Cfg::kElemsK;
 
-    const int m_block = kMasked ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-    const int h = blockIdx.y, b = blockIdx.z;
+    const auto work = FwdScheduler<Cfg>::work();
+    const int m_block = work.block, h = work.head, b = work.batch;
     const SeqInfo si = seq_info(p, b);
     const int sq = si.seqlen_q, sk = si.seqlen_k;
     const int m0 = m_block * kBlockM;
@@ -231,7 +206,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     const int rows_valid = min(kBlockM, sq - m0);
     const int hk = h / (p.nhead_q / p.nhead_k);
 
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
     const int warp_row0 = warp * Cfg::kWarpM;
 
     const uint16_t* gQ = static_cast<const uint16_t*>(p.q) + si.q_offset + h * p.q_head_stride + m0 * p.q_row_stride;
@@ -245,46 +220,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     const int v_chunks_valid = p.hdim_v >> 3, v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
     const bool q_full = p.hdim_q > Cfg::kHdimQ - 16, v_full = p.hdim_v > Cfg::kHdimV - 16;
 
-    // Mask geometry (64-bit where window sizes could push int arithmetic over the edge).
-    int64_t my = sq, mx = sk;  // no mask: every row sees keys [0, sk)
-    if (kMasked) {
-        const MaskCoord mc = make_mask_coord(p.mask_type, p.window_left, p.window_right, sq, sk);
-        my = mc.y;
-        mx = mc.x;
-    }
-    const int i_first = m0, i_last = m0 + rows_valid - 1;
-    auto key_lo = [&](int64_t i) -> int64_t {  // first visible key of row i, clamped to [0, sk]
-        int64_t v = i - my + 1;
-        return v < 0 ? 0 : (v > sk ? sk : v);
-    };
-    auto key_hi = [&](int64_t i) -> int64_t {  // one past the last visible key of row i, clamped to [0, sk]
-        int64_t v = i + mx;
-        return v < 0 ? 0 : (v > sk ? sk : v);
-    };
-    int n_begin = 0, n_end = 0;
-    int64_t blk_lo_max = 0, blk_hi_min = sk;  // tiles inside [blk_lo_max, blk_hi_min) need no element mask
-    {
-        const int64_t kmin = kMasked ? key_lo(i_first) : 0;
-        const int64_t kmax = kMasked ? key_hi(i_last) : sk;
-        if (kmax > kmin) {
-            n_begin = static_cast<int>(kmin / kBlockN);
-            n_end = static_cast<int>((kmax + kBlockN - 1) / kBlockN);
-        }
-        if (kMasked) {
-            blk_lo_max = key_lo(i_last);
-            blk_hi_min = key_hi(i_first);
-        }
-    }
-
-    // Per-row visible key range of the rows this thread holds: row (mt, hf) is warp_row0 + mt*16 + g + 8*hf.
+    // Key tiles the block visits, those that need no element mask, and the visible keys of this thread's rows
+    // (row (mt, hf) is warp_row0 + mt*16 + g + 8*hf).
+    const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
+    const TileRange visit = geom.template key_tiles<kBlockN>(m0, m0 + rows_valid - 1);
+    const TileRange full = geom.template full_key_tiles<kBlockN>(m0, m0 + rows_valid - 1);
     int row_lo[kMT][2], row_hi[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const int64_t i = m0 + warp_row0 + mt * 16 + g + 8 * hf;
-            row_lo[mt][hf] = kMasked ? static_cast<int>(key_lo(i)) : 0;
-            row_hi[mt][hf] = kMasked ? static_cast<int>(key_hi(i)) : sk;
+            row_lo[mt][hf] = static_cast<int>(geom.key_begin(i));
+            row_hi[mt][hf] = static_cast<int>(geom.key_end(i));
         }
 
     float acc_o[kMT][kOT][4];
@@ -294,22 +242,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
         for (int nt = 0; nt < kOT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
-    float row_max[kMT][2], row_sum[kMT][2];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            row_max[mt][hf] = -INFINITY;
-            row_sum[mt][hf] = 0.f;
-        }
+    OnlineSoftmax<kMT> softmax;
     uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
 
-    const float scale_log2 = p.scale_log2;
-
-    if (n_begin < n_end) {
+    if (!visit.empty()) {
         load_tile<kBlockM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gQ, p.q_row_stride, rows_valid, q_chunks_load,
                                                            q_chunks_valid, alQ, tid);
-        const int n0 = n_begin * kBlockN;
+        const int n0 = visit.begin * kBlockN;
         load_tile<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK + n0 * p.k_row_stride, p.k_row_stride,
                                                            min(kBlockN, sk - n0), q_chunks_load, q_chunks_valid, alK,
                                                            tid);
@@ -326,7 +265,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     const uint32_t sK_b = ptx::smem_addr(sK + k_off);
     const uint32_t sV_b = ptx::smem_addr(sV + v_off);
 
-    for (int n_block = n_begin; n_block < n_end; ++n_block) {
+    for (int n_block = visit.begin; n_block < visit.end; ++n_block) {
         const int n0 = n_block * kBlockN;
         ptx::cp_async_wait<0>();
         __syncthreads();  // K (and Q) landed; every warp is done with the previous V
@@ -336,7 +275,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
         ptx::cp_async_commit();
 
         if constexpr (kQInRegs) {
-            if (n_block == n_begin) {
+            if (n_block == visit.begin) {
 #pragma unroll
                 for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -346,7 +285,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
             }
         }
 
-        // ---- S = Q Kᵀ ----
+        // ---- S = Q Kᵀ, masked on tiles that straddle the sequence end or a window edge ----
         float s[kMT][kNT][4];
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
@@ -358,66 +297,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
             gemm_qk<Cfg, true>(s, q_frag, sQ_a, sK_b, p.hdim_q);
         else
             gemm_qk<Cfg, false>(s, q_frag, sQ_a, sK_b, p.hdim_q);
+        if (!full.contains(n_block)) mask_s<Cfg>(s, row_lo, row_hi, n0);
 
-        // ---- mask: tiles past the sequence end or straddling a window edge ----
-        const bool need_mask =
-            (n0 + kBlockN > sk) || (kMasked && (n0 < blk_lo_max || n0 + kBlockN > blk_hi_min));
-        if (need_mask) {
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
-                        const int hf = e >> 1;
-                        if (j < row_lo[mt][hf] || j >= row_hi[mt][hf]) s[mt][nt][e] = -INFINITY;
-                    }
-        }
-
-        // ---- online softmax ----
+        // ---- online softmax, P as A fragments ----
+        softmax.update(s, acc_o, p.scale_log2);
         uint32_t p_frag[kMT][kKV][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                float mx_ = row_max[mt][hf];
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mx_ = fmaxf(mx_, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-                mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffffu, mx_, 1));
-                mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffffu, mx_, 2));
-                // A row that has seen no key keeps max -inf: subtract 0 instead so that exp2 gives 0, not NaN.
-                const float m_scaled = (mx_ == -INFINITY) ? 0.f : mx_ * scale_log2;
-                const float alpha = ptx::ex2(row_max[mt][hf] * scale_log2 - m_scaled);
-                row_max[mt][hf] = mx_;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) {
-                    const float p0 = ptx::ex2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_scaled));
-                    const float p1 = ptx::ex2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_scaled));
-                    s[mt][nt][2 * hf] = p0;
-                    s[mt][nt][2 * hf + 1] = p1;
-                    sum += p0 + p1;
-                }
-                row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
-#pragma unroll
-                for (int nt = 0; nt < kOT; ++nt) {
-                    acc_o[mt][nt][2 * hf] *= alpha;
-                    acc_o[mt][nt][2 * hf + 1] *= alpha;
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < kKV; ++kk) {
-                p_frag[mt][kk][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                p_frag[mt][kk][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                p_frag[mt][kk][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                p_frag[mt][kk][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-        }
+        pack_p<Cfg>(p_frag, s);
 
         ptx::cp_async_wait<0>();
         __syncthreads();  // V landed; every warp is done with K
-        if (n_block + 1 < n_end) {
+        if (n_block + 1 < visit.end) {
             const int n1 = n0 + kBlockN;
             load_tile<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK + n1 * p.k_row_stride, p.k_row_stride,
                                                                min(kBlockN, sk - n1), q_chunks_load, q_chunks_valid,
@@ -432,59 +321,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
             gemm_pv<Cfg, false>(acc_o, p_frag, sV_b, p.hdim_v);
     }
 
-    // ---- epilogue: normalise, LSE, stage O in shared memory, store ----
+    // ---- epilogue: normalise, LSE, stage O in shared memory (the Q tile), store ----
     __syncthreads();  // every warp is done reading Q / K / V
-    uint16_t* sO = sQ;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float l = row_sum[mt][hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const bool seen = l > 0.f;
-            const float inv = seen ? 1.f / l : 0.f;
-            const int r = warp_row0 + mt * 16 + g + 8 * hf;
-#pragma unroll
-            for (int nt = 0; nt < kOT; ++nt) {
-                if (nt * 8 >= p.hdim_v) break;
-                ptx::st_shared_b32(ptx::smem_addr(sO + r * kSV + nt * 8 + 2 * t4),
-                                   Mma::pack(acc_o[mt][nt][2 * hf] * inv, acc_o[mt][nt][2 * hf + 1] * inv));
-            }
-            if (p.lse != nullptr && t4 == 0 && r < rows_valid) {
-                const float lse = seen ? row_max[mt][hf] * p.scale + logf(l) : -INFINITY;
-                p.lse[si.lse_offset + h * p.lse_head_stride + m0 + r] = lse;
-            }
-        }
-    }
+    float* lse = p.lse != nullptr ? p.lse + si.lse_offset + h * p.lse_head_stride + m0 : nullptr;
+    stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, p.scale, warp_row0, p.hdim_v, lse, rows_valid);
     __syncthreads();
-
     uint16_t* gO = static_cast<uint16_t*>(p.o) + si.o_offset + h * p.o_head_stride + m0 * p.o_row_stride;
-    constexpr int kOChunks = Cfg::kHdimV / 8;
-    constexpr int kTotal = kBlockM * kOChunks;
-#pragma unroll
-    for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-        const int idx = tid + it * kThreads;
-        if ((kTotal % kThreads) != 0 && idx >= kTotal) break;
-        const int r = idx / kOChunks, c = idx % kOChunks;
-        if (r >= rows_valid || c >= v_chunks_valid) continue;
-        const uint4 v = ptx::ld_shared_v4(ptx::smem_addr(sO + r * kSV + c * 8));
-        uint16_t* dst = gO + r * p.o_row_stride + c * 8;
-        if (alO) {
-            *reinterpret_cast<uint4*>(dst) = v;
-        } else {
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                dst[2 * e] = static_cast<uint16_t>(w[e] & 0xffffu);
-                dst[2 * e + 1] = static_cast<uint16_t>(w[e] >> 16);
-            }
-        }
-    }
-}
-
-inline bool aligned16(const void* ptr, int64_t s0, int64_t s1, int64_t s2) {
-    return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0 && (s0 & 7) == 0 && (s1 & 7) == 0 && (s2 & 7) == 0;
+    store_tile<kBlockM, Cfg::kHdimV / 8, kSV, kThreads>(sQ, gO, p.o_row_stride, rows_valid, v_chunks_valid, alO, tid);
 }
 
 }  // namespace detail
@@ -499,17 +342,9 @@ struct FwdKernel {
     // tile that fits it runs everywhere the family is built, and supports() need not ask the device.
     static_assert(kSmemBytes <= 101376, "generic tile needs more shared memory than sm_86/sm_89/sm_120 offer");
 
-    // Runtime guard beyond the compile-time traits: head dims fit the bucket, the mode and the mask class match,
-    // and the grid fits. Pure host arithmetic: no CUDA call.
-    static bool supports(const FwdParams& p) {
-        if (p.hdim_q <= 0 || p.hdim_v <= 0 || p.hdim_q > kHdimQ || p.hdim_v > kHdimV) return false;
-        if ((p.hdim_q & 7) != 0 || (p.hdim_v & 7) != 0) return false;
-        if ((p.seqstart_q != nullptr) != kGroupMode || (kGroupMode && p.seqstart_k == nullptr)) return false;
-        if (!kMasked && p.mask_type != 0) return false;
-        if (p.nhead_k <= 0 || p.nhead_q % p.nhead_k != 0) return false;
-        if (p.nhead_q > 65535 || p.batch > 65535) return false;
-        return true;
-    }
+    // Run-time guard beyond what the runtime checked (the validator, the instance's traits: dtype, mode, mask class,
+    // head-dim bucket): the grid fits. Pure host arithmetic: no CUDA call.
+    static bool supports(const FwdParams& p) { return p.nhead_q <= 65535 && p.batch <= 65535; }
 
     // Launches on `stream`; never synchronises or allocates. Returns cudaGetLastError() after the launch
     // (cudaSuccess without a launch when there is nothing to compute).
@@ -528,7 +363,7 @@ struct FwdKernel {
             flags |= detail::kAlignV;
         if (detail::aligned16(p.o, p.o_row_stride, p.o_head_stride, kGroupMode ? 0 : p.o_batch_stride))
             flags |= detail::kAlignO;
-        const dim3 grid((max_sq + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
+        const dim3 grid = detail::FwdScheduler<Cfg>::grid((max_sq + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
         kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, flags);
         return cudaGetLastError();
     }

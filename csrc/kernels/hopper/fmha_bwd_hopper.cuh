@@ -15,7 +15,7 @@
 // (group mode: refused); hdim_q == hdim_v, a multiple of 8, <= kHdim (kHdim in {64, 128, 256}; smaller head dims
 // are zero-padded by TMA); any seqlen_q, seqlen_k >= 1; GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head
 // loops over its query heads); deterministic = false only (dQ is accumulated with fp32 reductions in arbitrary
-// order: refused when p.deterministic). Masks: kMasked = false serves mask_type 0; kMasked = true serves
+// order: the catalogue's `deterministic = false` makes the runtime refuse deterministic calls). Masks: kMasked = false serves mask_type 0; kMasked = true serves
 // mask_type 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see
 // no key of a block are skipped, keys that no query sees get dK = dV = 0.
 // Layout: q, k, v, o, do, dq, dk, dv 16-byte aligned with every row / head / batch stride a multiple of 8 elements
@@ -47,7 +47,8 @@
 #include "fmha_bwd_hopper_aux.hpp"
 #include "fmha_bwd_hopper_common.hpp"
 #include "fmha_bwd_hopper_kernel.hpp"
-#include "fmha_fwd_hopper.cuh"  // DtypeOf
+#include "fmha_hopper_guards.hpp"
+#include "hopper_types.hpp"
 
 namespace mhakit::hopper {
 
@@ -58,23 +59,20 @@ struct BwdKernel {
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
-    static bool ok_tensor(const void* ptr, int64_t row, int64_t head, int64_t batch, int nhead, int nbatch) {
-        return aligned16(ptr) && tma_stride_ok<Element>(row, 2) && tma_stride_ok<Element>(head, nhead) &&
+    static bool ok_tensor(const void*, int64_t row, int64_t head, int64_t batch, int nhead, int nbatch) {
+        return tma_stride_ok<Element>(row, 2) && tma_stride_ok<Element>(head, nhead) &&
                tma_stride_ok<Element>(batch, nbatch);
     }
 
+    // The run-time guard beyond what the runtime already checked: the validator (head dims, heads, mask type,
+    // pointers), the instance's traits (dtype, mode, head-dim bucket) and the family's static guards from the
+    // catalogue (equal head dims, not deterministic, 16-byte alignment).
     static bool supports(const BwdParams& p) {
-        if (p.seqstart_q != nullptr || p.seqstart_k != nullptr) return false;  // batch mode only
-        if (p.deterministic) return false;
-        if (p.batch < 1 || p.batch > 65535 || p.nhead_q < 1 || p.nhead_q > 65535 || p.nhead_k < 1) return false;
-        if (p.nhead_q % p.nhead_k != 0) return false;
+        if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
         if (p.seqlen_q < 1 || p.seqlen_k < 1) return false;
         if (int64_t(p.seqlen_q) + kBlockM > int64_t(INT32_MAX)) return false;
         if ((int64_t(p.seqlen_k) + kBlockN - 1) / kBlockN > int64_t(INT32_MAX)) return false;
-        if (p.hdim_q != p.hdim_v || p.hdim_q < 8 || p.hdim_q > kHdim || p.hdim_q % 8 != 0) return false;
         if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
-        if (p.mask_type < 0 || p.mask_type > 3) return false;
-        if (p.lse == nullptr) return false;
         if (!ok_tensor(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.nhead_q, p.batch)) return false;
         if (!ok_tensor(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.nhead_k, p.batch)) return false;
         if (!ok_tensor(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p.nhead_k, p.batch)) return false;
@@ -154,7 +152,7 @@ struct BwdKernel {
         if (err != cudaSuccess) return err;
         char* wsb = static_cast<char*>(p.workspace);
         const int m_tiles = int(ws.sq_pad / kBlockM);
-        const dim3 grid_q(m_tiles, p.nhead_q, p.batch);
+        const dim3 grid_q = bwd::RowTileScheduler::grid(m_tiles, p.nhead_q, p.batch);
 
         bwd::PreprocessParams pp;
         pp.o = p.o;
@@ -181,7 +179,7 @@ struct BwdKernel {
         if (err != cudaSuccess) return err;
 
         const typename Impl::Params params = make_params(p, ws);
-        const dim3 grid((p.seqlen_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
+        const dim3 grid = Impl::Scheduler::grid((p.seqlen_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
         cutlass::device_kernel<Impl><<<grid, Impl::MaxThreadsPerBlock, Impl::SharedStorageSize, stream>>>(params);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;

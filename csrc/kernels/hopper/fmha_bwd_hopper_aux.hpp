@@ -14,10 +14,15 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 
+#include "kernels/common/tile_scheduler.h"
+
 #include "fmha_bwd_hopper_common.hpp"
-#include "fmha_hopper_kernel.hpp"  // detail::pack2
+#include "hopper_types.hpp"  // detail::pack2
 
 namespace mhakit::hopper::bwd {
+
+// Both kernels: one CTA per (query tile, query head, batch), in tile order.
+using RowTileScheduler = SingleTileScheduler</*kHeaviestFirst=*/false>;
 
 struct PreprocessParams {
     void const* o;
@@ -49,9 +54,8 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const 
     constexpr int T = kHdim / 8;  // threads per row, 16 bytes each
     constexpr int kRowsPerPass = 256 / T;
     static_assert(kBlockM % kRowsPerPass == 0);
-    const int m = int(blockIdx.x);
-    const int h = int(blockIdx.y);
-    const int b = int(blockIdx.z);
+    const auto work = RowTileScheduler::work();
+    const int m = work.block, h = work.head, b = work.batch;
     const int lt = int(threadIdx.x) % T;
     const int col = lt * 8;
     const int64_t ws_row0 = (int64_t(b) * p.nhead_q + h) * p.sq_pad + int64_t(m) * kBlockM;
@@ -103,9 +107,8 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
     constexpr int BM = Impl::kBlockM;
     constexpr int D = Impl::kHdim;
     constexpr int F = Impl::kDqFrag;
-    const int m = int(blockIdx.x);
-    const int h = int(blockIdx.y);
-    const int b = int(blockIdx.z);
+    const auto work = RowTileScheduler::work();
+    const int m = work.block, h = work.head, b = work.batch;
     const int tid = int(threadIdx.x);
     const int wg = tid / 128;
     const int t = tid % 128;

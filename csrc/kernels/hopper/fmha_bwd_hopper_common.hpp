@@ -1,6 +1,6 @@
 // mhakit hopper family, backward pass — pieces shared by the three kernels of the backward
-// (preprocess, main, dQ convert): the mask geometry seen from a key block, the workspace layout, and the PTX
-// wrappers for the 1-D bulk copies (TMA engine without a tensor map).
+// (preprocess, main, dQ convert): the workspace layout and the PTX wrappers for the 1-D bulk copies (TMA engine
+// without a tensor map). The mask geometry seen from a key block is the shared one (kernels/common/mask_geometry.h).
 #pragma once
 
 #include <cstdint>
@@ -8,57 +8,8 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 
-#include "fmha_hopper_mask.hpp"  // floor_div_int / ceil_div_int
 
 namespace mhakit::hopper::bwd {
-
-// ---- mask geometry from the key side ----------------------------------------------------------------------
-//
-// Generic coordinate (y, x) of kernels/common/mask.h: row i sees key j iff  i - y + 1 <= j < min(i + x, sk).
-// Key j is therefore seen by rows i in [j - x + 1, j + y - 1] (clamped to [0, sq)). A CTA owns keys
-// [n0, n0 + BN) and visits the query tiles that intersect the union of those row ranges, in ascending order.
-// x, y arrive clamped (x in [-sq, sk], y in [-sk, sq]) so none of the sums below overflow.
-struct QueryTileRange {
-    int m_begin, m_end;  // query tiles [m_begin, m_end); empty when m_end <= m_begin
-};
-
-template <bool kMasked, int kBlockM, int kBlockN>
-CUTLASS_HOST_DEVICE QueryTileRange query_tiles(int n_block, int sq, int sk, int x, int y) {
-    const int m_tiles = (sq + kBlockM - 1) / kBlockM;
-    QueryTileRange r{0, m_tiles};
-    if constexpr (kMasked) {
-        const int n0 = n_block * kBlockN;
-        const int n1 = (n0 + kBlockN < sk ? n0 + kBlockN : sk) - 1;  // last real key of the block
-        int lo = n0 - x + 1;
-        if (lo < 0) lo = 0;
-        int hi = n1 + y - 1;
-        if (hi > sq - 1) hi = sq - 1;
-        if (lo > hi) {
-            r.m_begin = 0;
-            r.m_end = 0;
-        } else {
-            r.m_begin = lo / kBlockM;
-            r.m_end = hi / kBlockM + 1;
-        }
-    }
-    return r;
-}
-
-// True when some (query, key) pair of the tile pair (m, n) must be masked element-wise: keys past sk, or (masked
-// kernels) pairs outside the band. Query rows past sq need no mask: their LSE is +inf in the workspace, so P = 0.
-template <bool kMasked, int kBlockM, int kBlockN>
-CUTLASS_HOST_DEVICE bool tile_needs_mask(int m_block, int n_block, int sk, int x, int y) {
-    const int n0 = n_block * kBlockN;
-    if (n0 + kBlockN > sk) return true;
-    if constexpr (kMasked) {
-        const int r0 = m_block * kBlockM;
-        const int r1 = r0 + kBlockM - 1;
-        // every pair visible iff  n0 >= r1 - y + 1  and  n0 + BN - 1 < r0 + x
-        if (n0 < r1 - y + 1) return true;
-        if (n0 + kBlockN - 1 >= r0 + x) return true;
-    }
-    return false;
-}
 
 // ---- workspace ---------------------------------------------------------------------------------------------
 //

@@ -26,9 +26,9 @@
 // (F = BM·D/256), so that both the shared-memory writes and the bulk reduction are contiguous; the convert kernel
 // (fmha_bwd_hopper_aux.hpp) maps it back with the same tiled-MMA partition.
 //
-// Masks: the CTA visits only query tiles that see some key of the block (bwd::query_tiles) and masks element-wise
-// only tiles on the band's edges or the key tail (bwd::tile_needs_mask). Rows past seqlen_q carry LSE = +inf in the
-// workspace, which makes their P (hence dS) exactly zero.
+// Masks: the CTA visits only query tiles that see some key of the block and masks element-wise only tiles on the
+// band's edges or the key tail (MaskGeometry::query_tiles / tile_full, kernels/common/mask_geometry.h). Rows past
+// seqlen_q carry LSE = +inf in the workspace, which makes their P (hence dS) exactly zero.
 // GQA: the CTA owns one kv head and loops over its query heads, accumulating dK/dV in registers (no atomics, no
 // extra workspace for dK/dV).
 #pragma once
@@ -45,8 +45,13 @@
 
 #include "88_hopper_fmha/collective/fmha_common.hpp"  // gemm_zero_acc, convert_c_layout_to_a_layout
 
+#include "kernels/common/mask_geometry.h"
+#include "kernels/common/tile_scheduler.h"
+
 #include "fmha_bwd_hopper_common.hpp"
-#include "fmha_hopper_kernel.hpp"  // detail::exp2_approx, detail::pack2
+#include "hopper_epilogue.hpp"
+#include "hopper_softmax.hpp"
+#include "hopper_types.hpp"
 
 namespace mhakit::hopper {
 
@@ -65,6 +70,9 @@ struct HopperBwdKernelImpl {
     static_assert(kHdim == 64 || kHdim == 128 || kHdim == 256, "head-dim buckets: 64, 128, 256");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
     static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 128 (key split) or 64 (query split)");
+
+    using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/false>;  // blocks: key blocks
+    using Geometry = MaskGeometry<kMasked, int>;  // x, y arrive clamped: 32-bit sums do not overflow
 
     static constexpr int NumMmaWG = 2;
     static constexpr int NumMmaThreads = NumMmaWG * 128;
@@ -228,26 +236,32 @@ struct HopperBwdKernelImpl {
         cutlass::arch::fence_barrier_init();
         __syncthreads();
 
-        const int n_block = int(blockIdx.x);
-        const int hk = int(blockIdx.y);
-        const int b = int(blockIdx.z);
-        const bwd::QueryTileRange range = bwd::query_tiles<kMasked, kBlockM, kBlockN>(
-            n_block, params.seqlen_q, params.seqlen_k, params.mask_x, params.mask_y);
-        const int n_m = range.m_end > range.m_begin ? range.m_end - range.m_begin : 0;
+        const auto work = Scheduler::work();
+        const int n_block = work.block, hk = work.head, b = work.batch;
+        const Geometry geom = geometry(params);
+        const int n0 = n_block * kBlockN;
+        const TileRange range =
+            geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < params.seqlen_k ? n0 + kBlockN : params.seqlen_k) - 1);
+        const int n_m = range.empty() ? 0 : range.end - range.begin;
         const int n_iters = n_m * params.group;
 
         if (wg_idx == 0) {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
             if (warp_in_wg == 0) {
-                producer(params, st, pipe_q, pipe_do, n_block, hk, b, range.m_begin, n_m, n_iters);
+                producer(params, st, pipe_q, pipe_do, n_block, hk, b, range.begin, n_m, n_iters);
             } else if (warp_in_wg == 1) {
-                if constexpr (kDqViaSmem) dq_writer(params, st, hk, b, range.m_begin, n_m, n_iters);
+                if constexpr (kDqViaSmem) dq_writer(params, st, hk, b, range.begin, n_m, n_iters);
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-            consumer(params, st, pipe_q, pipe_do, n_block, hk, b, range.m_begin, n_m, n_iters, wg_idx - 1);
+            consumer(params, st, pipe_q, pipe_do, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
         }
 #endif
+    }
+
+    // x, y arrive clamped from the host (x in [-sq, sk], y in [-sk, sq]).
+    CUTLASS_DEVICE static Geometry geometry(Params const& params) {
+        return Geometry::from_coord(MaskCoord{params.mask_y, params.mask_x}, params.seqlen_q, params.seqlen_k);
     }
 
     // ------------------------------------------------------------------------------------------------------------
@@ -364,6 +378,7 @@ struct HopperBwdKernelImpl {
         const int sk = params.seqlen_k;
         const int xr = params.mask_x;
         const int yr = params.mask_y;
+        const Geometry geom = geometry(params);
         const float scale_log2 = params.scale_log2;
         const int n0 = n_block * kBlockN;
 
@@ -420,8 +435,9 @@ struct HopperBwdKernelImpl {
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
             const int h = hk * params.group + h_in;
-            const bool need_mask = bwd::tile_needs_mask<kMasked, kBlockM, kBlockN>(m, n_block, sk, xr, yr);
             const int r0 = m * kBlockM;
+            // Rows past sq count as rows here: their LSE is +inf in the workspace, so their P is 0 anyway.
+            const bool need_mask = !geom.template tile_full<kBlockN>(r0, r0 + kBlockM - 1, n0);
 
             Tensor acc_S = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
             Tensor acc_dP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -441,25 +457,7 @@ struct HopperBwdKernelImpl {
             // ---- Pᵀ ----
             warpgroup_wait<1>();
             warpgroup_fence_operand(acc_S);
-            {
-                float const* lse = &st.smem_lse[rq.index()][0];
-                CUTLASS_PRAGMA_UNROLL
-                for (int i = 0; i < kSFrag; ++i) {
-                    const int kk = get<0>(cS(i));
-                    const int qq = get<1>(cS(i));
-                    float s = acc_S(i);
-                    if (need_mask) {
-                        const int key = n0 + kk;
-                        bool vis = key < sk;
-                        if constexpr (kMasked) {
-                            const int d = key - (r0 + qq);  // visible iff 1 - y <= key - row < x
-                            vis = vis && d >= 1 - yr && d < xr;
-                        }
-                        if (!vis) s = -INFINITY;
-                    }
-                    acc_S(i) = detail::exp2_approx(fmaf(s, scale_log2, -lse[qq]));
-                }
-            }
+            recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
 
             // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----
             auto a_layout = [&] {  // key split: the A-operand view of the accumulator registers; else plain C layout
@@ -472,12 +470,7 @@ struct HopperBwdKernelImpl {
             Tensor rP = make_tensor<Element>(a_layout);
             Tensor rdS = make_tensor<Element>(a_layout);
             static_assert(decltype(size(rP))::value == kSFrag);
-            {
-                float const* ps = raw_pointer_cast(acc_S.data());
-                uint32_t* pd = reinterpret_cast<uint32_t*>(raw_pointer_cast(rP.data()));
-                CUTLASS_PRAGMA_UNROLL
-                for (int k = 0; k < kSFrag / 2; ++k) pd[k] = detail::pack2<Element>(ps[2 * k], ps[2 * k + 1]);
-            }
+            detail::pack_fragment<Element>(acc_S, rP);
             if constexpr (kKeySplit) {
                 // dV += Pᵀ dO right away (registers x smem; only this warpgroup's keys): it runs under the dSᵀ math,
                 // and issuing it here keeps the softmax above ahead of the dPᵀ wait in the instruction stream.
@@ -504,20 +497,8 @@ struct HopperBwdKernelImpl {
                 warpgroup_wait<0>();
             }
             warpgroup_fence_operand(acc_dP);
-            {
-                float const* dsum = &st.smem_dsum[rdo.index()][0];
-                CUTLASS_PRAGMA_UNROLL
-                for (int i = 0; i < kSFrag; ++i) {
-                    const int qq = get<1>(cS(i));
-                    acc_dP(i) = acc_S(i) * (acc_dP(i) - dsum[qq]);
-                }
-            }
-            {
-                float const* ds = raw_pointer_cast(acc_dP.data());
-                uint32_t* dd = reinterpret_cast<uint32_t*>(raw_pointer_cast(rdS.data()));
-                CUTLASS_PRAGMA_UNROLL
-                for (int k = 0; k < kSFrag / 2; ++k) dd[k] = detail::pack2<Element>(ds[2 * k], ds[2 * k + 1]);
-            }
+            softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
+            detail::pack_fragment<Element>(acc_dP, rdS);
             {
                 Tensor rdS_c = make_tensor(rdS.data(), acc_dP.layout());
                 Tensor src = recast<uint32_t>(rdS_c);
@@ -617,25 +598,12 @@ struct HopperBwdKernelImpl {
             }
         }
 
-        // ---- dK (scaled), dV: registers -> global, 4-byte stores predicated on the real keys / head dim ----
-        {
-            Tensor cKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHdim>>{}));
-            Element* dk = params.dk + b * params.dk_batch + hk * params.dk_head;
-            Element* dv = params.dv + b * params.dv_batch + hk * params.dv_head;
-            const float scale = params.scale;
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < decltype(size(acc_dK))::value / 2; ++k) {
-                const int row = get<0>(cKV(2 * k));
-                const int col = get<1>(cKV(2 * k));
-                const int key = n0 + row;
-                if (key < sk && col < params.hdim) {
-                    *reinterpret_cast<uint32_t*>(dk + int64_t(key) * params.dk_row + col) =
-                        detail::pack2<Element>(acc_dK(2 * k) * scale, acc_dK(2 * k + 1) * scale);
-                    *reinterpret_cast<uint32_t*>(dv + int64_t(key) * params.dv_row + col) =
-                        detail::pack2<Element>(acc_dV(2 * k), acc_dV(2 * k + 1));
-                }
-            }
-        }
+        // ---- dK (scaled), dV: registers -> global ----
+        const BwdEpilogue<Element, kBlockN, kHdim> epi{params.dk + b * params.dk_batch + hk * params.dk_head,
+                                                      params.dv + b * params.dv_batch + hk * params.dv_head,
+                                                      params.dk_row, params.dv_row, n0, sk, params.hdim,
+                                                      params.scale};
+        epi.store_dkdv(acc_dK, acc_dV, thr_dkv);
     }
 };
 

@@ -36,19 +36,9 @@
 
 #include "fmha_hopper_guards.hpp"
 #include "fmha_hopper_kernel.hpp"
+#include "hopper_types.hpp"
 
 namespace mhakit::hopper {
-
-template <mhakit_dtype kDtype>
-struct DtypeOf;
-template <>
-struct DtypeOf<MHAKIT_DTYPE_FP16> {
-    using type = cutlass::half_t;
-};
-template <>
-struct DtypeOf<MHAKIT_DTYPE_BF16> {
-    using type = cutlass::bfloat16_t;
-};
 
 template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
 struct FwdKernel {
@@ -57,15 +47,13 @@ struct FwdKernel {
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
+    // The run-time guard beyond what the runtime already checked: the validator (head dims, heads, mask type), the
+    // instance's traits (dtype, mode, head-dim bucket) and the family's static guards from the catalogue (equal head
+    // dims, 16-byte alignment).
     static bool supports(const FwdParams& p) {
-        if (p.seqstart_q != nullptr || p.seqstart_k != nullptr) return false;  // batch mode only
-        if (p.batch < 1 || p.batch > 65535 || p.nhead_q < 1 || p.nhead_q > 65535 || p.nhead_k < 1) return false;
-        if (p.nhead_q % p.nhead_k != 0) return false;
+        if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
         if (p.seqlen_q < 1 || p.seqlen_k < 1) return false;
-        if (p.hdim_q != p.hdim_v || p.hdim_q < 8 || p.hdim_q > kHdim || p.hdim_q % 8 != 0) return false;
         if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
-        if (p.mask_type < 0 || p.mask_type > 3) return false;
-        if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
         const auto ok = [](int64_t stride, int64_t extent) { return tma_stride_ok<Element>(stride, extent); };
         // rows: TMA needs the row stride even when a tensor has one row; require it always.
         if (!ok(p.q_row_stride, 2) || !ok(p.k_row_stride, 2) || !ok(p.v_row_stride, 2) || !ok(p.o_row_stride, 2))
@@ -128,7 +116,7 @@ struct FwdKernel {
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;
         const typename Impl::Params params = make_params(p);
-        const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.batch, p.nhead_q);
+        const dim3 grid = Impl::grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
         const dim3 block(Impl::MaxThreadsPerBlock);
         cutlass::device_kernel<Impl><<<grid, block, Impl::SharedStorageSize, stream>>>(params);
         return cudaGetLastError();

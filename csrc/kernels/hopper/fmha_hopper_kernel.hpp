@@ -8,15 +8,13 @@
 //
 // Types, tiled MMAs, TMA descriptors, smem layouts and the TMA load helpers (CollectiveLoadTma) come from
 // examples/88_hopper_fmha/collective/fmha_collective_tma_warpspecialized.hpp (included as a library from the
-// nvidia-cutlass wheel); the producer loop (which starts at the window's first key tile), the consumer mainloop,
-// mask, softmax and epilogue here are our own. The collective's Fusion parameter is never called by this kernel.
+// nvidia-cutlass wheel); the producer loop (which starts at the window's first key tile) and the consumer mainloop
+// are our own, composed of this family's pieces: ForwardMask (fmha_hopper_mask.hpp, over the shared tile geometry),
+// OnlineSoftmax (hopper_softmax.hpp), FwdEpilogue (hopper_epilogue.hpp), and the shared SingleTileScheduler
+// (kernels/common/tile_scheduler.h). The collective's Fusion parameter is never called by this kernel.
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
@@ -27,38 +25,16 @@
 
 #include "88_hopper_fmha/collective/fmha_collective_tma_warpspecialized.hpp"
 
+#include "kernels/common/tile_scheduler.h"
+
 #include "fmha_hopper_mask.hpp"
+#include "hopper_epilogue.hpp"
+#include "hopper_softmax.hpp"
+#include "hopper_types.hpp"
 
 namespace mhakit::hopper {
 
 using namespace cute;
-
-// (row, 1, (batch, (heads_per_group, nhead_k))) element strides of Q and of K / V. For K and V the heads_per_group
-// stride is a static 0, which is how query head h reads kv head h / heads_per_group (GQA / MQA) with no index
-// arithmetic; CuTe drops static-0 modes from the TMA descriptor.
-using HopperStrideQ = cute::tuple<int64_t, cute::_1, cute::tuple<int64_t, cute::tuple<int64_t, int64_t>>>;
-using HopperStrideKV = cute::tuple<int64_t, cute::_1, cute::tuple<int64_t, cute::tuple<cute::_0, int64_t>>>;
-
-namespace detail {
-
-CUTLASS_DEVICE float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-template <class Element>
-CUTLASS_DEVICE uint32_t pack2(float a, float b) {
-    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-        return reinterpret_cast<uint32_t const&>(v);
-    } else {
-        __half2 v = __floats2half2_rn(a, b);
-        return reinterpret_cast<uint32_t const&>(v);
-    }
-}
-
-}  // namespace detail
 
 template <class Element_, int kHdim, bool kMasked, int kBlockM, int kBlockN>
 struct HopperFwdKernelImpl {
@@ -75,10 +51,13 @@ struct HopperFwdKernelImpl {
     static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
     static_assert(kStages >= 2, "tile too large for shared memory");
 
+    // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
+    using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
+    using Mask = ForwardMask<kMasked, kBlockM, kBlockN>;
     using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHdim>>;
-    using Fusion = MaskPolicy<kMasked>;
+    struct UnusedFusion {};  // the collective's fusion hook; this kernel masks with Mask instead
     using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
-        Element, float, float, TileShape, HopperStrideQ, HopperStrideKV, HopperStrideKV, Fusion,
+        Element, float, float, TileShape, HopperStrideQ, HopperStrideKV, HopperStrideKV, UnusedFusion,
         cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups, Int<NumMmaWG>>,
         cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, Int<kStages>>>;
 
@@ -122,6 +101,8 @@ struct HopperFwdKernelImpl {
         int64_t lse_head, lse_batch;
     };
 
+    static dim3 grid(int m_blocks, int nhead_q, int batch) { return Scheduler::grid(m_blocks, nhead_q, batch); }
+
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
         auto& storage = *reinterpret_cast<SharedStorage*>(smem);
@@ -153,18 +134,17 @@ struct HopperFwdKernelImpl {
         PipelineKV pipe_kv(storage.pipe_kv, pkv, Shape<_1, _1, _1>{});
         __syncthreads();
 
-        // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
-        const int m_block = kMasked ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-        auto blk = make_coord(m_block, _0{}, make_coord(int(blockIdx.y), int(blockIdx.z)));
-
-        const KeyTileRange tiles = Fusion::template key_tiles<kBlockM, kBlockN>(m_block, params.problem);
+        const auto work = Scheduler::work();
+        auto blk = make_coord(work.block, _0{}, make_coord(work.batch, work.head));
+        const Mask mask(params.problem);
+        const KeyTiles tiles = mask.key_tiles(work.block);
 
         if (wg_idx == 0) {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
-            if (warp_in_wg == 0) producer(params, storage, pipe_q, pipe_kv, blk, tiles);
+            if (warp_in_wg == 0) producer(params, storage, pipe_q, pipe_kv, blk, tiles.visit);
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-            consumer(params, storage, pipe_q, pipe_kv, blk, tiles, wg_idx - 1);
+            consumer(params, storage, pipe_q, pipe_kv, blk, mask, tiles, wg_idx - 1);
         }
 #endif
     }
@@ -178,11 +158,11 @@ struct HopperFwdKernelImpl {
         }
     };
 
-    // One warp: Q tiles of all consumer warpgroups, then K/V tiles n_begin .. n_end-1 (K_n and V_n alternate in
-    // one ring, so the consumers' wait order is K0 V0 K1 V1 ...).
+    // One warp: Q tiles of all consumer warpgroups, then K/V tiles visit.begin .. visit.end-1 (K_n and V_n
+    // alternate in one ring, so the consumers' wait order is K0 V0 K1 V1 ...).
     template <class Blk>
     CUTLASS_DEVICE void producer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
-                                 Blk const& blk, KeyTileRange const& tiles) {
+                                 Blk const& blk, TileRange const& visit) {
         using LoadQ = typename Mainloop::LoadQ;
         using LoadK = typename Mainloop::LoadK;
         using LoadV = typename Mainloop::LoadV;
@@ -199,8 +179,8 @@ struct HopperFwdKernelImpl {
 
         TileIter q_it{0};
         int q_count = NumMmaWG;
-        TileIter kv_it{tiles.n_begin};
-        int kv_count = 2 * (tiles.n_end - tiles.n_begin);
+        TileIter kv_it{visit.begin};
+        int kv_count = 2 * (visit.end - visit.begin);
 
         load_q.step(q_it, st_q, wq, lane_predicate, q_count);                     // Q of warpgroup 0
         load_k.template step<false>(kv_it, st_k, wkv, lane_predicate, kv_count);  // first K
@@ -213,18 +193,14 @@ struct HopperFwdKernelImpl {
         }
     }
 
+    // One consumer warpgroup (64 query rows): S = Q·Kᵀ, mask, online softmax and O += P·V per key tile, with the
+    // P·V of tile n-1 in flight during the softmax of tile n; then the epilogue.
     template <class Blk>
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
-                                 Blk const& blk, KeyTileRange const& tiles, int wg) {
-        using cutlass::arch::NamedBarrier;
+                                 Blk const& blk, Mask const& mask, KeyTiles const& tiles, int wg) {
         using namespace cutlass::fmha::collective;
 
         const int tidx = int(threadIdx.x % 128);
-        auto const& ps = params.problem;
-        const int sq = get<2>(ps);
-        const int sk = get<3>(ps);
-        const int xr = get<5>(ps);
-        const int yr = get<6>(ps);
         const int row0 = int(get<0>(blk)) * kBlockM + wg * 64;  // first query row of this warpgroup
         const float scale_log2 = params.mainloop.scale_softmax_log2;
 
@@ -249,7 +225,6 @@ struct HopperFwdKernelImpl {
             return make_tensor(tScS.data(), layout_acc_mn(mma_qk, tScS.layout()));
         }();
         constexpr int R = decltype(size<0>(s_mn))::value;  // query rows held by this thread
-        constexpr int C = decltype(size<1>(s_mn))::value;  // key columns held by this thread, per row
         static_assert(R == decltype(size<0>(o_mn))::value);
 
         // P as the A operand (registers) of the P·V wgmma.
@@ -257,19 +232,37 @@ struct HopperFwdKernelImpl {
             convert_c_layout_to_a_layout(acc_s.layout(), shape<1>(typename TiledMmaPV::LayoutA_TV{})));
         static_assert(decltype(size(tOrP))::value == decltype(size(acc_s))::value);
 
-        float row_max[R], row_sum[R], scale_o[R];
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < R; ++i) {
-            row_max[i] = -INFINITY;
-            row_sum[i] = 0.f;
-            scale_o[i] = 1.f;
-        }
+        OnlineSoftmax<R> softmax;
         clear(acc_o);
+        StateQ rq;
+        rq.advance(wg);  // warpgroup w owns Q stage w
+        StateKV rkv;     // K0, V0, K1, V1, ... alternate in the ring
 
+        // S = Q·K^T and O += P·V of the tiles in ring slot k / v, issued asynchronously (one wgmma batch each).
+        auto issue_qk = [&](StateKV const& k) {
+            pipe_kv.consumer_wait(k);
+            warpgroup_fence_operand(acc_s);
+            warpgroup_arrive();
+            gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, k.index()), acc_s);
+            warpgroup_commit_batch();
+        };
+        auto issue_pv = [&](StateKV const& v) {
+            pipe_kv.consumer_wait(v);
+            warpgroup_fence_operand(acc_o);
+            warpgroup_arrive();
+            cute::gemm(mma_pv, tOrP, tOrV(_, _, _, v.index()), acc_o);
+            warpgroup_commit_batch();
+        };
+        auto mask_tile = [&](int n) {  // tiles not seen whole by every row of the block
+            if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
+        };
+
+        // Ping-pong: warpgroup w waits for its turn, issues its wgmmas, hands the turn to w + 1. The last
+        // warpgroup opens the round with an extra arrive and skips its final one.
+        using cutlass::arch::NamedBarrier;
         auto sched_sync = [&] {
             if constexpr (NumMmaWG > 1) NamedBarrier::sync(2 * 128, kBarSched + wg);
         };
-        // The last warpgroup skips its final arrive: it opened the round with an extra one (below).
         auto sched_arrive = [&](bool last) {
             if constexpr (NumMmaWG > 1) {
                 if (!(last && wg == NumMmaWG - 1)) NamedBarrier::arrive(2 * 128, kBarSched + (wg + 1) % NumMmaWG);
@@ -279,190 +272,62 @@ struct HopperFwdKernelImpl {
             if (wg == NumMmaWG - 1) NamedBarrier::arrive(2 * 128, kBarSched + 0);
         }
 
-        // Row i keeps keys lo <= j < hi: lo = i - y + 1, hi = min(i + x, sk) (unmasked kernels: only j < sk).
-        auto need_mask = [&](int n) { return n < tiles.full_lo || n >= tiles.full_hi; };
-        auto apply_mask = [&](int n) {
-            const int key0 = n * kBlockN;
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < R; ++i) {
-                const int row = row0 + int(get<0>(c_mn(i, 0)));
-                int hi = sk;
-                int lo = 0;
-                if constexpr (kMasked) {
-                    const int l = row + xr;
-                    hi = l < sk ? l : sk;
-                    lo = row - yr + 1;
-                }
-                hi -= key0;
-                lo -= key0;
-                CUTLASS_PRAGMA_UNROLL
-                for (int j = 0; j < C; ++j) {
-                    const int col = int(get<1>(c_mn(i, j)));
-                    if (col >= hi || (kMasked && col < lo)) s_mn(i, j) = -INFINITY;
-                }
-            }
-        };
-
-        // Online softmax on the fresh scores in acc_s: P overwrites S; scale_o gets the rescale factor of O.
-        auto softmax = [&](auto is_first) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < R; ++i) {
-                float mx = row_max[i];
-                CUTLASS_PRAGMA_UNROLL
-                for (int j = 0; j < C; ++j) mx = fmaxf(mx, s_mn(i, j));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_ref = (mx == -INFINITY) ? 0.f : mx;  // rows with nothing visible yet: no NaN
-                const float neg = -m_ref * scale_log2;
-                if constexpr (!decltype(is_first)::value) {
-                    scale_o[i] = detail::exp2_approx((row_max[i] - m_ref) * scale_log2);
-                }
-                row_max[i] = mx;
-                float sum = 0.f;
-                CUTLASS_PRAGMA_UNROLL
-                for (int j = 0; j < C; ++j) {
-                    const float pj = detail::exp2_approx(fmaf(s_mn(i, j), scale_log2, neg));
-                    s_mn(i, j) = pj;
-                    sum += pj;
-                }
-                if constexpr (decltype(is_first)::value) {
-                    row_sum[i] = sum;
-                } else {
-                    row_sum[i] = fmaf(row_sum[i], scale_o[i], sum);
-                }
-            }
-        };
-
-        auto convert_p = [&] {
-            float const* src = raw_pointer_cast(acc_s.data());
-            uint32_t* dst = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < decltype(size(acc_s))::value / 2; ++k) {
-                dst[k] = detail::pack2<Element>(src[2 * k], src[2 * k + 1]);
-            }
-        };
-
-        StateQ rq;
-        rq.advance(wg);  // warpgroup w owns Q stage w
-        StateKV rkv;     // K0, V0, K1, V1, ... alternate in the ring
-
         pipe_q.consumer_wait(rq);
 
         // ---- first tile: S = Q K^T, softmax ----
-        {
-            sched_sync();
-            pipe_kv.consumer_wait(rkv);
-            warpgroup_fence_operand(acc_s);
-            warpgroup_arrive();
-            gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, rkv.index()), acc_s);
-            warpgroup_commit_batch();
-            sched_arrive(tiles.n_end - tiles.n_begin == 1);
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(acc_s);
-            pipe_kv.consumer_release(rkv);
-            ++rkv;  // -> V0
-            if (need_mask(tiles.n_begin)) apply_mask(tiles.n_begin);
-            softmax(cute::true_type{});
-            convert_p();
-        }
+        sched_sync();
+        issue_qk(rkv);
+        sched_arrive(tiles.visit.end - tiles.visit.begin == 1);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_s);
+        pipe_kv.consumer_release(rkv);
+        ++rkv;  // -> V0
+        mask_tile(tiles.visit.begin);
+        softmax.template update<true>(s_mn, scale_log2);
+        detail::pack_fragment<Element>(acc_s, tOrP);  // P: the A operand (registers) of P·V
 
         // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
         CUTLASS_PRAGMA_NO_UNROLL
-        for (int n = tiles.n_begin + 1; n < tiles.n_end; ++n) {
+        for (int n = tiles.visit.begin + 1; n < tiles.visit.end; ++n) {
             StateKV rv = rkv;  // V_{n-1}
             ++rkv;             // K_n
             sched_sync();
-            pipe_kv.consumer_wait(rkv);
-            warpgroup_fence_operand(acc_s);
-            warpgroup_arrive();
-            gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, rkv.index()), acc_s);
-            warpgroup_commit_batch();
-            pipe_kv.consumer_wait(rv);
-            warpgroup_fence_operand(acc_o);
-            warpgroup_arrive();
-            cute::gemm(mma_pv, tOrP, tOrV(_, _, _, rv.index()), acc_o);
-            warpgroup_commit_batch();
-            sched_arrive(n == tiles.n_end - 1);
+            issue_qk(rkv);
+            issue_pv(rv);
+            sched_arrive(n == tiles.visit.end - 1);
 
             warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
             warpgroup_fence_operand(acc_s);
             pipe_kv.consumer_release(rkv);
-            if (need_mask(n)) apply_mask(n);
-            softmax(cute::false_type{});
+            mask_tile(n);
+            softmax.template update<false>(s_mn, scale_log2);
 
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc_o);
             pipe_kv.consumer_release(rv);
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < R; ++i) {
-                CUTLASS_PRAGMA_UNROLL
-                for (int j = 0; j < decltype(size<1>(o_mn))::value; ++j) o_mn(i, j) *= scale_o[i];
-            }
-            convert_p();
+            softmax.rescale(o_mn);
+            detail::pack_fragment<Element>(acc_s, tOrP);
             ++rkv;  // -> V_n
         }
 
         // ---- last P·V ----
-        pipe_kv.consumer_wait(rkv);
-        warpgroup_fence_operand(acc_o);
-        warpgroup_arrive();
-        cute::gemm(mma_pv, tOrP, tOrV(_, _, _, rkv.index()), acc_o);
-        warpgroup_commit_batch();
+        issue_pv(rkv);
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         pipe_kv.consumer_release(rkv);
 
-        // ---- normalise, LSE ----
+        // ---- normalise, LSE, O ----
         float lse[R];
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < R; ++i) {
-            float s = row_sum[i];
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            const bool any = s > 0.f;
-            const float inv = any ? 1.f / s : 0.f;
-            lse[i] = any ? row_max[i] * params.mainloop.scale_softmax + __logf(s) : -INFINITY;
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < decltype(size<1>(o_mn))::value; ++j) o_mn(i, j) *= inv;
-        }
-
+        softmax.finalize(o_mn, params.mainloop.scale_softmax, lse);
         const int b = int(get<2, 0>(blk));
         const int h = int(get<2, 1>(blk));
-        if (params.lse != nullptr && int(get<1>(c_mn(0, 0))) == 0) {
-            float* lse_base = params.lse + b * params.lse_batch + h * params.lse_head;
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < R; ++i) {
-                const int row = row0 + int(get<0>(c_mn(i, 0)));
-                if (row < sq) lse_base[row] = lse[i];
-            }
-        }
-
-        // ---- O: registers -> this warpgroup's Q buffer (free now) -> 16-byte global stores ----
-        Tensor sO = sQ(_, _, rq.index());  // (64, kHdim), swizzled
-        Tensor tOsO = thr_pv.partition_C(sO);
-        static_assert(decltype(size(tOsO))::value == decltype(size(acc_o))::value);
-        {
-            float const* src = raw_pointer_cast(acc_o.data());
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < decltype(size(acc_o))::value / 2; ++k) {
-                *reinterpret_cast<uint32_t*>(&tOsO(2 * k)) = detail::pack2<Element>(src[2 * k], src[2 * k + 1]);
-            }
-        }
-        NamedBarrier::sync(128, kBarEpi + wg);
-
-        const int dv = get<4>(ps);
-        Element* o_base = params.o + b * params.o_batch + h * params.o_head;
-        constexpr int kChunks = kHdim / 8;  // 16-byte chunks per row
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = tidx; c < 64 * kChunks; c += 128) {
-            const int r = c / kChunks;
-            const int col = (c % kChunks) * 8;
-            const int row = row0 + r;
-            if (row < sq && col < dv) {
-                const uint4 v = *reinterpret_cast<uint4 const*>(&sO(r, col));
-                *reinterpret_cast<uint4*>(o_base + row * params.o_row + col) = v;
-            }
-        }
+        const FwdEpilogue<Element, kHdim> epi{
+            params.lse != nullptr ? params.lse + b * params.lse_batch + h * params.lse_head : nullptr,
+            params.o + b * params.o_batch + h * params.o_head, params.o_row, get<2>(params.problem),
+            get<4>(params.problem), row0};
+        epi.store_lse(lse, c_mn);
+        Tensor sO = sQ(_, _, rq.index());  // (64, kHdim), swizzled: this warpgroup's Q buffer, free now
+        epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
     }
 };
 

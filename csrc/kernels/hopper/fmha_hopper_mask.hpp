@@ -1,69 +1,73 @@
-// mhakit hopper family — mask geometry: which key tiles a query block visits and which of them need an
-// element-wise mask.
+// mhakit hopper family — the forward's view of the mask: which key tiles a CTA visits (from the shared geometry,
+// kernels/common/mask_geometry.h) and the element-wise mask on a warpgroup's S accumulator.
 //
-// The problem shape every piece of this family passes around is
-//     (batch, (heads_per_kv_group, nhead_k), seqlen_q, seqlen_k, hdim, x, y)
-// with (y, x) CK's generic mask coordinate: row i sees keys j with i - y + 1 <= j < min(i + x, seqlen_k)
-// (kernels/common/mask.h). Unmasked kernels carry x = seqlen_k, y = seqlen_q. The host clamps x to [-sq, sk] and
-// y to [-sk, sq] (values outside change nothing), so none of the sums below overflow.
-//
-// A CTA owns query rows [r0, r1] (r1 = min(r0 + BM, sq) - 1) and visits key tiles [n_begin, n_end) in ascending
-// order. Tiles [full_lo, full_hi) are visible to every row of the block and skip the element-wise mask; the others
-// (window edges, causal diagonal, seqlen_k tail) are masked. A block always visits at least one tile, so rows that
-// see no key at all still finish with O = 0 and LSE = -inf.
+// A CTA owns query rows [r0, r1] (r1 = min(r0 + BM, sq) - 1) and visits key tiles [visit.begin, visit.end) in
+// ascending order; tiles in `full` are visible to every row of the block and skip the element-wise mask. A block
+// always visits at least one tile, so rows that see no key at all still finish with O = 0 and LSE = -inf.
 #pragma once
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 
+#include "kernels/common/mask_geometry.h"
+
+#include "hopper_types.hpp"
+
 namespace mhakit::hopper {
 
-using HopperProblemShape = cute::tuple<int, cute::tuple<int, int>, int, int, int, int, int>;
-
-struct KeyTileRange {
-    int n_begin, n_end;  // tiles visited
-    int full_lo, full_hi;  // tiles that need no element-wise mask
+struct KeyTiles {
+    TileRange visit;  // tiles visited
+    TileRange full;   // tiles that need no element-wise mask
 };
 
-CUTLASS_HOST_DEVICE int floor_div_int(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-CUTLASS_HOST_DEVICE int ceil_div_int(int a, int b) { return -floor_div_int(-a, b); }
+template <bool kMasked, int kBlockM, int kBlockN>
+struct ForwardMask {
+    // The problem shape carries the host-clamped coordinate (x in [-sq, sk], y in [-sk, sq]): 32-bit arithmetic.
+    using Geometry = MaskGeometry<kMasked, int>;
+    Geometry geom;
 
-template <bool kMasked>
-struct MaskPolicy {
-    template <int kBlockM, int kBlockN, class ProblemShape>
-    CUTLASS_HOST_DEVICE static KeyTileRange key_tiles(int m_block, ProblemShape const& ps) {
-        using cute::get;
-        const int sq = get<2>(ps), sk = get<3>(ps);
-        const int n_tiles = (sk + kBlockN - 1) / kBlockN;  // sk >= 1
-        KeyTileRange r;
-        if constexpr (!kMasked) {
-            r.n_begin = 0;
-            r.n_end = n_tiles;
-            r.full_lo = 0;
-            r.full_hi = sk / kBlockN;
-        } else {
-            const int x = get<5>(ps), y = get<6>(ps);
-            const int r0 = m_block * kBlockM;
-            const int r1 = (r0 + kBlockM < sq ? r0 + kBlockM : sq) - 1;
-            // union of the rows' key ranges: [r0 - y + 1, min(r1 + x, sk))
-            int kb = r0 - y + 1;
-            if (kb < 0) kb = 0;
-            int ke = r1 + x;
-            if (ke > sk) ke = sk;
-            r.n_begin = kb / kBlockN;
-            r.n_end = ke > 0 ? (ke + kBlockN - 1) / kBlockN : 0;
-            if (r.n_end <= r.n_begin) {  // no row of this block sees any key: visit one (fully masked) tile
-                int n = r.n_begin < n_tiles ? r.n_begin : n_tiles - 1;
-                r.n_begin = n;
-                r.n_end = n + 1;
-            }
-            // intersection: [r1 - y + 1, min(r0 + x, sk))
-            r.full_lo = ceil_div_int(r1 - y + 1, kBlockN);
-            int fe = r0 + x;
-            if (fe > sk) fe = sk;
-            r.full_hi = floor_div_int(fe, kBlockN);
+    CUTLASS_HOST_DEVICE explicit ForwardMask(HopperProblemShape const& ps)
+        : geom(Geometry::from_coord(MaskCoord{cute::get<6>(ps), cute::get<5>(ps)}, cute::get<2>(ps),
+                                                 cute::get<3>(ps))) {}
+
+    CUTLASS_HOST_DEVICE KeyTiles key_tiles(int m_block) const {
+        const int r0 = m_block * kBlockM;
+        const int r1 = (r0 + kBlockM < geom.sq ? r0 + kBlockM : geom.sq) - 1;
+        KeyTiles t{geom.template key_tiles<kBlockN>(r0, r1), geom.template full_key_tiles<kBlockN>(r0, r1)};
+        if (t.visit.empty()) {  // no row of this block sees any key: visit one (fully masked) tile
+            const int n_tiles = (geom.sk + kBlockN - 1) / kBlockN;  // sk >= 1
+            const int n = t.visit.begin < n_tiles ? t.visit.begin : n_tiles - 1;
+            t.visit = TileRange{n, n + 1};
         }
-        return r;
+        return t;
+    }
+
+    // S (rows x keys view s_mn, coordinates c_mn within the 64 x kBlockN tile) of key tile n, rows from row0 on:
+    // keys a row does not see become -inf. Row i keeps keys lo <= j < hi: lo = i - y + 1, hi = min(i + x, sk).
+    template <class TensorS, class TensorC>
+    CUTLASS_DEVICE void apply(TensorS& s_mn, TensorC const& c_mn, int row0, int n) const {
+        constexpr int R = decltype(cute::size<0>(s_mn))::value;
+        constexpr int C = decltype(cute::size<1>(s_mn))::value;
+        const int key0 = n * kBlockN;
+        const int sk = geom.sk;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
+            int hi = sk;
+            int lo = 0;
+            if constexpr (kMasked) {
+                const int l = row + int(geom.x);
+                hi = l < sk ? l : sk;
+                lo = row - int(geom.y) + 1;
+            }
+            hi -= key0;
+            lo -= key0;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < C; ++j) {
+                const int col = int(cute::get<1>(c_mn(i, j)));
+                if (col >= hi || (kMasked && col < lo)) s_mn(i, j) = -INFINITY;
+            }
+        }
     }
 };
 

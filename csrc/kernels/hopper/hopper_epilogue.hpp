@@ -1,0 +1,98 @@
+// mhakit hopper family — the forward's epilogue for one consumer warpgroup (64 query rows): the fp32 natural-log
+// LSE, and O staged through a shared-memory tile (the warpgroup's own Q buffer, idle by then) so that global
+// memory sees whole 16-byte stores, predicated on the real seqlen_q and head dim.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/cutlass.h"
+
+#include "hopper_types.hpp"
+
+namespace mhakit::hopper {
+
+template <class Element, int kHdim>
+struct FwdEpilogue {
+    // Rows [row0, row0 + 64) of one (batch, head): lse points at row 0, o at (row 0, column 0).
+    float* lse;
+    Element* o;
+    int64_t o_row;
+    int seqlen_q, hdim_v, row0;
+
+    // The thread holding column 0 of a row writes its LSE.
+    template <int R, class TensorC>
+    CUTLASS_DEVICE void store_lse(float const (&row_lse)[R], TensorC const& c_mn) const {
+        if (lse == nullptr || int(cute::get<1>(c_mn(0, 0))) != 0) return;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
+            if (row < seqlen_q) lse[row] = row_lse[i];
+        }
+    }
+
+    // acc_o (the P·V accumulator, partitioned by thr_pv) -> sO (64 x kHdim, swizzled) -> global. bar_id: a named
+    // barrier of this warpgroup's 128 threads.
+    template <class TensorAcc, class ThrMma, class TensorSmem>
+    CUTLASS_DEVICE void store_o(TensorAcc const& acc_o, ThrMma const& thr_pv, TensorSmem& sO, uint32_t bar_id,
+                                int tidx) const {
+        using namespace cute;
+        Tensor tOsO = thr_pv.partition_C(sO);
+        static_assert(decltype(size(tOsO))::value == decltype(size(acc_o))::value);
+        float const* src = raw_pointer_cast(acc_o.data());
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < decltype(size(acc_o))::value / 2; ++k) {
+            *reinterpret_cast<uint32_t*>(&tOsO(2 * k)) = detail::pack2<Element>(src[2 * k], src[2 * k + 1]);
+        }
+        cutlass::arch::NamedBarrier::sync(128, bar_id);
+
+        constexpr int kChunks = kHdim / 8;  // 16-byte chunks per row
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = tidx; c < 64 * kChunks; c += 128) {
+            const int r = c / kChunks;
+            const int col = (c % kChunks) * 8;
+            const int row = row0 + r;
+            if (row < seqlen_q && col < hdim_v) {
+                const uint4 v = *reinterpret_cast<uint4 const*>(&sO(r, col));
+                *reinterpret_cast<uint4*>(o + row * o_row + col) = v;
+            }
+        }
+    }
+};
+
+}  // namespace mhakit::hopper
+
+namespace mhakit::hopper {
+
+// The backward's epilogue: the dK (times scale) and dV accumulators of one key block (kBlockN keys x kHdim,
+// partitioned by thr_dkv) straight from registers to global memory, 4-byte stores predicated on the real keys and
+// head dim.
+template <class Element, int kBlockN, int kHdim>
+struct BwdEpilogue {
+    Element* dk;  // (key 0 of the block's sequence, column 0) of this kv head
+    Element* dv;
+    int64_t dk_row, dv_row;
+    int n0, seqlen_k, hdim;
+    float scale;
+
+    template <class TensorAcc, class ThrMma>
+    CUTLASS_DEVICE void store_dkdv(TensorAcc const& acc_dK, TensorAcc const& acc_dV, ThrMma const& thr_dkv) const {
+        using namespace cute;
+        Tensor cKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHdim>>{}));
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < decltype(size(acc_dK))::value / 2; ++k) {
+            const int row = get<0>(cKV(2 * k));
+            const int col = get<1>(cKV(2 * k));
+            const int key = n0 + row;
+            if (key < seqlen_k && col < hdim) {
+                *reinterpret_cast<uint32_t*>(dk + int64_t(key) * dk_row + col) =
+                    detail::pack2<Element>(acc_dK(2 * k) * scale, acc_dK(2 * k + 1) * scale);
+                *reinterpret_cast<uint32_t*>(dv + int64_t(key) * dv_row + col) =
+                    detail::pack2<Element>(acc_dV(2 * k), acc_dV(2 * k + 1));
+            }
+        }
+    }
+};
+
+}  // namespace mhakit::hopper

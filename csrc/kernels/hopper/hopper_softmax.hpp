@@ -1,0 +1,122 @@
+// mhakit hopper family — the forward's online softmax on one warpgroup's S accumulator (rows x keys view): running
+// row max and sum in fp32, exp2 with scale·log2(e) folded into one FMA, P written over S, and the factor by which
+// the O accumulator must be rescaled after each tile. Four threads share a row (the wgmma C layout), so row
+// reductions are two xor-shuffles.
+#pragma once
+
+#include <cmath>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+
+#include "hopper_types.hpp"
+
+namespace mhakit::hopper {
+
+template <int R>  // rows held by one thread
+struct OnlineSoftmax {
+    float row_max[R], row_sum[R], scale_o[R];
+
+    CUTLASS_DEVICE OnlineSoftmax() {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            row_max[i] = -INFINITY;
+            row_sum[i] = 0.f;
+            scale_o[i] = 1.f;
+        }
+    }
+
+    // The fresh (masked) scores of one key tile in s_mn: P overwrites S; scale_o gets O's rescale factor.
+    template <bool kFirst, class TensorS>
+    CUTLASS_DEVICE void update(TensorS& s_mn, float scale_log2) {
+        constexpr int C = decltype(cute::size<1>(s_mn))::value;
+        static_assert(decltype(cute::size<0>(s_mn))::value == R);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            float mx = row_max[i];
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < C; ++j) mx = fmaxf(mx, s_mn(i, j));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_ref = (mx == -INFINITY) ? 0.f : mx;  // rows with nothing visible yet: no NaN
+            const float neg = -m_ref * scale_log2;
+            if constexpr (!kFirst) scale_o[i] = detail::exp2_approx((row_max[i] - m_ref) * scale_log2);
+            row_max[i] = mx;
+            float sum = 0.f;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < C; ++j) {
+                const float pj = detail::exp2_approx(fmaf(s_mn(i, j), scale_log2, neg));
+                s_mn(i, j) = pj;
+                sum += pj;
+            }
+            row_sum[i] = kFirst ? sum : fmaf(row_sum[i], scale_o[i], sum);
+        }
+    }
+
+    // O *= the factor of the last update (O in its rows x columns view).
+    template <class TensorO>
+    CUTLASS_DEVICE void rescale(TensorO& o_mn) const {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < decltype(cute::size<1>(o_mn))::value; ++j) o_mn(i, j) *= scale_o[i];
+        }
+    }
+
+    // O /= row sum, and the natural-log LSE (-inf, with O = 0, for rows that saw no key).
+    template <class TensorO>
+    CUTLASS_DEVICE void finalize(TensorO& o_mn, float scale, float (&lse)[R]) const {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            float s = row_sum[i];
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            const bool any = s > 0.f;
+            const float inv = any ? 1.f / s : 0.f;
+            lse[i] = any ? row_max[i] * scale + __logf(s) : -INFINITY;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < decltype(cute::size<1>(o_mn))::value; ++j) o_mn(i, j) *= inv;
+        }
+    }
+};
+
+}  // namespace mhakit::hopper
+
+namespace mhakit::hopper {
+
+// The backward's softmax: P recomputed from the forward's LSE, on a transposed (keys x queries) accumulator whose
+// element i sits at (key, query) = cS(i) of the tile: Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e), 0 where the mask hides
+// the pair (need_mask: the tile pair is not full) or the key is past seqlen_k. lse2: LSE·log2e of the tile's
+// query columns (+inf for padding rows, which makes their P exactly 0).
+template <bool kMasked, class TensorS, class TensorC>
+CUTLASS_DEVICE void recompute_pt(TensorS& acc_S, TensorC const& cS, float const* lse2, float scale_log2,
+                                 bool need_mask, int n0, int r0, int sk, int x, int y) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(cute::size(cS))::value; ++i) {
+        const int kk = cute::get<0>(cS(i));
+        const int qq = cute::get<1>(cS(i));
+        float s = acc_S(i);
+        if (need_mask) {
+            const int key = n0 + kk;
+            bool vis = key < sk;
+            if constexpr (kMasked) {
+                const int d = key - (r0 + qq);  // visible iff 1 - y <= key - row < x
+                vis = vis && d >= 1 - y && d < x;
+            }
+            if (!vis) s = -INFINITY;
+        }
+        acc_S(i) = detail::exp2_approx(fmaf(s, scale_log2, -lse2[qq]));
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ − D), written over dPᵀ; dsum: D of the tile's query columns.
+template <class TensorP, class TensorDP, class TensorC>
+CUTLASS_DEVICE void softmax_grad_t(TensorP const& acc_P, TensorDP& acc_dP, TensorC const& cS, float const* dsum) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(cute::size(cS))::value; ++i) {
+        const int qq = cute::get<1>(cS(i));
+        acc_dP(i) = acc_P(i) * (acc_dP(i) - dsum[qq]);
+    }
+}
+
+}  // namespace mhakit::hopper
