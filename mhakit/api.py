@@ -834,7 +834,7 @@ def _dtype_code(dtype: Any) -> Optional[int]:
 
 
 def _ext_callbacks():
-    """(resolve, allocate, make_error, cuda_error, log level) for _mhakit_ext.configure."""
+    """(resolve, allocate, make_error, cuda_error) for _mhakit_ext.configure."""
     from . import _capi, _cuda, jit
 
     def resolve(api_name, device, kind, hdim_q, hdim_v, mode, masked):
@@ -843,16 +843,17 @@ def _ext_callbacks():
             return None  # the Python path says why
         return jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked).entry_points()
 
-    def allocate(device, shape, storage, stream):
+    def allocate(device, shape, storage, stream, stream_ref):
+        # The allocation keeps the caller's stream object alive: it is freed on that stream.
         dtype = _arrays.dtype_by_name(storage)
-        alloc = _cuda.allocate(math.prod(shape) * dtype.itemsize, device, stream)
+        alloc = _cuda.allocate(math.prod(shape) * dtype.itemsize, device, stream, stream_ref)
         return DeviceArray(alloc.ptr, shape, dtype, device, owner=alloc, stream=stream)
 
     def cuda_error(message):
         kind = _cuda.CudaUnavailableError if message.startswith("no usable") else _cuda.CudaError
         return kind(message)
 
-    return resolve, allocate, _capi.error_for, cuda_error, LOG_LEVEL
+    return resolve, allocate, _capi.error_for, cuda_error
 
 
 def _ext():
@@ -867,7 +868,7 @@ def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, w
     if ext is not None:
         mask_type, left, right = _mask_args(causal, mask, window)
         result = ext.fwd(q, k, v, out, lse_out, None, None, None, _LAYOUT_CODES.get(layout, -1), mask_type, left,
-                         right, scale, return_lse, stream, _dtype_code(dtype))
+                         right, scale, return_lse, stream, _dtype_code(dtype), LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_fwd_py(q, k, v, causal=causal, mask=mask, window=window, scale=scale, return_lse=return_lse,
@@ -882,7 +883,7 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     if ext is not None:
         mask_type, left, right = _mask_args(causal, mask, window)
         result = ext.fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _PACKED, mask_type, left,
-                         right, scale, return_lse, stream, _dtype_code(dtype))
+                         right, scale, return_lse, stream, _dtype_code(dtype), LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_varlen_fwd_py(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
@@ -897,7 +898,7 @@ def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool =
     if ext is not None:
         mask_type, left, right = _mask_args(causal, mask, window)
         result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, None, None, None, None, _LAYOUT_CODES.get(layout, -1),
-                         mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype))
+                         mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype), LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_bwd_py(do, q, k, v, o, lse, causal=causal, mask=mask, window=window, scale=scale, layout=layout,
@@ -912,7 +913,8 @@ def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens
     if ext is not None:
         mask_type, left, right = _mask_args(causal, mask, window)
         result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         _PACKED, mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype))
+                         _PACKED, mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype),
+                         LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_varlen_bwd_py(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -57,9 +57,9 @@ def test_disabled_by_the_environment(cache, monkeypatch, capsys):
 
 def test_the_module_refuses_a_wrong_argument_count(cache):
     mod = _ext.module()
-    with pytest.raises(TypeError, match="takes 16 arguments"):
+    with pytest.raises(TypeError, match="takes 17 arguments"):
         mod.fwd(1, 2, 3)
-    with pytest.raises(TypeError, match="takes 21 arguments"):
+    with pytest.raises(TypeError, match="takes 22 arguments"):
         mod.bwd()
 
 
@@ -68,7 +68,7 @@ def test_arrays_it_cannot_read_come_back_to_the_python_path(cache):
     import numpy as np
     mod = _ext.module()
     q = np.zeros((1, 4, 2, 64), np.float16)
-    args = [q, q, q, None, None, None, None, None, 0, 0, -1, -1, None, False, None, None]
+    args = [q, q, q, None, None, None, None, None, 0, 0, -1, -1, None, False, None, None, 0]
     assert mod.fwd(*args) is NotImplemented
     args[0] = [[1.0]]
     assert mod.fwd(*args) is NotImplemented

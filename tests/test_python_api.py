@@ -567,3 +567,34 @@ def test_bwd_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkey
     assert launches[1]["dk"] == (47 * 2 * 72, 72, 144) and launches[1]["lse"] == (4 * 33, 33)
     names = sorted(d.name.split("-")[0] for d in (tmp_path / "cache" / "v1" / "bwd").iterdir())
     assert names == ["bwd_fp16_batch_mask_sm80", "bwd_fp16_group_mask_sm80"]
+
+
+def test_c_path_allocations_keep_the_callers_stream_alive(monkeypatch):
+    """An output the C path allocates through mhakit's allocator is freed on the caller's stream when its last
+    reference goes; the allocation keeps the caller's stream object alive until then (a CuPy stream destroyed
+    first would make that free fault)."""
+    import gc
+    import weakref
+
+    from mhakit import _cuda
+    fake = FakeDriver()
+    monkeypatch.setattr(_cuda, "_DRIVER", fake)
+    for memo in ("_CC", "_PRIMARY", "_POOLS"):
+        monkeypatch.setattr(_cuda, memo, {})
+
+    class Stream:
+        ptr = 0x5000
+
+    stream = Stream()
+    alive = weakref.ref(stream)
+    _, allocate, _, _ = api._ext_callbacks()
+    out = allocate(0, (2, 3), "float16", 0x5000, stream)
+    assert out.shape == (2, 3) and out.stream == 0x5000
+    ptr = out.ptr
+    del stream
+    gc.collect()
+    assert alive() is not None, "the allocation holds the caller's stream"
+    del out
+    gc.collect()
+    assert alive() is None
+    assert ("cuMemFreeAsync", (ptr, 0x5000)) in fake.calls

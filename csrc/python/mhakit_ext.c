@@ -39,10 +39,9 @@
 // ---------------------------------------------------------------------------------------------------------------
 
 static PyObject* g_resolve;     // (api, device, kind, hdim_q, hdim_v, mode, masked) -> (run, last_error, ws) | None
-static PyObject* g_allocate;    // (device, shape, storage, stream) -> array with .ptr
+static PyObject* g_allocate;    // (device, shape, storage, stream, stream object) -> array with .ptr
 static PyObject* g_make_error;  // (code, message) -> exception instance
 static PyObject* g_cuda_error;  // (message) -> exception instance (no driver / a driver call failed)
-static int g_log_level;
 
 static PyObject* s_dlpack;         // "__dlpack__"
 static PyObject* s_dlpack_device;  // "__dlpack_device__"
@@ -439,6 +438,7 @@ typedef struct {
     int device;
     int64_t stream;
     int stream_given;
+    PyObject* stream_obj;     // borrowed: the caller's stream= (None when not given)
     int64_t producer_stream;  // the exchange producer's current stream (ordered before ours when they differ)
     int has_producer_stream;
     int capturing;            // the caller's stream is being captured into a CUDA graph
@@ -482,10 +482,12 @@ static int parse_stream(PyObject* s, int64_t* out) {
 static int call_init(Call* c, PyObject* stream, PyObject* override) {
     memset(c, 0, sizeof(*c));
     c->device = -1;
+    c->stream_obj = Py_None;
     c->override = override == Py_None ? -1 : (int)PyLong_AsLong(override);
     if (stream != Py_None) {
         if (parse_stream(stream, &c->stream) != HANDLED) return NOT_HANDLED;
         c->stream_given = 1;
+        c->stream_obj = stream;
         c->capturing = stream_capturing(c->stream);
     }
     return HANDLED;
@@ -571,7 +573,8 @@ static int call_allocate(Call* c, const View* like, int ndim, const int64_t* sha
         for (int i = 0; i < ndim; ++i) PyTuple_SET_ITEM(tuple, i, PyLong_FromLongLong(shape[i]));
         const char* storage = code == mhk_kDLFloat ? (bits == 32 ? "float32" : "float16")
                               : code == mhk_kDLBfloat ? "bfloat16" : (code == mhk_kDLInt ? "int16" : "uint16");
-        PyObject* obj = PyObject_CallFunction(g_allocate, "iOsL", c->device, tuple, storage, (long long)c->stream);
+        PyObject* obj = PyObject_CallFunction(g_allocate, "iOsLO", c->device, tuple, storage, (long long)c->stream,
+                                              c->stream_obj);
         Py_DECREF(tuple);
         if (obj == NULL) return FAILED;
         PyObject* ptr = PyObject_GetAttrString(obj, "ptr");
@@ -660,8 +663,8 @@ static int library_error(const Library* lib, float code) {
     return raise_from(g_make_error, Py_BuildValue("(is)", (int)lrintf(code), msg ? msg : ""));
 }
 
-static void flush_log(void) {
-    if (g_log_level > 0) fflush(stdout);
+static void flush_log(int log_level) {
+    if (log_level > 0) fflush(stdout);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -782,13 +785,13 @@ static int enter_call(Call* c, DeviceScope* scope) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, layout, mask_type, left, right, scale,
-//     return_lse, stream, dtype_override) -> o | (o, lse) | NotImplemented
+//     return_lse, stream, dtype_override, log_level) -> o | (o, lse) | NotImplemented
 // ---------------------------------------------------------------------------------------------------------------
 
 static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     (void)self;
-    if (n != 16) {
-        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.fwd takes 16 arguments");
+    if (n != 17) {
+        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.fwd takes 17 arguments");
         return NULL;
     }
     Call c;
@@ -867,7 +870,9 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     }
     f.mask_type = mask_type, f.window_size_left = left, f.window_size_right = right;
 
-    mhakit_stream_config sc = {(void*)(intptr_t)c.stream, 0, g_log_level, 0, 1, 1};
+    const int log_level = (int)PyLong_AsLong(a[n - 1]);
+    if (log_level == -1 && PyErr_Occurred()) goto fail;
+    mhakit_stream_config sc = {(void*)(intptr_t)c.stream, 0, log_level, 0, 1, 1};
     DeviceScope scope;
     if (enter_call(&c, &scope) != 0) goto fail;
     float ret;
@@ -875,7 +880,7 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     ret = ((fwd_fn)lib->run)(&f, &sc);
     Py_END_ALLOW_THREADS
     device_exit(&scope);
-    flush_log();
+    flush_log(log_level);
     if (ret < 0) {
         library_error(lib, ret);
         goto fail;
@@ -901,13 +906,13 @@ fail:
 
 // ---------------------------------------------------------------------------------------------------------------
 // bwd(do, q, k, v, o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, mask_type,
-//     left, right, scale, deterministic, stream, dtype_override) -> (dq, dk, dv) | NotImplemented
+//     left, right, scale, deterministic, stream, dtype_override, log_level) -> (dq, dk, dv) | NotImplemented
 // ---------------------------------------------------------------------------------------------------------------
 
 static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     (void)self;
-    if (n != 21) {
-        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.bwd takes 21 arguments");
+    if (n != 22) {
+        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.bwd takes 22 arguments");
         return NULL;
     }
     Call c;
@@ -1008,7 +1013,9 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
             goto fail;
         }
     }
-    mhakit_stream_config sc = {(void*)(intptr_t)c.stream, 0, g_log_level, 0, 1, 1};
+    const int log_level = (int)PyLong_AsLong(a[n - 1]);
+    if (log_level == -1 && PyErr_Occurred()) goto fail;
+    mhakit_stream_config sc = {(void*)(intptr_t)c.stream, 0, log_level, 0, 1, 1};
     DeviceScope scope;
     if (enter_call(&c, &scope) != 0) goto fail;
     if (need > 0) {
@@ -1024,7 +1031,7 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     // before another thread can take the same buffer.
     const float ret = ((bwd_fn)lib->run)(&g, &sc);
     device_exit(&scope);
-    flush_log();
+    flush_log(log_level);
     if (ret < 0) {
         library_error(lib, ret);
         goto fail;
@@ -1043,19 +1050,17 @@ fail:
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// configure(resolve, allocate, make_error, cuda_error, log_level); workspace_bytes(device) for tests
+// configure(resolve, allocate, make_error, cuda_error); workspace_bytes(device) for tests
 // ---------------------------------------------------------------------------------------------------------------
 
 static PyObject* ext_configure(PyObject* self, PyObject* args) {
     (void)self;
     PyObject *resolve, *allocate, *make_error, *cuda_error;
-    int log_level;
-    if (!PyArg_ParseTuple(args, "OOOOi", &resolve, &allocate, &make_error, &cuda_error, &log_level)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOO", &resolve, &allocate, &make_error, &cuda_error)) return NULL;
     Py_XSETREF(g_resolve, Py_NewRef(resolve));
     Py_XSETREF(g_allocate, Py_NewRef(allocate));
     Py_XSETREF(g_make_error, Py_NewRef(make_error));
     Py_XSETREF(g_cuda_error, Py_NewRef(cuda_error));
-    g_log_level = log_level;
     g_nlibs = 0;  // a new resolver may map signatures to other libraries
     Py_RETURN_NONE;
 }
@@ -1073,7 +1078,7 @@ static PyObject* ext_workspace_bytes(PyObject* self, PyObject* arg) {
 static PyMethodDef methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))ext_fwd, METH_FASTCALL, "The forward call path (see mhakit.api)."},
     {"bwd", (PyCFunction)(void (*)(void))ext_bwd, METH_FASTCALL, "The backward call path (see mhakit.api)."},
-    {"configure", ext_configure, METH_VARARGS, "Set the Python callbacks and the log level."},
+    {"configure", ext_configure, METH_VARARGS, "Set the Python callbacks."},
     {"workspace_bytes", ext_workspace_bytes, METH_O, "Bytes of the backward's workspace held for a device."},
     {NULL, NULL, 0, NULL},
 };
