@@ -72,7 +72,8 @@ struct MaskGeometry {
         return j < sk && (!kMasked || (j >= i - y + 1 && j < i + x));
     }
 
-    // Key tiles that some row of [r0, r1] (real rows, r1 < sq) sees.
+    // Key tiles that some row of [r0, r1] (real rows, r1 < sq) sees. Exact unless the band is empty (a generic mask
+    // with x + y <= 1, where no row sees any key): then the range may name tiles that the element mask clears.
     template <int kBlockN>
     MHAKIT_HOST_DEVICE TileRange key_tiles(int r0, int r1) const {
         return tiles_touching(key_begin(r0), key_end(r1), kBlockN);
@@ -82,7 +83,7 @@ struct MaskGeometry {
     MHAKIT_HOST_DEVICE TileRange full_key_tiles(int r0, int r1) const {
         return TileRange{int(ceil_div<Index>(key_begin(r1), kBlockN)), int(floor_div<Index>(key_end(r0), kBlockN))};
     }
-    // Query tiles holding a row that sees some key of [n0, n1] (real keys, n1 < sk).
+    // Query tiles holding a row that sees some key of [n0, n1] (real keys, n1 < sk); the same caveat.
     template <int kBlockM>
     MHAKIT_HOST_DEVICE TileRange query_tiles(int n0, int n1) const {
         return tiles_touching(query_begin(n0), query_end(n1), kBlockM);

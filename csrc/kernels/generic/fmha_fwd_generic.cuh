@@ -181,7 +181,7 @@ __device__ __forceinline__ void mask_s(float (&s)[Cfg::kMT][Cfg::kNT][4], const 
             for (int e = 0; e < 4; ++e) {
                 const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
                 const int hf = e >> 1;
-                if (j < row_lo[mt][hf] || j >= row_hi[mt][hf]) s[mt][nt][e] = -INFINITY;
+                if (j >= row_hi[mt][hf] || (Cfg::kMasked && j < row_lo[mt][hf])) s[mt][nt][e] = -INFINITY;
             }
 }
 
