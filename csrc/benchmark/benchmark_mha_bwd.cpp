@@ -17,7 +17,7 @@
 // dK / dV have h_k heads (GQA gradients are summed over each kv head's query heads).
 //
 // Host code only: links against libmha_bwd.so, libmha_fwd.so and the CUDA runtime. Build (repository root, one line):
-//   g++ -std=c++17 -O3 -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_bwd.cpp
+//   g++ -std=c++17 -O3 -Icsrc -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_bwd.cpp
 //       -o benchmark_mha_bwd -L<dir of the libraries> -lmha_bwd -lmha_fwd -L$CUDA_HOME/lib64 -lcudart -ldl
 //       -pthread -Wl,-rpath,'$ORIGIN'
 //
@@ -26,7 +26,6 @@
 #include "mha_bwd.h"
 #include "mha_fwd.h"
 
-#include <cuda_runtime_api.h>
 
 #include <stdint.h>
 
@@ -148,7 +147,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
 // Host copy of a device tensor of 16-bit elements.
 std::vector<uint16_t> download16(const DeviceBuffer& buf, size_t elems) {
     std::vector<uint16_t> h(elems);
-    if (elems > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(h.data(), buf.get(), elems * 2, cudaMemcpyDeviceToHost));
+    if (elems > 0) MHAKIT_CHECK_CUDA(mhakit::dev::copy_to_host(h.data(), buf.get(), elems * 2));
     return h;
 }
 
@@ -278,7 +277,7 @@ int main(int argc, char** argv) {
     }
     o_dev.poison();
     lse_dev.poison();
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     // ---------------------------------------------------------------- arguments for the library (aiter's strides)
     mhakit::mha_bwd_args args{};
@@ -356,8 +355,8 @@ int main(int argc, char** argv) {
     {
         const float rc = mhakit::mha_fwd(fargs, sc_once);
         if (rc < 0.0f) return fail_line("mha_fwd (producing O and LSE)", rc, mhakit::last_error());
-        MHAKIT_CHECK_CUDA(cudaGetLastError());
-        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+        MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+        MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
     }
 
     // ---------------------------------------------------------------- workspace
@@ -377,7 +376,7 @@ int main(int argc, char** argv) {
         dk_dev.poison();
         dv_dev.poison();
         if (ws_bytes > 0) ws_dev.poison();
-        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+        MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
     };
     poison_outputs();
 
@@ -390,8 +389,8 @@ int main(int argc, char** argv) {
     sc.gpu_timer = 1;
     const float ave_time = mhakit::mha_bwd(args, sc);
     if (ave_time < 0.0f) return fail_line("mha_bwd", ave_time, mhakit::last_error());
-    MHAKIT_CHECK_CUDA(cudaGetLastError());
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     const double tflops = flop / 1.0e9 / double(ave_time);
     const double gb_per_sec = num_byte / 1.0e6 / double(ave_time);
@@ -426,8 +425,8 @@ int main(int argc, char** argv) {
                          status_name(rc), mhakit::last_error());
             return kExitFail;
         }
-        MHAKIT_CHECK_CUDA(cudaGetLastError());
-        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+        MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+        MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
         const std::vector<uint16_t> dq2 = download16(dq_dev, q_elems);
         const std::vector<uint16_t> dk2 = download16(dk_dev, k_elems);
         const std::vector<uint16_t> dv2 = download16(dv_dev, v_elems);

@@ -5,7 +5,7 @@
 // accepted only at their default value and rejected by name otherwise.
 //
 // Host code only: links against libmha_fwd.so and the CUDA runtime. Build (from the repository root, one line):
-//   g++ -std=c++17 -O3 -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_fwd.cpp
+//   g++ -std=c++17 -O3 -Icsrc -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_fwd.cpp
 //       -o benchmark_mha_fwd -L<dir of libmha_fwd.so> -lmha_fwd -L$CUDA_HOME/lib64 -lcudart -pthread
 //       -Wl,-rpath,'$ORIGIN'
 //
@@ -13,7 +13,6 @@
 // 2 bad command line; 3 CUDA runtime error.
 #include "mha_fwd.h"
 
-#include <cuda_runtime_api.h>
 
 #include <stdint.h>
 
@@ -245,7 +244,7 @@ int main(int argc, char** argv) {
     }
     o_dev.poison();
     if (lse) lse_dev.poison();
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     // ---------------------------------------------------------------- arguments for the library (aiter's strides)
     mhakit::mha_fwd_args args{};
@@ -309,8 +308,8 @@ int main(int argc, char** argv) {
                      mhakit::last_error());
         return kExitFail;
     }
-    MHAKIT_CHECK_CUDA(cudaGetLastError());
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     const double tflops = flop / 1.0e9 / double(ave_time);
     const double gb_per_sec = num_byte / 1.0e6 / double(ave_time);
