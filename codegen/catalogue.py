@@ -1,6 +1,7 @@
 """Read a backend's catalogue (codegen/catalogue/<backend>.toml) into plain, typed records."""
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -11,6 +12,16 @@ CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
 
 class CatalogueError(ValueError):
     """The catalogue file is malformed; the message names the file and the entry."""
+
+
+def backend_of_arch(arch: str) -> str:
+    """Which backend's catalogue an arch name belongs to: gfx* is ROCm, sm_* is CUDA."""
+    if re.fullmatch(r"gfx[0-9a-f]+", arch):
+        return "rocm"
+    if re.fullmatch(r"sm_\d+a?", arch):
+        return "cuda"
+    raise CatalogueError(f"unknown arch '{arch}': use an NVIDIA target such as sm_90a or sm_80, "
+                         "or an AMD target such as gfx942, gfx90a or gfx950")
 
 
 @dataclass(frozen=True)
@@ -34,16 +45,35 @@ class Family:
     modes: tuple[str, ...]
     masks: tuple[str, ...]
     tiles: tuple[Tile, ...]
+    # Further instance axes of the family (e.g. CK-tile's padding flags and LSE store), each with its values in order
+    # of preference: every combination is one instance, and an earlier value ranks above a later one at run time.
+    variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The family's fixed settings that its template reads (e.g. the CK-tile pipeline class), as (key, value) pairs.
+    knobs: tuple[tuple[str, object], ...] = ()
+
+    def knob(self, key: str, default=None):
+        return dict(self.knobs).get(key, default)
 
 
 @dataclass(frozen=True)
 class Arch:
     name: str
-    gencode: str
+    target: str                   # what the compiler is told: nvcc's -gencode value, or clang's --offload-arch
     families: tuple[str, ...]
+    traits: tuple[tuple[str, object], ...] = ()  # further per-arch data (e.g. CK-tile's arch tag and device guard)
+
+    @property
+    def gencode(self) -> str:
+        return self.target
+
+    def trait(self, key: str, default=None):
+        return dict(self.traits).get(key, default)
 
 
 APIS = ("fwd", "bwd")
+
+# The key of an [arch.*] table that names the compiler target, per backend.
+TARGET_KEY = {"cuda": "gencode", "rocm": "offload_arch"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +82,10 @@ class Catalogue:
     compiler: str
     arches: dict[str, Arch]
     families: dict[tuple[str, str], Family]  # (api, family name) -> Family
+    tables: tuple[tuple[str, object], ...] = ()  # the catalogue's other top-level tables (shared data its templates read)
+
+    def table(self, key: str) -> dict:
+        return thaw(dict(self.tables).get(key, ())) or {}
 
     def families_for(self, api: str, arch: str) -> list[Family]:
         """The families of `api` built for `arch`, in the arch's order."""
@@ -77,6 +111,36 @@ def _parse_tile(raw: dict, where: str) -> Tile:
     return Tile(hdim_q, hdim_v, params)
 
 
+def _freeze(value):
+    """TOML values as hashable records: lists become tuples, tables (key, value) tuples."""
+    if isinstance(value, dict):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value):
+    """Catalogue records ((key, value) tuples) back into dicts and lists for the templates."""
+    if isinstance(value, tuple):
+        if all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) for item in value) and value:
+            return {k: thaw(v) for k, v in value}
+        return [thaw(v) for v in value]
+    return value
+
+
+def _parse_variants(raw: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    variants = []
+    for axis, values in raw.items():
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+            raise CatalogueError(f"{where}.variants.{axis}: must be a non-empty list of strings")
+        variants.append((axis, tuple(values)))
+    return tuple(variants)
+
+
+_FAMILY_KEYS = {"v3", "template", "priority", "dtypes", "modes", "masks", "tiles", "variants", "knobs"}
+
+
 @lru_cache(maxsize=None)
 def load(backend: str = "cuda") -> Catalogue:
     path = CATALOGUE_DIR / f"{backend}.toml"
@@ -84,14 +148,20 @@ def load(backend: str = "cuda") -> Catalogue:
         raise CatalogueError(f"no catalogue for backend '{backend}' ({path} does not exist)")
     with open(path, "rb") as f:
         data = tomllib.load(f)
+    backend_name = data.get("backend", backend)
+    target_key = TARGET_KEY.get(backend_name, "gencode")
     arches = {}
     for name, raw in _require(data, "arch", str(path)).items():
         where = f"{path.name}: arch.{name}"
-        arches[name] = Arch(name, _require(raw, "gencode", where), tuple(_require(raw, "families", where)))
+        traits = _freeze({k: v for k, v in raw.items() if k not in (target_key, "families")})
+        arches[name] = Arch(name, _require(raw, target_key, where), tuple(_require(raw, "families", where)), traits)
     families = {}
     for api in APIS:
         for name, raw in data.get(api, {}).items():
             where = f"{path.name}: {api}.{name}"
+            unknown = set(raw) - _FAMILY_KEYS
+            if unknown:
+                raise CatalogueError(f"{where}: unknown keys {sorted(unknown)} (put family settings under knobs)")
             families[(api, name)] = Family(
                 name=name,
                 api=api,
@@ -102,10 +172,13 @@ def load(backend: str = "cuda") -> Catalogue:
                 modes=tuple(_require(raw, "modes", where)),
                 masks=tuple(_require(raw, "masks", where)),
                 tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]") for i, t in enumerate(_require(raw, "tiles", where))),
+                variants=_parse_variants(raw.get("variants", {}), where),
+                knobs=_freeze(raw.get("knobs", {})),
             )
     known_names = {name for _, name in families}
     for arch in arches.values():
         for fam in arch.families:
             if fam not in known_names:
                 raise CatalogueError(f"{path.name}: arch.{arch.name} lists unknown family '{fam}'")
-    return Catalogue(data.get("backend", backend), data.get("compiler", ""), arches, families)
+    tables = _freeze({k: v for k, v in data.items() if k not in ("backend", "compiler", "arch", *APIS)})
+    return Catalogue(backend_name, data.get("compiler", ""), arches, families, tables)

@@ -1,9 +1,10 @@
-"""Write a build.ninja: compile every source to an object with nvcc, link the shared library (and, optionally, the
-benchmark executable that links against it). Pure text generation: running ninja is build.py's job."""
+"""Write a build.ninja: compile every source to an object with the toolchain's compiler (nvcc, or clang/hipcc for
+ROCm), link the shared library (and, optionally, the benchmark executable that links against it). Pure text
+generation: running ninja is build.py's job."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -38,6 +39,11 @@ class NinjaFile:
     compiles: list[Compile]
     library: Path
     executables: list[Executable]  # linked against `library`
+    # The toolchain's link command tails and its name in progress lines (defaults: nvcc's).
+    link_shared: str = "-shared $in -o $out -Xlinker -soname=$soname"
+    link_exe: str = "$in -o $out -Xcompiler=-pthread $libs -Xlinker -rpath='$$ORIGIN'"
+    label: str = "nvcc"
+    unlinked: list[Path] = field(default_factory=list)  # objects built but linked into nothing here (default targets)
 
     def text(self) -> str:
         lines = [
@@ -51,21 +57,21 @@ class NinjaFile:
             "  command = $nvcc $device_flags -MD -MF $out.d -c $in -o $out",
             "  depfile = $out.d",
             "  deps = gcc",
-            "  description = nvcc $in",
+            f"  description = {self.label} $in",
             "",
             "rule compile_host",
             "  command = $nvcc $host_flags -MD -MF $out.d -c $in -o $out",
             "  depfile = $out.d",
             "  deps = gcc",
-            "  description = nvcc (host) $in",
+            f"  description = {self.label} (host) $in",
             "",
             "rule link_shared",
-            "  command = $nvcc -shared $in -o $out -Xlinker -soname=$soname",
+            f"  command = $nvcc {self.link_shared}",
             "  description = link $out",
             "",
             "rule link_exe",
             # $ORIGIN: the executable finds the library installed beside it.
-            "  command = $nvcc $in -o $out -Xcompiler=-pthread $libs -Xlinker -rpath='$$ORIGIN'",
+            f"  command = $nvcc {self.link_exe}",
             "  description = link $out",
             "",
         ]
@@ -73,7 +79,7 @@ class NinjaFile:
             rule = "compile_device" if c.device else "compile_host"
             lines.append(f"build {_escape_path(c.obj)}: {rule} {_escape_path(c.source)}")
         exe_objs = {o for exe in self.executables for o in exe.objects}
-        lib_objs = [c.obj for c in self.compiles if c.obj not in exe_objs]
+        lib_objs = [c.obj for c in self.compiles if c.obj not in exe_objs and c.obj not in self.unlinked]
         lines.append(f"build {_escape_path(self.library)}: link_shared "
                      + " ".join(_escape_path(o) for o in lib_objs))
         lines.append(f"  soname = {self.library.name}")
@@ -84,6 +90,6 @@ class NinjaFile:
                          + " | " + " ".join(_escape_path(lib) for lib in libraries))
             lines.append("  libs = " + " ".join(f"-L{_escape_path(lib.parent)} -l{lib.stem.removeprefix('lib')}"
                                                 for lib in libraries))
-        targets = [self.library] + [exe.output for exe in self.executables]
+        targets = [self.library] + [exe.output for exe in self.executables] + list(self.unlinked)
         lines.append("default " + " ".join(_escape_path(t) for t in targets))
         return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""Rendering: one CUDA source per kernel instance and one dispatch table per API, from Jinja templates.
+"""Rendering: one source per kernel instance and one dispatch table per API, from Jinja templates.
 
 Files are rewritten only when their text changes, so ninja (which tracks mtimes) recompiles exactly what changed."""
 from __future__ import annotations
@@ -40,15 +40,16 @@ def render_dispatch(api: str, arch: str, specs: list[KernelSpec], env: jinja2.En
         api=api, Api=api.capitalize(), arch=arch, instances=[spec.template_context() for spec in specs])
 
 
-def render_all(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path) -> tuple[list[Path], Path]:
-    """Render every instance and the dispatch table into gen_dir. Returns (instance sources, dispatch source)."""
+def render_all(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path, suffix: str = ".cu") -> tuple[list[Path], Path]:
+    """Render every instance and the dispatch table into gen_dir, as files ending in `suffix` (the toolchain's: .cu
+    for nvcc, .cpp for HIP). Returns (instance sources, dispatch source)."""
     env = _environment()
     sources = []
     for spec in specs:
-        path = gen_dir / "instances" / f"{spec.name}.cu"
+        path = gen_dir / "instances" / f"{spec.name}{suffix}"
         write_if_changed(path, render_instance(spec, env))
         sources.append(path)
-    dispatch = gen_dir / f"{api}_dispatch_{arch}_{_selection_digest(specs)}.cu"
+    dispatch = gen_dir / f"{api}_dispatch_{arch}_{_selection_digest(specs)}{suffix}"
     write_if_changed(dispatch, render_dispatch(api, arch, specs, env))
     return sources, dispatch
 

@@ -45,12 +45,26 @@ def tiles_have_block_sizes(spec: KernelSpec) -> Optional[str]:
     return None
 
 
+def ck_group_mode_pads_sequences(spec: KernelSpec) -> Optional[str]:
+    """CK-tile forward: a group-mode kernel cannot know whether a sequence fills its last tile, so it must pad both
+    sequence dimensions (the padding flags of each variant are catalogue data: ck.fwd_pads)."""
+    pad = dict(spec.algorithm.variant).get("pad")
+    if spec.signature.mode != "group" or pad is None or spec.signature.api != "fwd":
+        return None
+    flags = dict(dict(spec.knobs).get("ck", ())).get("fwd_pads", ())
+    flags = dict(dict(flags).get(pad, ()))
+    if not (flags.get("spad") and flags.get("skpad")):
+        return f"CK-tile group mode pads seqlen_q and seqlen_k, and variant '{pad}' does not"
+    return None
+
+
 RULES: tuple[Callable[[KernelSpec], Optional[str]], ...] = (
     head_dims_in_range,
     hopper_needs_equal_head_dims,
     hopper_is_batch_mode,
     hopper_needs_sm90a,
     tiles_have_block_sizes,
+    ck_group_mode_pads_sequences,
 )
 
 
