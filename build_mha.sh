@@ -7,7 +7,8 @@
 #   bash build_mha.sh fwd_v3     # the same, with only the arch-specialised (Hopper) kernels (also bwd_v3)
 #   bash build_mha.sh fwd --profile minimal -j 16    # anything after the API goes to compile.py
 #
-# When a GPU is visible, the freshly built benchmark runs one default case as a check (MHA_SKIP_RUN=1 skips it).
+# When a GPU is visible (NVIDIA, or AMD with ROCm), the freshly built benchmark runs one default case as a check
+# (MHA_SKIP_RUN=1 skips it). --arch gfx942 (or an AMD GPU present) builds the ROCm backend: see the README.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,9 +21,14 @@ build_api() {
     "$python" "$here/compile.py" --api "$1" --benchmark "${@:2}"
 }
 
-run_check() {  # one default case with CPU validation, only where a GPU is present
+have_gpu() {  # an NVIDIA GPU, or an AMD GPU with its ROCm runtime
+    { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } ||
+        { [ -e /dev/kfd ] && command -v rocminfo >/dev/null 2>&1 && rocminfo 2>/dev/null | grep -q 'Name:.*gfx'; }
+}
+
+run_check() {  # one default case with CPU validation, only where a GPU is present (and the benchmark was linked)
     local exe="./benchmark_mha_$1"
-    if [ "${MHA_SKIP_RUN:-0}" != "1" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if [ "${MHA_SKIP_RUN:-0}" != "1" ] && [ -x "$exe" ] && have_gpu; then
         echo "[build_mha] running $exe -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1"
         "$exe" -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1
     fi

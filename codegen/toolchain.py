@@ -32,7 +32,8 @@ DEFAULT_ARCH = "sm_90a"
 
 
 def detect_arch() -> str:
-    """The arch of GPU 0 when one is visible, else sm_90a (the H100/H200 this project targets first)."""
+    """The arch of GPU 0 when one is visible (NVIDIA through nvidia-smi, AMD through ROCm's
+    rocm_agent_enumerator), else sm_90a (the H100/H200 this project targets first)."""
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
@@ -42,6 +43,17 @@ def detect_arch() -> str:
             out = []
         if out and out[0] in _CC_TO_ARCH:
             return _CC_TO_ARCH[out[0]]
+    root = rocm_root()
+    enumerator = shutil.which("rocm_agent_enumerator") or (
+        str(root / "bin" / "rocm_agent_enumerator") if root and (root / "bin" / "rocm_agent_enumerator").is_file() else None)
+    if enumerator:
+        try:
+            agents = subprocess.run([enumerator], capture_output=True, text=True, timeout=20).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            agents = []
+        gpus = [a for a in agents if a.startswith("gfx") and a != "gfx000"]  # gfx000 is the host CPU agent
+        if gpus:
+            return gpus[0]
     return DEFAULT_ARCH
 
 
@@ -59,6 +71,17 @@ def find_cutlass() -> Path:
             return root
     raise ToolchainError(f"CUTLASS/CuTe headers not found: `python3 -m pip install {CUTLASS_PIN}` "
                          "(or set MHAKIT_CUTLASS_DIR to a CUTLASS source tree)")
+
+
+def portable_flags(flags: list[str], roots: dict[str, Path | None]) -> list[str]:
+    """flags with each root directory (longest first) replaced by its symbolic name; None roots are skipped."""
+    ordered = sorted(((str(path), token) for token, path in roots.items() if path is not None), key=lambda r: -len(r[0]))
+    out = []
+    for flag in flags:
+        for path, token in ordered:
+            flag = flag.replace(path, token)
+        out.append(flag)
+    return out
 
 
 @dataclass
@@ -118,22 +141,10 @@ class Nvcc:
         text = "\n".join([self.path, self.version, self.arch, *self.compile_flags()])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def _path_roots(self) -> list[tuple[str, str]]:
-        roots = [(str(CSRC), "<csrc>"), (str(self.cuda_home), "<cuda>")]
-        if self.cutlass is not None:
-            roots.append((str(self.cutlass), "<cutlass>"))
-        return sorted(roots, key=lambda r: -len(r[0]))  # longest prefix first
-
     def portable(self, flags: list[str]) -> list[str]:
         """flags with machine-specific directories written as symbolic roots (<csrc>, <cutlass>, <cuda>), so that a
         description of the build does not depend on where the repository, the wheel or the toolkit live."""
-        roots = self._path_roots()
-        out = []
-        for flag in flags:
-            for path, token in roots:
-                flag = flag.replace(path, token)
-            out.append(flag)
-        return out
+        return portable_flags(flags, {"<csrc>": CSRC, "<cuda>": self.cuda_home, "<cutlass>": self.cutlass})
 
     def describe(self) -> dict:
         """What this toolchain contributes to a build's identity, free of paths and times: compiler and version,
@@ -357,22 +368,9 @@ class Hipcc:
         text = "\n".join([self.path, self.version, self.arch, *self.compile_flags()])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def _path_roots(self) -> list[tuple[str, str]]:
-        roots = [(str(CSRC), "<csrc>")]
-        if self.rocm is not None:
-            roots.append((str(self.rocm), "<rocm>"))
-        if self.ck is not None:
-            roots.append((str(self.ck), "<ck>"))
-        return sorted(roots, key=lambda r: -len(r[0]))
-
     def portable(self, flags: list[str]) -> list[str]:
-        roots = self._path_roots()
-        out = []
-        for flag in flags:
-            for path, token in roots:
-                flag = flag.replace(path, token)
-            out.append(flag)
-        return out
+        """flags with machine-specific directories written as symbolic roots (<csrc>, <rocm>, <ck>)."""
+        return portable_flags(flags, {"<csrc>": CSRC, "<rocm>": self.rocm, "<ck>": self.ck})
 
     def describe(self) -> dict:
         return {

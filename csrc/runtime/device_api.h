@@ -11,54 +11,45 @@
 
 #include <stddef.h>
 
-namespace mhakit::dev {
-
+// Every call below exists in both runtimes under the same name after the vendor prefix (cudaMalloc / hipMalloc).
 #if defined(MHAKIT_HIP)
-inline constexpr const char* kName = "HIP";
-using Error = hipError_t;
-using Stream = hipStream_t;
-using Event = hipEvent_t;
-inline constexpr Error kSuccess = hipSuccess;
-inline const char* error_string(Error e) { return hipGetErrorString(e); }
-inline const char* error_name(Error e) { return hipGetErrorName(e); }
-inline Error last_error() { return hipGetLastError(); }
-inline Error event_create(Event* e) { return hipEventCreate(e); }
-inline Error event_destroy(Event e) { return hipEventDestroy(e); }
-inline Error event_record(Event e, Stream s) { return hipEventRecord(e, s); }
-inline Error event_synchronize(Event e) { return hipEventSynchronize(e); }
-inline Error event_elapsed_ms(float* ms, Event a, Event b) { return hipEventElapsedTime(ms, a, b); }
-inline Error stream_synchronize(Stream s) { return hipStreamSynchronize(s); }
-inline Error device_synchronize() { return hipDeviceSynchronize(); }
-inline Error get_device(int* d) { return hipGetDevice(d); }
-inline Error malloc(void** p, size_t n) { return hipMalloc(p, n); }
-inline Error free(void* p) { return hipFree(p); }
-inline Error memset(void* p, int v, size_t n) { return hipMemset(p, v, n); }
-inline Error memset_async(void* p, int v, size_t n, Stream s) { return hipMemsetAsync(p, v, n, s); }
-inline Error copy_to_device(void* dst, const void* src, size_t n) { return hipMemcpy(dst, src, n, hipMemcpyHostToDevice); }
-inline Error copy_to_host(void* dst, const void* src, size_t n) { return hipMemcpy(dst, src, n, hipMemcpyDeviceToHost); }
+#define MHAKIT_DEV_API(name) hip##name
+#define MHAKIT_DEV_NAME "HIP"
 #else
-inline constexpr const char* kName = "CUDA";
-using Error = cudaError_t;
-using Stream = cudaStream_t;
-using Event = cudaEvent_t;
-inline constexpr Error kSuccess = cudaSuccess;
-inline const char* error_string(Error e) { return cudaGetErrorString(e); }
-inline const char* error_name(Error e) { return cudaGetErrorName(e); }
-inline Error last_error() { return cudaGetLastError(); }
-inline Error event_create(Event* e) { return cudaEventCreate(e); }
-inline Error event_destroy(Event e) { return cudaEventDestroy(e); }
-inline Error event_record(Event e, Stream s) { return cudaEventRecord(e, s); }
-inline Error event_synchronize(Event e) { return cudaEventSynchronize(e); }
-inline Error event_elapsed_ms(float* ms, Event a, Event b) { return cudaEventElapsedTime(ms, a, b); }
-inline Error stream_synchronize(Stream s) { return cudaStreamSynchronize(s); }
-inline Error device_synchronize() { return cudaDeviceSynchronize(); }
-inline Error get_device(int* d) { return cudaGetDevice(d); }
-inline Error malloc(void** p, size_t n) { return cudaMalloc(p, n); }
-inline Error free(void* p) { return cudaFree(p); }
-inline Error memset(void* p, int v, size_t n) { return cudaMemset(p, v, n); }
-inline Error memset_async(void* p, int v, size_t n, Stream s) { return cudaMemsetAsync(p, v, n, s); }
-inline Error copy_to_device(void* dst, const void* src, size_t n) { return cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice); }
-inline Error copy_to_host(void* dst, const void* src, size_t n) { return cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost); }
+#define MHAKIT_DEV_API(name) cuda##name
+#define MHAKIT_DEV_NAME "CUDA"
 #endif
 
+namespace mhakit::dev {
+
+inline constexpr const char* kName = MHAKIT_DEV_NAME;
+using Error = MHAKIT_DEV_API(Error_t);
+using Stream = MHAKIT_DEV_API(Stream_t);
+using Event = MHAKIT_DEV_API(Event_t);
+inline constexpr Error kSuccess = MHAKIT_DEV_API(Success);
+inline const char* error_string(Error e) { return MHAKIT_DEV_API(GetErrorString)(e); }
+inline const char* error_name(Error e) { return MHAKIT_DEV_API(GetErrorName)(e); }
+inline Error last_error() { return MHAKIT_DEV_API(GetLastError)(); }
+inline Error event_create(Event* e) { return MHAKIT_DEV_API(EventCreate)(e); }
+inline Error event_destroy(Event e) { return MHAKIT_DEV_API(EventDestroy)(e); }
+inline Error event_record(Event e, Stream s) { return MHAKIT_DEV_API(EventRecord)(e, s); }
+inline Error event_synchronize(Event e) { return MHAKIT_DEV_API(EventSynchronize)(e); }
+inline Error event_elapsed_ms(float* ms, Event a, Event b) { return MHAKIT_DEV_API(EventElapsedTime)(ms, a, b); }
+inline Error stream_synchronize(Stream s) { return MHAKIT_DEV_API(StreamSynchronize)(s); }
+inline Error device_synchronize() { return MHAKIT_DEV_API(DeviceSynchronize)(); }
+inline Error get_device(int* d) { return MHAKIT_DEV_API(GetDevice)(d); }
+inline Error malloc(void** p, size_t n) { return MHAKIT_DEV_API(Malloc)(p, n); }
+inline Error free(void* p) { return MHAKIT_DEV_API(Free)(p); }
+inline Error memset(void* p, int v, size_t n) { return MHAKIT_DEV_API(Memset)(p, v, n); }
+inline Error memset_async(void* p, int v, size_t n, Stream s) { return MHAKIT_DEV_API(MemsetAsync)(p, v, n, s); }
+inline Error copy_to_device(void* dst, const void* src, size_t n) {
+    return MHAKIT_DEV_API(Memcpy)(dst, src, n, MHAKIT_DEV_API(MemcpyHostToDevice));
+}
+inline Error copy_to_host(void* dst, const void* src, size_t n) {
+    return MHAKIT_DEV_API(Memcpy)(dst, src, n, MHAKIT_DEV_API(MemcpyDeviceToHost));
+}
+
 }  // namespace mhakit::dev
+
+#undef MHAKIT_DEV_API
+#undef MHAKIT_DEV_NAME
