@@ -26,6 +26,7 @@ CK="$DIR/composable_kernel"
 mode="${1:-}"
 
 log() { echo "[rocm_sdk] $*" >&2; }
+trap 'log "failed (line $LINENO): see the messages above"' ERR
 
 have_compiler() {
     command -v "clang++-$LLVM" >/dev/null && command -v "llvm-as-$LLVM" >/dev/null &&
@@ -49,8 +50,8 @@ fetch_hip_headers() {
     mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
     # the machine's own Debian mirror (its configured apt sources), asked for the trixie suite
     local mirror
-    mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null |
-             grep -oE '(https?|file)://[^ ]*/debian/?( |$)' | grep -v security | head -n1 | tr -d ' ')
+    mirror=$({ cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null || true; } |
+             grep -oE '(https?|file)://[^ ]*/debian/?( |$)' | head -n1 | tr -d ' ' || true)
     [ -n "$mirror" ] || { log "no Debian mirror in the apt sources"; return 1; }
     echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${mirror%/} trixie main" > "$apt_dir/sources.list"
     local opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o "Dir::Etc::sourceparts=-"
