@@ -47,8 +47,9 @@ struct BwdInstance {
         const bool group = p.seqstart_q != nullptr;
         if (p.deterministic != G.deterministic) return false;
         if (!mask_expressible(p.mask_type, p.window_left, p.window_right)) return false;
-        if (G.dpad == 0 ? p.hdim_q % G.bhdq != 0 : p.hdim_q % G.dpad != 0) return false;
-        if (G.dvpad == 0 ? p.hdim_v % G.bhdv != 0 : p.hdim_v % G.dvpad != 0) return false;
+        constexpr int kDMultiple = G.dpad == 0 ? G.bhdq : G.dpad;  // unpadded: the tile's head dim
+        constexpr int kDvMultiple = G.dvpad == 0 ? G.bhdv : G.dvpad;
+        if (p.hdim_q % kDMultiple != 0 || p.hdim_v % kDvMultiple != 0) return false;
         if (G.seqlen_k_max > 0 && (group ? p.max_seqlen_k : p.seqlen_k) > G.seqlen_k_max) return false;
         const BwdWorkspace ws(p, G.bn0, G.deterministic);
         return fits_index({p.q_row_stride, p.k_row_stride, p.v_row_stride, p.o_row_stride, p.do_row_stride,
