@@ -832,7 +832,9 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
     log = (lambda *_: None) if quiet else cache.log
     arch = arch or default_arch()
     tc_mod = _codegen.submodule("toolchain")
-    tc_mod.require_available_backend(arch)
+    if tc_mod.require_available_backend(arch) == "rocm":
+        raise NoCompilerError(f"prebuild for {arch}: the Python front end does not build ROCm libraries yet; "
+                              f"build them with compile.py --arch {arch} or build_mha.sh")
     profiles = _codegen.submodule("profiles")
     selection = profiles.select(api, arch, profile, name_filter)
     entries = entries_within(api, arch, selection.specs)
