@@ -54,8 +54,10 @@ def _variant_choices(fam: catalogue_mod.Family) -> list[tuple[tuple[tuple[str, s
 VARIANT_SCALE = 100
 
 
-def enumerate_specs(api: str, arch: str, backend: str = "cuda") -> Selection:
-    """Every spec the catalogue describes for this API and arch, split into valid and rejected-by-rules."""
+def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selection:
+    """Every spec the catalogue describes for this API and arch (the backend's catalogue: by default the one the
+    arch belongs to), split into valid and rejected-by-rules."""
+    backend = backend or backend_of_arch(arch)
     if api not in APIS:
         raise SelectionError(f"unknown api '{api}' (choose from {', '.join(APIS)})")
     base_api, v3_only = APIS[api]

@@ -176,12 +176,17 @@ def locate_nvcc() -> str:
     return path
 
 
+def version_text(path: str, what: str) -> str:
+    """What `<path> --version` prints; ToolchainError naming `what` when it does not run."""
+    try:
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except OSError as exc:
+        raise ToolchainError(f"{what} at {path} does not run: {exc}") from exc
+
+
 def probe_nvcc_version(path: str) -> str:
     """The full version of the nvcc at `path` (e.g. "13.0.88"), by running `nvcc --version`."""
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except OSError as exc:
-        raise ToolchainError(f"nvcc at {path} does not run: {exc}") from exc
+    out = version_text(path, "nvcc")
     match = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
     if not match:
         raise ToolchainError(f"cannot read the version of nvcc at {path}")
@@ -274,10 +279,7 @@ def locate_hip_compiler() -> tuple[str, str, Path | None]:
 
 def probe_clang_version(path: str) -> str:
     """The clang version behind a HIP compiler (e.g. "22.1.8"; hipcc prints its clang's), by running --version."""
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except OSError as exc:
-        raise ToolchainError(f"the HIP compiler at {path} does not run: {exc}") from exc
+    out = version_text(path, "the HIP compiler")
     match = re.search(r"clang version ([\w.+-]+)", out)
     if not match:
         raise ToolchainError(f"cannot read the clang version of the HIP compiler at {path}")

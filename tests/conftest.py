@@ -48,9 +48,9 @@ def pytest_collection_modifyitems(config, items):
     # markers, not keywords: a keyword match would also hit directory names (a checkout under .../rocm/)
     rocm_reason = rocm_unavailable() if any(item.get_closest_marker("rocm") for item in items) else ""
     for item in items:
-        if "gpu" in item.keywords and not gpu:
+        if item.get_closest_marker("gpu") and not gpu:
             item.add_marker(skip_gpu)
-        if "compile" in item.keywords and not nvcc:
+        if item.get_closest_marker("compile") and not nvcc:
             item.add_marker(skip_nvcc)
         if item.get_closest_marker("rocm") and rocm_reason:
             item.add_marker(pytest.mark.skip(reason=rocm_reason))

@@ -181,3 +181,38 @@ class TestToolchain:
             pytest.skip("a ROCm install in /opt/rocm provides a compiler")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "no HIP compiler found" in proc.stderr
+
+
+class TestJitEntries:
+    """The Python JIT's unit of caching on ROCm: every instance the runtime may choose for a call."""
+
+    def entry(self, *args):
+        from mhakit import jit
+        return jit.derive_entry(*args)
+
+    def test_an_entry_holds_every_variant_of_its_bucket(self):
+        e = self.entry("fwd", "gfx942", "bf16", 100, 100, "batch", False)
+        assert e.instance_names == [f"fwd_d128_bf16_batch_nmask_gfx942_qr_async_b128x128x32x128x32x128_{v}"
+                                    for v in ("psddv_nlse", "psddv_lse", "psskddv_nlse", "psskddv_lse")]
+
+    def test_a_complete_family_ends_the_entry_and_others_precede_it(self):
+        e = self.entry("fwd", "gfx950", "bf16", 128, 128, "batch", True)
+        families = list(dict.fromkeys(sp.algorithm.family for sp in e.specs))
+        assert families == ["qr_async_trload", "qr_async"]  # qr (d256) would never be chosen after qr_async
+        assert len([sp for sp in e.specs if sp.algorithm.family == "qr_async_trload"]) == 3 * 2 * 2  # tiles x pad x lse
+        assert self.entry("fwd", "gfx942", "fp16", 200, 200, "group", True).name == "fwd_fp16_group_mask_gfx942-qr_d256"
+
+    def test_cuda_entries_are_unchanged(self):
+        assert self.entry("fwd", "sm_90a", "bf16", 128, 128, "batch", True).instance_names == [
+            "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128", "fwd_d128_bf16_batch_mask_sm90a_generic_b128x64w4"]
+
+
+@pytest.mark.rocm
+def test_jit_plans_rocm_libraries_with_the_hip_toolchain(tmp_path):
+    from mhakit import jit
+    tc, why = jit.toolchain_for("gfx942", tmp_path)
+    assert why is None and tc.backend == "rocm" and tc.offload_arch == "gfx942"
+    plan = jit.make_plan(jit.derive_entry("bwd", "gfx942", "bf16", 128, 128, "batch", False), tc)
+    described = plan.inputs["toolchain"]
+    assert described["offload_arch"] == "gfx942" and "--offload-arch=gfx942" in described["device_flags"]
+    assert any(name.endswith(".cpp") for name in plan.inputs["rendered"]) and plan.key
