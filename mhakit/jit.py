@@ -174,8 +174,9 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     mask = "mask" if masked else "nmask"
+    pool = _catalogue_specs(api, arch) if candidates is None else list(candidates)  # read twice below
     best: dict[str, tuple[int, object]] = {}
-    for spec in (_catalogue_specs(api, arch) if candidates is None else candidates):
+    for spec in pool:
         s = spec.signature
         if s.dtype != dtype or s.mode != mode or s.mask != mask:
             continue
@@ -197,7 +198,6 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
         chosen.add((sp.algorithm.family, sp.signature))
         if dict(sp.knobs).get("complete"):
             break
-    pool = _catalogue_specs(api, arch) if candidates is None else candidates
     specs = sorted((sp for sp in pool if (sp.algorithm.family, sp.signature) in chosen),
                    key=lambda sp: (-sp.priority, sp.name))
     return Entry(api, arch, tuple(specs))
@@ -209,7 +209,8 @@ def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
     pool = list(specs)
     allowed = {sp.name for sp in pool}
     found: dict[tuple, Entry] = {}
-    head_dims = _codegen.submodule("catalogue").load("cuda").head_dims
+    catalogue = _codegen.submodule("catalogue")
+    head_dims = catalogue.load(catalogue.backend_of_arch(arch)).head_dims  # the arch's own backend
     dims = range(head_dims.multiple, head_dims.max + 1, head_dims.multiple)
     for dtype in DTYPES:
         for mode in MODES:
