@@ -56,6 +56,7 @@ class NinjaFile:
     # The toolchain's rule commands after `$nvcc` (the compiler) and its name in progress lines (defaults: nvcc's;
     # other toolchains give theirs through their ninja_rules()).
     compile_device: str = NVCC_COMPILE_DEVICE
+    compile_host: str = "$host_flags -MD -MF $out.d -c $in -o $out"
     link_shared: str = NVCC_LINK_SHARED
     link_exe: str = "$in -o $out -Xcompiler=-pthread $libs -Xlinker -rpath='$$ORIGIN'"
     label: str = "nvcc"
@@ -76,7 +77,7 @@ class NinjaFile:
             f"  description = {self.label} $in",
             "",
             "rule compile_host",
-            "  command = $nvcc $host_flags -MD -MF $out.d -c $in -o $out",
+            f"  command = $nvcc {self.compile_host}",
             "  depfile = $out.d",
             "  deps = gcc",
             f"  description = {self.label} (host) $in",

@@ -240,6 +240,13 @@ CK_FLAGS = ["-fno-offload-uniform-block", "-fgpu-flush-denormals-to-zero",
 CK_FLAGS_AMD_CLANG = ["-mllvm", "-amdgpu-function-calls=false", "-mllvm", "-amdgpu-coerce-illegal-types=1"]
 
 
+# clang names each object's compilation unit (a __hip_cuid_<id> symbol) by a hash of its whole command line, output
+# path included, so the same sources built in another directory would give other bytes. Each object is given its own
+# file name as the id instead (unique within a library: instance names, runtime source stems and the dispatch
+# table's digest name are distinct identifiers). A ninja command line: $$ is the shell's $.
+CUID_FROM_OBJECT = "-cuid=$$(basename $out .o)"
+
+
 def find_ck() -> Path:
     """The composable_kernel source tree: $MHAKIT_CK_DIR, else 3rdparty/composable_kernel beside this repository."""
     override = os.environ.get(CK_DIR_ENV)
@@ -365,7 +372,8 @@ class Hipcc:
         nvcc's, keeps no local symbols and exports the C ABI only ($exports: the version script)."""
         runtime = self._runtime_link()
         return {
-            "compile_device": "$device_flags -MD -MF $out.d -c $in -o $out",
+            "compile_device": f"$device_flags {CUID_FROM_OBJECT} -MD -MF $out.d -c $in -o $out",
+            "compile_host": f"$host_flags {CUID_FROM_OBJECT} -MD -MF $out.d -c $in -o $out",
             "link_shared": f"-shared $in -o $out -Wl,-soname,$soname -Wl,--discard-all $exports {runtime}".rstrip(),
             "link_exe": f"$in -o $out -pthread $libs {runtime} -Wl,-rpath,'$$ORIGIN'".replace("  ", " "),
         }

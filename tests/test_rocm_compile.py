@@ -70,3 +70,23 @@ def test_a_second_build_compiles_nothing(rocm_builds, build_root):
     proc = run_compile(["--api", api, "--arch", arch, "--profile", "minimal", "--filter", name_filter, "--benchmark",
                         "--build-dir", str(build_root / "objects")], cwd=out)
     assert proc.returncode == 0 and "no work to do" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_objects_do_not_depend_on_the_build_directory(tmp_path):
+    """The same source compiled by the build's own rule in two directories gives the same object bytes (the build
+    directory must not leak into the objects, as for nvcc builds: tests/test_build_faults.py). Host-only, seconds."""
+    import shlex
+
+    from codegen import toolchain
+    tc = toolchain.Hipcc.create("gfx942", "gfx942")
+    rule = tc.ninja_rules()["compile_host"].replace("$$", "$")
+    objects = []
+    for where in ("a", "b"):
+        obj = tmp_path / where / "obj" / "api_common.o"
+        obj.parent.mkdir(parents=True)
+        command = rule.replace("$host_flags", shlex.join(tc.host_flags())).replace("$out", shlex.quote(str(obj)))
+        command = command.replace("$in", shlex.quote(str(toolchain.CSRC / "runtime" / "api_common.cpp")))
+        proc = subprocess.run(f"{shlex.quote(tc.path)} {command}", shell=True, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        objects.append(obj.read_bytes())
+    assert objects[0] == objects[1]
