@@ -7,8 +7,9 @@
 #   bash build_mha.sh fwd_v3     # the same, with only the arch-specialised (Hopper) kernels (also bwd_v3)
 #   bash build_mha.sh fwd --profile minimal -j 16    # anything after the API goes to compile.py
 #
-# When a GPU is visible, the freshly built benchmark runs one default case as a check (MHA_SKIP_RUN=1 skips it);
-# otherwise it says in one line that it skipped that run.
+# When a GPU is visible (NVIDIA, or AMD with ROCm), the freshly built benchmark runs one default case as a check
+# (MHA_SKIP_RUN=1 skips it); otherwise it says in one line that it skipped that run. --arch gfx942 (or an AMD GPU
+# present) builds the ROCm backend: see the README.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,15 +22,23 @@ build_api() {
     "$python" "$here/compile.py" --api "$1" --benchmark "${@:2}"
 }
 
-run_check() {  # one default case with CPU validation, only where a GPU is present; says so when it skips it
+have_gpu() {  # an NVIDIA GPU, or an AMD GPU with its ROCm runtime
+    { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } ||
+        { [ -e /dev/kfd ] && command -v rocminfo >/dev/null 2>&1 && rocminfo 2>/dev/null | grep -q 'Name:.*gfx'; }
+}
+
+run_check() {  # one default case with CPU validation, only where a GPU is present and the benchmark was linked;
+               # says so when it skips it
     local exe="./benchmark_mha_$1"
     if [ "${MHA_SKIP_RUN:-0}" = "1" ]; then
         echo "[build_mha] skipped the validation run of $exe (MHA_SKIP_RUN=1)"
-    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    elif ! have_gpu; then
+        echo "[build_mha] skipped the validation run of $exe: no GPU visible (neither nvidia-smi -L nor rocminfo found one)"
+    elif [ ! -x "$exe" ]; then
+        echo "[build_mha] skipped the validation run of $exe: it was compiled but not linked (see above)"
+    else
         echo "[build_mha] running $exe -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1"
         "$exe" -prec=bf16 -b=2 -h=8 -s=512 -d=128 -v=1
-    else
-        echo "[build_mha] skipped the validation run of $exe: no NVIDIA GPU visible (nvidia-smi -L found none)"
     fi
 }
 
@@ -47,7 +56,7 @@ case "$api" in
         run_check fwd
         run_check bwd ;;
     -h|--help|help)
-        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
         exit 0 ;;
     *)
         echo "build_mha.sh: unknown target '$api' (use fwd, bwd, fwd_v3, bwd_v3, or nothing for all)" >&2

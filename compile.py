@@ -5,8 +5,9 @@
     python3 compile.py --api fwd --profile minimal --list        # what would be built, and how many
     python3 compile.py --api fwd --filter d128_bf16 -j 16
 
-Torch-free, cpp_extension-style: Jinja renders one source per kernel instance, ninja runs nvcc in parallel, and a
-second run with nothing changed recompiles nothing. The library is installed atomically.
+Torch-free, cpp_extension-style: Jinja renders one source per kernel instance, ninja runs the compiler in parallel
+(nvcc for NVIDIA targets; hipcc or clang on CK-tile kernels for AMD gfx targets), and a second run with nothing
+changed recompiles nothing. The library is installed atomically.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="which library: fwd -> libmha_fwd.so, bwd -> libmha_bwd.so; *_v3 keeps only the "
                              "arch-specialised (Hopper) families (default: fwd)")
     parser.add_argument("--arch", default=None,
-                        help="target, e.g. sm_90a, sm_80 (default: the GPU present, else sm_90a)")
+                        help="target, e.g. sm_90a, sm_80, gfx942, gfx90a, gfx950 (default: the GPU present, else sm_90a)")
     parser.add_argument("--profile", default="default", choices=list(profiles), help="named instance set (default: default)")
     parser.add_argument("--filter", default=None, dest="name_filter",
                         help="keep instances whose name contains a match of this glob (a bare word is a substring); comma-separated for several")

@@ -29,7 +29,7 @@ from .render import BUILD_NAME_ROOT
 from .render import _environment as render_environment
 from .render import render_all, render_dispatch, render_instance, write_if_changed
 from .spec import KernelSpec
-from .toolchain import CSRC, Nvcc, ToolchainError, make_toolchain
+from .toolchain import CSRC, Toolchain, ToolchainError, backend_of_arch, make_toolchain
 
 # Hand-written runtime sources linked into each API's library.
 _SHARED_RUNTIME = ["runtime/api_common.cpp", "runtime/error.cpp", "runtime/device.cpp"]
@@ -63,7 +63,7 @@ class BuildRequest:
     verbose: bool = False
     # The Python JIT's additions (compile.py leaves them at their defaults):
     specs: list[KernelSpec] | None = None  # build exactly these instances (profile and name_filter are then unused)
-    toolchain: Nvcc | None = None          # a toolchain made by the caller (e.g. with a memoised version probe)
+    toolchain: Toolchain | None = None     # a toolchain made by the caller (e.g. with a memoised version probe)
     capture_output: bool = False           # keep ninja's output off the terminal; a failure's BuildError carries it
 
 
@@ -190,10 +190,11 @@ def build(request: BuildRequest, log=print) -> BuildResult:
     base_api = APIS[request.api][0]
     if base_api not in RUNTIME_SOURCES:
         raise ToolchainError(f"--api {request.api}: the {base_api} runtime is not part of this version yet")
-    cat = catalogue_mod.load("cuda")
-    toolchain = request.toolchain or make_toolchain(request.arch, cat.arch(request.arch).gencode)
+    backend = backend_of_arch(request.arch)
+    cat = catalogue_mod.load(backend)
+    toolchain = request.toolchain or make_toolchain(request.arch, cat.arch(request.arch).target)
 
-    work_dir = (request.build_dir / f"cuda-{request.arch}-{toolchain.fingerprint()}").resolve()
+    work_dir = (request.build_dir / f"{backend}-{request.arch}-{toolchain.fingerprint()}").resolve()
     # One build at a time per build directory: two ninja runs sharing one .ninja_log / .ninja_deps (compile.py fwd
     # and bwd started together, or two jobs in one checkout) corrupt them and every later run recompiles everything.
     with locks.exclusive(work_dir / "build.lock",
@@ -201,12 +202,13 @@ def build(request: BuildRequest, log=print) -> BuildResult:
         return _build_in(request, selection, toolchain, work_dir, log, start)
 
 
-def _build_in(request: BuildRequest, selection: Selection, toolchain: Nvcc, work_dir: Path, log,
+def _build_in(request: BuildRequest, selection: Selection, toolchain: Toolchain, work_dir: Path, log,
               start: float) -> BuildResult:
     """build() for one work directory, holding its lock: render, write the ninja file, run ninja, install."""
     base_api = APIS[request.api][0]
     gen_dir, obj_dir = work_dir / "gen", work_dir / "obj"
-    instance_sources, dispatch_source = render_all(base_api, request.arch, selection.specs, gen_dir)
+    instance_sources, dispatch_source = render_all(base_api, request.arch, selection.specs, gen_dir,
+                                                   toolchain.source_suffix)
     digest = _digest([s.name for s in selection.specs])
     out_dir = work_dir / "out" / f"{request.api}-{digest}"
 
@@ -214,28 +216,37 @@ def _build_in(request: BuildRequest, selection: Selection, toolchain: Nvcc, work
     # given in the library, and a relative one keeps two builds of the same selection byte-identical.
     compiles = [Compile(src.relative_to(work_dir), obj_dir / "instances" / (src.stem + ".o"), device=True)
                 for src in instance_sources]
+    # The table holds host function pointers only: nvcc compiles it like the instances; clang's device pass must not
+    # see it (it would try to place the table on the GPU), so HIP compiles it host-only.
     compiles.append(Compile(dispatch_source.relative_to(work_dir), obj_dir / (dispatch_source.stem + ".o"),
-                            device=True))
+                            device=toolchain.backend == "cuda"))
     for rel in RUNTIME_SOURCES[base_api]:
         compiles.append(Compile(CSRC / rel, obj_dir / "runtime" / (Path(rel).stem + ".o"), device=False))
-    executables = []
+    executables, unlinked = [], []
     if request.benchmark:
         bench_src = CSRC / BENCHMARKS[base_api]
         bench_obj = obj_dir / "benchmark" / (bench_src.stem + ".o")
         compiles.append(Compile(bench_src, bench_obj, device=False))
-        executables.append(Executable(out_dir / bench_src.stem, [bench_obj],
-                                      [_installed_library(api, request.install_dir) for api in BENCHMARK_NEEDS[base_api]]))
+        if toolchain.can_link_executables:
+            executables.append(Executable(out_dir / bench_src.stem, [bench_obj],
+                                          [_installed_library(api, request.install_dir)
+                                           for api in BENCHMARK_NEEDS[base_api]]))
+        else:  # no device runtime library to link an executable against: compile it, and say so
+            unlinked.append(bench_obj)
+            log(f"[mhakit] {bench_src.stem}: compiled, not linked (no HIP runtime library under the ROCm root; "
+                "a ROCm install provides libamdhip64.so)")
     library = out_dir / library_name(request.api)
     write_if_changed(work_dir / EXPORT_MAP_NAME, EXPORT_MAP)
     ninja = NinjaFile(toolchain.path, toolchain.compile_flags(), toolchain.host_flags(), compiles, library, executables,
-                      export_map=Path(EXPORT_MAP_NAME))
+                      export_map=Path(EXPORT_MAP_NAME), label=toolchain.label, unlinked=unlinked,
+                      **toolchain.ninja_rules())
     ninja_file = work_dir / f"{request.api}-{digest}.ninja"
     write_if_changed(ninja_file, ninja.text())
 
     jobs = request.jobs or default_jobs()
     log(f"[mhakit] {request.api}: {len(selection.specs)} instances for {request.arch} "
         f"(profile {request.profile}{', filter ' + request.name_filter if request.name_filter else ''}), "
-        f"nvcc {toolchain.version}, -j{jobs}")
+        f"{toolchain.label} {toolchain.version}, -j{jobs}")
     _run_ninja(ninja_file, work_dir, jobs, request.verbose, request.capture_output)
 
     installed = []
@@ -285,7 +296,7 @@ def csrc_closure(texts: list[tuple[Path | None, str]], csrc: Path = CSRC) -> dic
     return dict(sorted(seen.items()))
 
 
-def build_inputs(request: BuildRequest, toolchain: Nvcc | None, csrc: Path | None = None) -> dict:
+def build_inputs(request: BuildRequest, toolchain: Toolchain | None, csrc: Path | None = None) -> dict:
     """Everything that determines the library `build(request)` produces, as plain data without paths or times:
     the instances, the sha256 of every rendered source, of the runtime sources and of every csrc file they include,
     and under "toolchain" the toolchain's description (compiler version, flags, arch, CUTLASS version, ninja rules;
@@ -297,17 +308,18 @@ def build_inputs(request: BuildRequest, toolchain: Nvcc | None, csrc: Path | Non
     if base_api not in RUNTIME_SOURCES:
         raise ToolchainError(f"--api {request.api}: the {base_api} runtime is not part of this version yet")
     env = render_environment()
-    rendered = {f"instances/{spec.name}.cu": render_instance(spec, env) for spec in selection.specs}
-    rendered["dispatch.cu"] = render_dispatch(base_api, request.arch, selection.specs, env)
+    suffix = toolchain.source_suffix if toolchain is not None else ".cu"
+    rendered = {f"instances/{spec.name}{suffix}": render_instance(spec, env) for spec in selection.specs}
+    rendered[f"dispatch{suffix}"] = render_dispatch(base_api, request.arch, selection.specs, env)
     runtime = {rel: (csrc / rel).read_text(errors="replace") for rel in RUNTIME_SOURCES[base_api]}
     texts = [(None, t) for t in rendered.values()] + [(csrc / rel, t) for rel, t in runtime.items()]
     headers = csrc_closure(texts, csrc)
     headers.update({rel: _sha256_text(t) for rel, t in runtime.items()})
     described = None
     if toolchain is not None:
-        rules = NinjaFile("<nvcc>", toolchain.portable(toolchain.compile_flags()),
+        rules = NinjaFile(f"<{toolchain.label}>", toolchain.portable(toolchain.compile_flags()),
                           toolchain.portable(toolchain.host_flags()), [], Path(library_name(request.api)), [],
-                          export_map=Path(EXPORT_MAP_NAME)).text()
+                          export_map=Path(EXPORT_MAP_NAME), label=toolchain.label, **toolchain.ninja_rules()).text()
         described = dict(toolchain.describe(), rules=_sha256_text(rules), exports=_sha256_text(EXPORT_MAP))
     return {
         "api": request.api,

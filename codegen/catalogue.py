@@ -1,6 +1,7 @@
 """Read a backend's catalogue (codegen/catalogue/<backend>.toml) into plain, typed records."""
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -11,6 +12,16 @@ CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
 
 class CatalogueError(ValueError):
     """The catalogue file is malformed; the message names the file and the entry."""
+
+
+def backend_of_arch(arch: str) -> str:
+    """Which backend's catalogue an arch name belongs to: gfx* is ROCm, sm_* is CUDA."""
+    if re.fullmatch(r"gfx[0-9a-f]+", arch):
+        return "rocm"
+    if re.fullmatch(r"sm_\d+a?", arch):
+        return "cuda"
+    raise CatalogueError(f"unknown arch '{arch}': use an NVIDIA target such as sm_90a or sm_80, "
+                         "or an AMD target such as gfx942, gfx90a or gfx950")
 
 
 @dataclass(frozen=True)
@@ -38,15 +49,31 @@ class Family:
     deterministic: bool        # bwd: serves deterministic calls (fwd: always true, nothing to choose)
     align_bytes: int           # every tensor's base pointer and strides a multiple of this many bytes
     tiles: tuple[Tile, ...]
+    # Further instance axes of the family (e.g. CK-tile's padding flags and LSE store), each with its values in order
+    # of preference: every combination is one instance, and an earlier value ranks above a later one at run time.
+    variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The family's fixed settings that its template reads (e.g. the CK-tile pipeline class), as (key, value) pairs.
+    knobs: tuple[tuple[str, object], ...] = ()
+
+    def knob(self, key: str, default=None):
+        return dict(self.knobs).get(key, default)
 
 
 @dataclass(frozen=True)
 class Arch:
     name: str
-    compute_capabilities: tuple[str, ...]  # "major.minor" of the devices this arch is built for
-    gencode: str
-    arch_specific: bool
+    compute_capabilities: tuple[str, ...]  # "major.minor" of the devices this arch is built for (HIP: its major.minor)
+    target: str                   # what the compiler is told: nvcc's -gencode value, or clang's --offload-arch
+    arch_specific: bool           # code for it runs on exactly this target (sm_90a; every gfx target)
     families: tuple[str, ...]
+    traits: tuple[tuple[str, object], ...] = ()  # further per-arch data (e.g. CK-tile's arch tag and device guard)
+
+    @property
+    def gencode(self) -> str:
+        return self.target
+
+    def trait(self, key: str, default=None):
+        return dict(self.traits).get(key, default)
 
 
 @dataclass(frozen=True)
@@ -64,6 +91,9 @@ class HeadDims:
 
 APIS = ("fwd", "bwd")
 
+# The key of an [arch.*] table that names the compiler target, per backend.
+TARGET_KEY = {"cuda": "gencode", "rocm": "offload_arch"}
+
 
 @dataclass(frozen=True)
 class Catalogue:
@@ -73,6 +103,10 @@ class Catalogue:
     head_dims: HeadDims
     arches: dict[str, Arch]
     families: dict[tuple[str, str], Family]  # (api, family name) -> Family
+    tables: tuple[tuple[str, object], ...] = ()  # the catalogue's other top-level tables (shared data its templates read)
+
+    def table(self, key: str) -> dict:
+        return thaw(dict(self.tables).get(key, ())) or {}
 
     def family(self, api: str, name: str) -> Family:
         return self.families[(api, name)]
@@ -110,6 +144,41 @@ def _parse_tile(raw: dict, where: str) -> Tile:
     return Tile(hdim_q, hdim_v, params)
 
 
+def _freeze(value):
+    """TOML values as hashable records: lists become tuples, tables (key, value) tuples."""
+    if isinstance(value, dict):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value):
+    """Catalogue records ((key, value) tuples) back into dicts and lists for the templates."""
+    if isinstance(value, tuple):
+        if all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) for item in value) and value:
+            return {k: thaw(v) for k, v in value}
+        return [thaw(v) for v in value]
+    return value
+
+
+def _parse_variants(raw: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    variants = []
+    for axis, values in raw.items():
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+            raise CatalogueError(f"{where}.variants.{axis}: must be a non-empty list of strings")
+        variants.append((axis, tuple(values)))
+    return tuple(variants)
+
+
+_FAMILY_KEYS = {"v3", "template", "priority", "needs_arch_specific", "dtypes", "modes", "masks", "equal_head_dims",
+                "deterministic", "align_bytes", "tiles", "variants", "knobs"}
+# The keys of an [arch.*] table that Arch's own fields hold (besides the backend's target key); the rest are traits.
+_ARCH_KEYS = ("compute_capability", "arch_specific", "families")
+# The top-level keys read into Catalogue's own fields; the other top-level tables are kept as shared `tables`.
+_TOP_KEYS = ("backend", "compiler", "default_arch", "head_dims", "arch", *APIS)
+
+
 @lru_cache(maxsize=None)
 def load(backend: str = "cuda") -> Catalogue:
     path = CATALOGUE_DIR / f"{backend}.toml"
@@ -117,11 +186,15 @@ def load(backend: str = "cuda") -> Catalogue:
         raise CatalogueError(f"no catalogue for backend '{backend}' ({path} does not exist)")
     with open(path, "rb") as f:
         data = tomllib.load(f)
+    backend_name = data.get("backend", backend)
+    target_key = TARGET_KEY.get(backend_name, "gencode")
     arches = {}
     for name, raw in _require(data, "arch", str(path)).items():
         where = f"{path.name}: arch.{name}"
-        arches[name] = Arch(name, tuple(_require(raw, "compute_capability", where)), _require(raw, "gencode", where),
-                            bool(_require(raw, "arch_specific", where)), tuple(_require(raw, "families", where)))
+        traits = _freeze({k: v for k, v in raw.items() if k not in _ARCH_KEYS + (target_key,)})
+        arches[name] = Arch(name, tuple(_require(raw, "compute_capability", where)), _require(raw, target_key, where),
+                            bool(_require(raw, "arch_specific", where)), tuple(_require(raw, "families", where)),
+                            traits)
     raw_hd = _require(data, "head_dims", str(path))
     head_dims = HeadDims(int(_require(raw_hd, "multiple", f"{path.name}: head_dims")),
                          int(_require(raw_hd, "max", f"{path.name}: head_dims")))
@@ -129,6 +202,9 @@ def load(backend: str = "cuda") -> Catalogue:
     for api in APIS:
         for name, raw in data.get(api, {}).items():
             where = f"{path.name}: {api}.{name}"
+            unknown = set(raw) - _FAMILY_KEYS
+            if unknown:
+                raise CatalogueError(f"{where}: unknown keys {sorted(unknown)} (put family settings under knobs)")
             families[(api, name)] = Family(
                 name=name,
                 api=api,
@@ -143,6 +219,8 @@ def load(backend: str = "cuda") -> Catalogue:
                 deterministic=bool(_require(raw, "deterministic", where)) if api == "bwd" else True,
                 align_bytes=int(_require(raw, "align_bytes", where)),
                 tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]") for i, t in enumerate(_require(raw, "tiles", where))),
+                variants=_parse_variants(raw.get("variants", {}), where),
+                knobs=_freeze(raw.get("knobs", {})),
             )
     known_names = {name for _, name in families}
     for arch in arches.values():
@@ -152,4 +230,5 @@ def load(backend: str = "cuda") -> Catalogue:
     default_arch = _require(data, "default_arch", str(path))
     if default_arch not in arches:
         raise CatalogueError(f"{path.name}: default_arch '{default_arch}' is not an [arch.*] table")
-    return Catalogue(data.get("backend", backend), data.get("compiler", ""), default_arch, head_dims, arches, families)
+    tables = _freeze({k: v for k, v in data.items() if k not in _TOP_KEYS})
+    return Catalogue(backend_name, data.get("compiler", ""), default_arch, head_dims, arches, families, tables)

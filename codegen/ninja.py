@@ -1,9 +1,10 @@
-"""Write a build.ninja: compile every source to an object with nvcc, link the shared library (and, optionally, the
-benchmark executable that links against it). Pure text generation: running ninja is build.py's job."""
+"""Write a build.ninja: compile every source to an object with the toolchain's compiler (nvcc, or clang/hipcc for
+ROCm), link the shared library (and, optionally, the benchmark executable that links against it). Pure text
+generation: running ninja is build.py's job."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .render import BUILD_NAME_ROOT
@@ -32,6 +33,17 @@ class Executable:
     extra_libraries: list[Path]  # shared libraries it links besides the one being built (found beside it at run time)
 
 
+# nvcc's device compile: device sources are generated ones, named relative to the work directory (ninja runs there)
+# and calling themselves BUILD_NAME_ROOT/<that name> (their #line). cudafe++ hashes a source's absolute path into the
+# names of internal symbols, so it is given the same fixed name: the objects do not depend on where the build ran.
+# The depfile lists the #line name as an input; sed points it back at the file.
+NVCC_COMPILE_DEVICE = (f"$device_flags -Xcudafe --orig_src_path_name={BUILD_NAME_ROOT}/$in -MD -MF $out.d "
+                       f"-c $in -o $out && sed -i 's#{BUILD_NAME_ROOT}/#./#' $out.d")
+# nvcc's shared-library link. --discard-all: no local symbols, among them the names of nvcc's temporary files (they
+# hold its pid), so that the same objects always link to the same bytes; $exports: the version script (export_map).
+NVCC_LINK_SHARED = "-shared $in -o $out -Xlinker -soname=$soname -Xlinker --discard-all $exports"
+
+
 @dataclass
 class NinjaFile:
     compiler: str
@@ -41,6 +53,14 @@ class NinjaFile:
     library: Path
     executables: list[Executable]  # linked against `library`
     export_map: Path | None = None  # a linker version script: the library exports what it names, nothing else
+    # The toolchain's rule commands after `$nvcc` (the compiler) and its name in progress lines (defaults: nvcc's;
+    # other toolchains give theirs through their ninja_rules()).
+    compile_device: str = NVCC_COMPILE_DEVICE
+    compile_host: str = "$host_flags -MD -MF $out.d -c $in -o $out"
+    link_shared: str = NVCC_LINK_SHARED
+    link_exe: str = "$in -o $out -Xcompiler=-pthread $libs -Xlinker -rpath='$$ORIGIN'"
+    label: str = "nvcc"
+    unlinked: list[Path] = field(default_factory=list)  # objects built but linked into nothing here (default targets)
 
     def text(self) -> str:
         lines = [
@@ -51,31 +71,24 @@ class NinjaFile:
             f"host_flags = {_join(self.host_flags)}",
             "",
             "rule compile_device",
-            # Device sources are generated ones, named relative to the work directory (ninja runs there) and
-            # calling themselves BUILD_NAME_ROOT/<that name> (their #line). cudafe++ hashes a source's absolute path
-            # into the names of internal symbols, so it is given the same fixed name: the objects do not depend on
-            # where the build ran. The depfile lists the #line name as an input; sed points it back at the file.
-            f"  command = $nvcc $device_flags -Xcudafe --orig_src_path_name={BUILD_NAME_ROOT}/$in -MD -MF $out.d "
-            f"-c $in -o $out && sed -i 's#{BUILD_NAME_ROOT}/#./#' $out.d",
+            f"  command = $nvcc {self.compile_device}",
             "  depfile = $out.d",
             "  deps = gcc",
-            "  description = nvcc $in",
+            f"  description = {self.label} $in",
             "",
             "rule compile_host",
-            "  command = $nvcc $host_flags -MD -MF $out.d -c $in -o $out",
+            f"  command = $nvcc {self.compile_host}",
             "  depfile = $out.d",
             "  deps = gcc",
-            "  description = nvcc (host) $in",
+            f"  description = {self.label} (host) $in",
             "",
             "rule link_shared",
-            # --discard-all: no local symbols, among them the names of nvcc's temporary files (they hold its pid),
-            # so that the same objects always link to the same bytes. The exported C ABI is unaffected.
-            "  command = $nvcc -shared $in -o $out -Xlinker -soname=$soname -Xlinker --discard-all $exports",
+            f"  command = $nvcc {self.link_shared}",
             "  description = link $out",
             "",
             "rule link_exe",
             # $ORIGIN: the executable finds the library installed beside it.
-            "  command = $nvcc $in -o $out -Xcompiler=-pthread $libs -Xlinker -rpath='$$ORIGIN'",
+            f"  command = $nvcc {self.link_exe}",
             "  description = link $out",
             "",
         ]
@@ -83,7 +96,7 @@ class NinjaFile:
             rule = "compile_device" if c.device else "compile_host"
             lines.append(f"build {_escape_path(c.obj)}: {rule} {_escape_path(c.source)}")
         exe_objs = {o for exe in self.executables for o in exe.objects}
-        lib_objs = [c.obj for c in self.compiles if c.obj not in exe_objs]
+        lib_objs = [c.obj for c in self.compiles if c.obj not in exe_objs and c.obj not in self.unlinked]
         lines.append(f"build {_escape_path(self.library)}: link_shared "
                      + " ".join(_escape_path(o) for o in lib_objs)
                      + (f" | {_escape_path(self.export_map)}" if self.export_map else ""))
@@ -97,6 +110,6 @@ class NinjaFile:
                          + " | " + " ".join(_escape_path(lib) for lib in libraries))
             lines.append("  libs = " + " ".join(f"-L{_escape_path(lib.parent)} -l{lib.stem.removeprefix('lib')}"
                                                 for lib in libraries))
-        targets = [self.library] + [exe.output for exe in self.executables]
+        targets = [self.library] + [exe.output for exe in self.executables] + list(self.unlinked)
         lines.append("default " + " ".join(_escape_path(t) for t in targets))
         return "\n".join(lines) + "\n"

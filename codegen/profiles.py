@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import catalogue as catalogue_mod
+from .catalogue import backend_of_arch
 from .rules import violations
 from .spec import Algorithm, Guards, KernelSpec, Signature
 
@@ -40,31 +41,56 @@ class Selection:
     rejected: list[tuple[str, list[str]]] = field(default_factory=list)  # (name, reasons) dropped by rules
 
 
-def enumerate_specs(api: str, arch: str, backend: str = "cuda") -> Selection:
-    """Every spec the catalogue describes for this API and arch, split into valid and rejected-by-rules."""
+def _variant_choices(fam: catalogue_mod.Family) -> list[tuple[tuple[tuple[str, str], ...], int]]:
+    """Every combination of the family's variant values with its rank (higher = preferred: earlier values first)."""
+    choices = [((), 0)]
+    for axis, values in fam.variants:
+        choices = [(chosen + ((axis, value),), rank * len(values) + (len(values) - 1 - i))
+                   for chosen, rank in choices for i, value in enumerate(values)]
+    return choices
+
+
+# A family with variants ranks its instances inside its own priority: priority * VARIANT_SCALE + variant rank.
+VARIANT_SCALE = 100
+
+
+def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selection:
+    """Every spec the catalogue describes for this API and arch (the backend's catalogue: by default the one the
+    arch belongs to), split into valid and rejected-by-rules."""
+    backend = backend or backend_of_arch(arch)
     if api not in APIS:
         raise SelectionError(f"unknown api '{api}' (choose from {', '.join(APIS)})")
     base_api, v3_only = APIS[api]
     cat = catalogue_mod.load(backend)
+    arch_record = cat.arch(arch)
     selection = Selection(specs=[])
+    seen: dict[str, str] = {}
     for fam in cat.families_for(base_api, arch):
         if v3_only and not fam.v3:
             continue
+        knobs = (*cat.tables, *arch_record.traits, *fam.knobs)
         for tile in fam.tiles:
             for dtype in fam.dtypes:
                 for mode in fam.modes:
                     for mask in fam.masks:
-                        spec = KernelSpec(
-                            signature=Signature(base_api, dtype, tile.hdim_q, tile.hdim_v, mode, mask),
-                            algorithm=Algorithm(fam.name, arch, tile.params),
-                            priority=fam.priority,
-                            template=fam.template,
-                            guards=Guards.of(fam),
-                        )
-                        reasons = violations(spec, backend)
-                        if reasons:
-                            selection.rejected.append((spec.name, reasons))
-                        else:
+                        for variant, rank in _variant_choices(fam):
+                            spec = KernelSpec(
+                                signature=Signature(base_api, dtype, tile.hdim_q, tile.hdim_v, mode, mask),
+                                algorithm=Algorithm(fam.name, arch, tile.params, variant),
+                                priority=fam.priority * VARIANT_SCALE + rank if fam.variants else fam.priority,
+                                template=fam.template,
+                                guards=Guards.of(fam),
+                                knobs=knobs,
+                            )
+                            reasons = violations(spec, backend)
+                            if reasons:
+                                selection.rejected.append((spec.name, reasons))
+                                continue
+                            if spec.name in seen:
+                                raise catalogue_mod.CatalogueError(
+                                    f"{backend}.toml: two {api} entries for {arch} are both named {spec.name}; "
+                                    "tiles of one family and head dim must differ in their block sizes")
+                            seen[spec.name] = fam.name
                             selection.specs.append(spec)
     return selection
 
@@ -82,12 +108,13 @@ def _profile_admits(profile: dict, spec: KernelSpec) -> bool:
 
 
 def select(api: str, arch: str, profile: str = "default", name_filter: str | None = None,
-           backend: str = "cuda") -> Selection:
+           backend: str | None = None) -> Selection:
     """The specs to build. name_filter holds comma-separated globs matched anywhere in an instance's name (a bare
     word is a substring match); a spec is kept when any pattern matches."""
     profiles = load_profiles()
     if profile not in profiles:
         raise SelectionError(f"unknown profile '{profile}' (choose from {', '.join(profiles)})")
+    backend = backend or backend_of_arch(arch)
     selection = enumerate_specs(api, arch, backend)
     if not selection.specs and not selection.rejected:
         raise SelectionError(f"the {backend} catalogue has no kernel family for api '{api}' on {arch} yet")

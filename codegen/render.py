@@ -1,9 +1,9 @@
-"""Rendering: one CUDA source per kernel instance and one dispatch table per API, from Jinja templates.
+"""Rendering: one source per kernel instance and one dispatch table per API, from Jinja templates.
 
 Files are rewritten only when their text changes, so ninja (which tracks mtimes) recompiles exactly what changed.
 Each written source starts with a #line directive naming it by a fixed path, BUILD_NAME_ROOT/<path under the build's
 work directory>: nvcc records a source's directory in the line info (-lineinfo), and a fixed name keeps the bytes of
-a library the same whichever (temporary) directory built it."""
+a library the same whichever (temporary) directory built it. HIP sources (clang) carry the same directive."""
 from __future__ import annotations
 
 import hashlib
@@ -40,9 +40,11 @@ def render_instance(spec: KernelSpec, env: jinja2.Environment | None = None) -> 
 
 
 def render_dispatch(api: str, arch: str, specs: list[KernelSpec], env: jinja2.Environment | None = None,
-                    backend: str = "cuda") -> str:
+                    backend: str | None = None) -> str:
+    """The dispatch table of `specs` for `arch`, with the arch's record and the API's head dims from the catalogue of
+    `backend` (default: the arch's own)."""
     env = env or _environment()
-    cat = catalogue.load(backend)
+    cat = catalogue.load(backend or catalogue.backend_of_arch(arch))
     record = cat.arch(arch)
     major, minor = (int(x) for x in record.compute_capabilities[0].split("."))
     arch_ctx = {"name": record.name, "major": major, "minor": minor,
@@ -58,16 +60,17 @@ def _named(rel: str, text: str) -> str:
     return f'#line 1 "{BUILD_NAME_ROOT}/{rel}"\n{text}'
 
 
-def render_all(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path) -> tuple[list[Path], Path]:
-    """Render every instance and the dispatch table into gen_dir (the build work directory's gen/). Returns
-    (instance sources, dispatch source)."""
+def render_all(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path,
+               suffix: str = ".cu") -> tuple[list[Path], Path]:
+    """Render every instance and the dispatch table into gen_dir (the build work directory's gen/), as files ending
+    in `suffix` (the toolchain's: .cu for nvcc, .cpp for HIP). Returns (instance sources, dispatch source)."""
     env = _environment()
     sources = []
     for spec in specs:
-        rel = f"instances/{spec.name}.cu"
+        rel = f"instances/{spec.name}{suffix}"
         write_if_changed(gen_dir / rel, _named(f"{gen_dir.name}/{rel}", render_instance(spec, env)))
         sources.append(gen_dir / rel)
-    rel = f"{api}_dispatch_{arch}_{_selection_digest(specs)}.cu"
+    rel = f"{api}_dispatch_{arch}_{_selection_digest(specs)}{suffix}"
     write_if_changed(gen_dir / rel, _named(f"{gen_dir.name}/{rel}", render_dispatch(api, arch, specs, env)))
     return sources, gen_dir / rel
 

@@ -66,12 +66,25 @@ def tiles_have_block_sizes(spec: KernelSpec, cat) -> Optional[str]:
     return None
 
 
+def ck_group_mode_pads_sequences(spec: KernelSpec, cat) -> Optional[str]:
+    """CK-tile forward: a group-mode kernel cannot know whether a sequence fills its last tile, so it must pad both
+    sequence dimensions (the padding flags of each variant are catalogue data: ck.fwd_pads)."""
+    pad = dict(spec.algorithm.variant).get("pad")
+    if spec.signature.mode != "group" or pad is None or spec.signature.api != "fwd":
+        return None
+    flags = cat.table("ck").get("fwd_pads", {}).get(pad, {})
+    if not (flags.get("spad") and flags.get("skpad")):
+        return f"CK-tile group mode pads seqlen_q and seqlen_k, and variant '{pad}' does not"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     family_is_known,
     head_dims_in_range,
     family_serves_signature,
     family_built_for_arch,
     tiles_have_block_sizes,
+    ck_group_mode_pads_sequences,
 )
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .catalogue import thaw
+
 # C++ spellings used by the templates.
 DTYPE_ENUM = {"fp16": "MHAKIT_DTYPE_FP16", "bf16": "MHAKIT_DTYPE_BF16"}
 
@@ -24,16 +26,22 @@ class Signature:
         return f"d{self.hdim_q}" if self.hdim_q == self.hdim_v else f"d{self.hdim_q}x{self.hdim_v}"
 
 
+# Tile parameters that size a block, in the order they appear in a name after "b" (block_m x block_n x ...): the
+# CUDA families use the first two, CK-tile's forward adds its K/N steps and its backward its five GEMM steps.
+BLOCK_TOKEN_KEYS = ("block_m", "block_n", "bk0", "bn1", "bk1", "bk0max", "bk2", "bk3", "bk4", "bhdq", "bhdv")
+
+
 @dataclass(frozen=True)
 class Algorithm:
-    family: str                          # catalogue family ("hopper", "generic")
-    arch: str                            # target arch ("sm_90a")
+    family: str                          # catalogue family ("hopper", "generic", "qr_async", ...)
+    arch: str                            # target arch ("sm_90a", "gfx942")
     tile: tuple[tuple[str, int], ...]    # the family's tile parameters
+    variant: tuple[tuple[str, str], ...] = ()  # the family's further axes (catalogue `variants`), one value each
 
     @property
     def tile_token(self) -> str:
         values = dict(self.tile)
-        token = f"b{values['block_m']}x{values['block_n']}"
+        token = "b" + "x".join(str(v) for k, v in self.tile if k in BLOCK_TOKEN_KEYS)
         if "warps" in values:
             token += f"w{values['warps']}"
         return token
@@ -61,6 +69,9 @@ class KernelSpec:
     priority: int
     template: str
     guards: Guards
+    # Catalogue data the template reads besides the signature and tile: the family's knobs and the arch's traits
+    # (nested (key, value) tuples, as the catalogue stores them). Empty for families that need none.
+    knobs: tuple[tuple[str, object], ...] = ()
 
     def admits_head_dims(self, hdim_q: int, hdim_v: int) -> bool:
         """Whether a call's real head dims fit this instance: within the bucket, and equal where the family needs
@@ -71,10 +82,12 @@ class KernelSpec:
 
     @property
     def name(self) -> str:
-        """Readable and deterministic: fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128."""
+        """Readable and deterministic: fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128 (variant values, when the
+        family has any, follow the tile: ..._gfx942_qr_async_b128x128x32x128x32x128_psddv_lse)."""
         s, a = self.signature, self.algorithm
         arch = a.arch.replace("_", "")
-        return f"{s.api}_{s.hdim_token}_{s.dtype}_{s.mode}_{s.mask}_{arch}_{a.family}_{a.tile_token}"
+        name = f"{s.api}_{s.hdim_token}_{s.dtype}_{s.mode}_{s.mask}_{arch}_{a.family}_{a.tile_token}"
+        return "_".join([name, *(value for _, value in a.variant)])
 
     def template_context(self) -> dict:
         s, a = self.signature, self.algorithm
@@ -91,6 +104,8 @@ class KernelSpec:
             "family": a.family,
             "arch": a.arch,
             "tile": dict(a.tile),
+            "variant": dict(a.variant),
+            "knobs": thaw(self.knobs),
             "priority": self.priority,
             "equal_head_dims": "true" if self.guards.equal_head_dims else "false",
             "deterministic": "true" if self.guards.deterministic else "false",

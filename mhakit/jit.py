@@ -156,7 +156,7 @@ class Entry:
     @property
     def name(self) -> str:
         s = self.specs[0].signature
-        parts = [f"{sp.algorithm.family}_{sp.signature.hdim_token}" for sp in self.specs]
+        parts = dict.fromkeys(f"{sp.algorithm.family}_{sp.signature.hdim_token}" for sp in self.specs)
         return f"{self.api}_{s.dtype}_{s.mode}_{s.mask}_{self.arch.replace('_', '')}-" + "-".join(parts)
 
     @property
@@ -174,8 +174,9 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     mask = "mask" if masked else "nmask"
+    pool = _catalogue_specs(api, arch) if candidates is None else list(candidates)  # read twice below
     best: dict[str, tuple[int, object]] = {}
-    for spec in (_catalogue_specs(api, arch) if candidates is None else candidates):
+    for spec in pool:
         s = spec.signature
         if s.dtype != dtype or s.mode != mode or s.mask != mask:
             continue
@@ -188,7 +189,17 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     if not best:
         raise ValueError(f"no {api} kernel in the catalogue serves dtype={dtype} hdim_q={hdim_q} hdim_v={hdim_v} "
                          f"mode={mode} {'masked' if masked else 'unmasked'} on {arch}")
-    specs = sorted((spec for _, spec in best.values()), key=lambda sp: (-sp.priority, sp.name))
+    # A family whose bucket holds several instances (CK-tile's tiles and padding/LSE variants, which the runtime
+    # picks among by its guards) contributes all of them; the CUDA families hold one per bucket.
+    # A family marked complete in the catalogue (its instances together serve every call in their bucket) ends
+    # the list: the runtime ranks families by priority, so no lower family would ever be chosen after it.
+    chosen = set()
+    for _, sp in sorted(best.values(), key=lambda item: -item[1].priority):
+        chosen.add((sp.algorithm.family, sp.signature))
+        if dict(sp.knobs).get("complete"):
+            break
+    specs = sorted((sp for sp in pool if (sp.algorithm.family, sp.signature) in chosen),
+                   key=lambda sp: (-sp.priority, sp.name))
     return Entry(api, arch, tuple(specs))
 
 
@@ -198,7 +209,8 @@ def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
     pool = list(specs)
     allowed = {sp.name for sp in pool}
     found: dict[tuple, Entry] = {}
-    head_dims = _codegen.submodule("catalogue").load("cuda").head_dims
+    catalogue = _codegen.submodule("catalogue")
+    head_dims = catalogue.load(catalogue.backend_of_arch(arch)).head_dims  # the arch's own backend
     dims = range(head_dims.multiple, head_dims.max + 1, head_dims.multiple)
     for dtype in DTYPES:
         for mode in MODES:
@@ -248,8 +260,14 @@ def _nvcc_version(path: str, root: Path, refresh: bool = False) -> str:
 
 
 def toolchain_for(arch: str, root: Path, refresh: bool = False):
-    """(Nvcc, None) when this machine can build for `arch`, else (None, the reason in one sentence)."""
+    """(Nvcc or Hipcc, None) when this machine can build for `arch`, else (None, the reason in one sentence)."""
     tc = _codegen.submodule("toolchain")
+    if tc.backend_of_arch(arch) == "rocm":
+        target = _codegen.submodule("catalogue").load("rocm").arch(arch).target
+        try:
+            return tc.Hipcc.create(arch, target), None  # probes the compiler's version (one short run)
+        except tc.ToolchainError as exc:
+            return None, str(exc)
     gencode = _codegen.submodule("catalogue").load("cuda").arch(arch).gencode
     path = tc.locate_nvcc()
     if not path:
@@ -530,6 +548,8 @@ class KernelCache:
         """A real build runs nvcc anyway: re-probe its version (cheap next to a build) so that a stale memo can never
         file a library under the wrong key."""
         tc = plan.toolchain
+        if tc.backend == "rocm":  # Hipcc probed its version when it was made, just now
+            return plan
         version = _nvcc_version(tc.path, self.root, refresh=True)
         if version == tc.version:
             return plan
@@ -839,7 +859,8 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
     if not entries:
         raise profiles.SelectionError(
             f"profile '{profile}'{' with filter ' + name_filter if name_filter else ''} holds no complete {api} "
-            f"library for {arch}: each needs its fast instance and the generic fallback")
+            f"library for {arch}: each needs every instance the runtime may choose for a call (on CUDA its fast "
+            "instance and the generic fallback; on ROCm every tile and padding/LSE variant of its bucket)")
     toolchain, why = toolchain_for(arch, cache.root, refresh=True)
     plans = [make_plan(e, toolchain, why_no_toolchain=why) for e in entries]
     todo = [p for p in plans if cache.find(p) is None]

@@ -28,15 +28,32 @@ def have_gpu() -> bool:
         return False
 
 
+def rocm_unavailable() -> str:
+    """Why the ROCm compile tests cannot run here ("" when they can): no HIP compiler, or no CK tree."""
+    from codegen import toolchain
+    if not toolchain.locate_hip_compiler()[0]:
+        return ("no HIP compiler (hipcc under ROCM_PATH, or clang++ with a ROCm root): "
+                "eval \"$(bash tools/rocm_sdk.sh --env)\" prepares one")
+    try:
+        toolchain.find_ck()
+    except toolchain.ToolchainError as exc:
+        return str(exc)
+    return ""
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
     skip_nvcc = pytest.mark.skip(reason="nvcc not found")
     gpu, nvcc = have_gpu(), have_nvcc()
+    # markers, not keywords: a keyword match would also hit directory names (a checkout under .../rocm/)
+    rocm_reason = rocm_unavailable() if any(item.get_closest_marker("rocm") for item in items) else ""
     for item in items:
-        if "gpu" in item.keywords and not gpu:
+        if item.get_closest_marker("gpu") and not gpu:
             item.add_marker(skip_gpu)
-        if "compile" in item.keywords and not nvcc:
+        if item.get_closest_marker("compile") and not nvcc:
             item.add_marker(skip_nvcc)
+        if item.get_closest_marker("rocm") and rocm_reason:
+            item.add_marker(pytest.mark.skip(reason=rocm_reason))
 
 
 def run_compile(args: list[str], cwd: Path, timeout: int = 1500) -> subprocess.CompletedProcess:

@@ -356,8 +356,8 @@ def test_build_mha_says_it_skipped_the_validation_run(tmp_path):
     proc = subprocess.run(["bash", str(REPO / "build_mha.sh"), "fwd"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == ("[build_mha] skipped the validation run of ./benchmark_mha_fwd: no NVIDIA GPU "
-                                   "visible (nvidia-smi -L found none)")
+    assert proc.stdout.strip() == ("[build_mha] skipped the validation run of ./benchmark_mha_fwd: no GPU visible "
+                                   "(neither nvidia-smi -L nor rocminfo found one)")
     proc = subprocess.run(["bash", str(REPO / "build_mha.sh")], cwd=tmp_path, env=dict(env, MHA_SKIP_RUN="1"),
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.splitlines() == [f"[build_mha] skipped the validation run of ./benchmark_mha_{api} "

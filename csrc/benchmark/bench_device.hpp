@@ -1,8 +1,7 @@
-// What the benchmark executables share besides the command line (../reference/bench_cli.hpp): exit codes, CUDA
-// error checks, device buffers and the messages around them.
+// What the benchmark executables share besides the command line (../reference/bench_cli.hpp): exit codes, device
+// runtime error checks (CUDA or HIP, through runtime/device_api.h), device buffers and the messages around them.
 #pragma once
 
-#include <cuda_runtime.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -18,12 +17,13 @@
 
 #include "../reference/bench_cli.hpp"  // checked_product
 #include "mha_common.h"
+#include "runtime/device_api.h"
 
 namespace mhakit::bench {
 
 constexpr int kExitFail = 1;   // validation failed, or the library refused the call
 constexpr int kExitUsage = 2;  // bad command line
-constexpr int kExitCuda = 3;   // no CUDA device/driver, or the CUDA runtime failed
+constexpr int kExitCuda = 3;   // no device/driver, or the device runtime (CUDA or HIP) failed
 
 // The running program's name, for messages; each benchmark sets it first thing in main().
 inline const char* g_program = "benchmark";
@@ -33,27 +33,27 @@ inline const char* g_program = "benchmark";
     std::exit(kExitUsage);
 }
 
-[[noreturn]] inline void cuda_failure(cudaError_t err, const char* expr, const char* file, int line) {
+[[noreturn]] inline void cuda_failure(dev::Error err, const char* expr, const char* file, int line) {
     std::cout << std::flush;
-    std::fprintf(stderr, "\n%s: CUDA error at %s:%d: %s -> %s (%s)\n", g_program, file, line, expr,
-                 cudaGetErrorName(err), cudaGetErrorString(err));
+    std::fprintf(stderr, "\n%s: %s error at %s:%d: %s -> %s (%s)\n", g_program, dev::kName, file, line, expr,
+                 dev::error_name(err), dev::error_string(err));
     std::exit(kExitCuda);
 }
 
 #define MHAKIT_CHECK_CUDA(expr)                                                                  \
     do {                                                                                         \
-        const cudaError_t err_ = (expr);                                                         \
-        if (err_ != cudaSuccess) ::mhakit::bench::cuda_failure(err_, #expr, __FILE__, __LINE__); \
+        const ::mhakit::dev::Error err_ = (expr);                                                            \
+        if (err_ != ::mhakit::dev::kSuccess) ::mhakit::bench::cuda_failure(err_, #expr, __FILE__, __LINE__); \
     } while (0)
 
-// Exits with kExitCuda and one line when this process has no CUDA device to run on (no GPU, no driver, or a driver
+// Exits with kExitCuda and one line when this process has no device to run on (no GPU, no driver, or a driver
 // older than the runtime), before any buffer is allocated.
-inline void require_cuda_device() {
+inline void require_device() {
     int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err == cudaSuccess && count > 0) return;
-    std::fprintf(stderr, "%s: no CUDA device/driver is available (%s)\n", g_program,
-                 err != cudaSuccess ? cudaGetErrorString(err) : "no device found");
+    const dev::Error err = dev::device_count(&count);
+    if (err == dev::kSuccess && count > 0) return;
+    std::fprintf(stderr, "%s: no %s device/driver is available (%s)\n", g_program, dev::kName,
+                 err != dev::kSuccess ? dev::error_string(err) : "no device found");
     std::exit(kExitCuda);
 }
 
@@ -125,13 +125,13 @@ int run_main(Body&& body) {
 class DeviceBuffer {
 public:
     explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-        MHAKIT_CHECK_CUDA(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256)));
+        MHAKIT_CHECK_CUDA(dev::malloc(&ptr_, std::max<size_t>(bytes, 256)));
     }
     ~DeviceBuffer() {
         if (ptr_ != nullptr) {
-            const cudaError_t e = cudaFree(ptr_);
-            if (e != cudaSuccess)
-                std::fprintf(stderr, "%s: warning: cudaFree failed: %s\n", g_program, cudaGetErrorString(e));
+            const dev::Error e = dev::free(ptr_);
+            if (e != dev::kSuccess)
+                std::fprintf(stderr, "%s: warning: freeing device memory failed: %s\n", g_program, dev::error_string(e));
         }
     }
     DeviceBuffer(const DeviceBuffer&) = delete;
@@ -140,13 +140,13 @@ public:
     void* get() const { return ptr_; }
     size_t bytes() const { return bytes_; }
     void upload(const void* host) const {
-        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice));
+        if (bytes_ > 0) MHAKIT_CHECK_CUDA(dev::copy_to_device(ptr_, host, bytes_));
     }
     void download(void* host) const {
-        if (bytes_ > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost));
+        if (bytes_ > 0) MHAKIT_CHECK_CUDA(dev::copy_to_host(host, ptr_, bytes_));
     }
     // All bytes 0xFF: NaN in fp16, bf16 and fp32, so anything the kernel forgets to write fails validation.
-    void poison() const { MHAKIT_CHECK_CUDA(cudaMemset(ptr_, 0xFF, std::max<size_t>(bytes_, 256))); }
+    void poison() const { MHAKIT_CHECK_CUDA(dev::memset(ptr_, 0xFF, std::max<size_t>(bytes_, 256))); }
 
 private:
     void* ptr_ = nullptr;

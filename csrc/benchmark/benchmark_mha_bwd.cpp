@@ -17,7 +17,7 @@
 // dK / dV have h_k heads (GQA gradients are summed over each kv head's query heads).
 //
 // Host code only: links against libmha_bwd.so, libmha_fwd.so and the CUDA runtime. Build (repository root, one line):
-//   g++ -std=c++17 -O3 -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_bwd.cpp
+//   g++ -std=c++17 -O3 -Icsrc -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_bwd.cpp
 //       -o benchmark_mha_bwd -L<dir of the libraries> -lmha_bwd -lmha_fwd -L$CUDA_HOME/lib64 -lcudart -ldl
 //       -pthread -Wl,-rpath,'$ORIGIN'
 //
@@ -27,7 +27,6 @@
 #include "mha_bwd.h"
 #include "mha_fwd.h"
 
-#include <cuda_runtime_api.h>
 
 #include <stdint.h>
 
@@ -149,7 +148,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
 // Host copy of a device tensor of 16-bit elements.
 std::vector<uint16_t> download16(const DeviceBuffer& buf, size_t elems) {
     std::vector<uint16_t> h(elems);
-    if (elems > 0) MHAKIT_CHECK_CUDA(cudaMemcpy(h.data(), buf.get(), elems * 2, cudaMemcpyDeviceToHost));
+    if (elems > 0) MHAKIT_CHECK_CUDA(mhakit::dev::copy_to_host(h.data(), buf.get(), elems * 2));
     return h;
 }
 
@@ -251,7 +250,7 @@ int run(int argc, char** argv) {
     // and lse
     const double data = double(q_elems + k_elems + v_elems + o_elems);
     bench::require_host_memory(2.0 * data + (do_validation ? 2.0 * data + 4.0 * data + 8.0 * double(lse_elems) : 0.0));
-    bench::require_cuda_device();
+    bench::require_device();
 
     // ---------------------------------------------------------------- host inputs
     std::vector<uint16_t> q_host(q_elems), k_host(k_elems), v_host(v_elems), do_host(o_elems);
@@ -283,7 +282,7 @@ int run(int argc, char** argv) {
     }
     o_dev.poison();
     lse_dev.poison();
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     // ---------------------------------------------------------------- arguments for the library (aiter's strides)
     mhakit::mha_bwd_args args{};
@@ -361,8 +360,8 @@ int run(int argc, char** argv) {
     {
         const float rc = mhakit::mha_fwd(fargs, sc_once);
         if (rc < 0.0f) return fail_line("mha_fwd (producing O and LSE)", rc, mhakit::last_error());
-        MHAKIT_CHECK_CUDA(cudaGetLastError());
-        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+        MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+        MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
     }
 
     // ---------------------------------------------------------------- workspace
@@ -382,7 +381,7 @@ int run(int argc, char** argv) {
         dk_dev.poison();
         dv_dev.poison();
         if (ws_bytes > 0) ws_dev.poison();
-        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+        MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
     };
     poison_outputs();
 
@@ -395,8 +394,8 @@ int run(int argc, char** argv) {
     sc.gpu_timer = 1;
     const float ave_time = mhakit::mha_bwd(args, sc);
     if (ave_time < 0.0f) return fail_line("mha_bwd", ave_time, mhakit::last_error());
-    MHAKIT_CHECK_CUDA(cudaGetLastError());
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     const double tflops = flop / 1.0e9 / double(ave_time);
     const double gb_per_sec = num_byte / 1.0e6 / double(ave_time);
@@ -431,8 +430,8 @@ int run(int argc, char** argv) {
                          status_name(rc), mhakit::last_error());
             return kExitFail;
         }
-        MHAKIT_CHECK_CUDA(cudaGetLastError());
-        MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+        MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+        MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
         const std::vector<uint16_t> dq2 = download16(dq_dev, q_elems);
         const std::vector<uint16_t> dk2 = download16(dk_dev, k_elems);
         const std::vector<uint16_t> dv2 = download16(dv_dev, v_elems);

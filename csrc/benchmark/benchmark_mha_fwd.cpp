@@ -5,7 +5,7 @@
 // accepted only at their default value and rejected by name otherwise.
 //
 // Host code only: links against libmha_fwd.so and the CUDA runtime. Build (from the repository root, one line):
-//   g++ -std=c++17 -O3 -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_fwd.cpp
+//   g++ -std=c++17 -O3 -Icsrc -Icsrc/include -I$CUDA_HOME/include csrc/benchmark/benchmark_mha_fwd.cpp
 //       -o benchmark_mha_fwd -L<dir of libmha_fwd.so> -lmha_fwd -L$CUDA_HOME/lib64 -lcudart -pthread
 //       -Wl,-rpath,'$ORIGIN'
 //
@@ -14,7 +14,6 @@
 // runtime error.
 #include "mha_fwd.h"
 
-#include <cuda_runtime_api.h>
 
 #include <stdint.h>
 
@@ -221,7 +220,7 @@ int run(int argc, char** argv) {
     // inputs; with -v=1 also the output copies (o: 2 bytes, lse: 4) and the reference (o and lse: 4 bytes each)
     bench::require_host_memory(2.0 * double(q_elems + k_elems + v_elems) +
                                (do_validation ? 6.0 * double(o_elems) + (lse ? 8.0 * double(lse_elems) : 0.0) : 0.0));
-    bench::require_cuda_device();
+    bench::require_device();
 
     // ---------------------------------------------------------------- host inputs
     std::vector<uint16_t> q_host(q_elems), k_host(k_elems), v_host(v_elems);
@@ -249,7 +248,7 @@ int run(int argc, char** argv) {
     }
     o_dev.poison();
     if (lse) lse_dev.poison();
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     // ---------------------------------------------------------------- arguments for the library (aiter's strides)
     mhakit::mha_fwd_args args{};
@@ -313,8 +312,8 @@ int run(int argc, char** argv) {
                      mhakit::last_error());
         return kExitFail;
     }
-    MHAKIT_CHECK_CUDA(cudaGetLastError());
-    MHAKIT_CHECK_CUDA(cudaDeviceSynchronize());
+    MHAKIT_CHECK_CUDA(mhakit::dev::last_error());
+    MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
 
     const double tflops = flop / 1.0e9 / double(ave_time);
     const double gb_per_sec = num_byte / 1.0e6 / double(ave_time);

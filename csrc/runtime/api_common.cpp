@@ -104,8 +104,8 @@ float check_mask_type(int mask_type) {
 
 int clamp_window(int w) { return w < -kWindowBound ? -kWindowBound : (w > kWindowBound ? kWindowBound : w); }
 
-float cuda_failure(cudaError_t err, const char* what) {
-    return fail(MHAKIT_ERROR_CUDA, "CUDA error in %s: %s", what, cudaGetErrorString(err));
+float device_failure(dev::Error err, const char* what) {
+    return fail(MHAKIT_ERROR_CUDA, "%s error in %s: %s", dev::kName, what, dev::error_string(err));
 }
 
 }  // namespace mhakit

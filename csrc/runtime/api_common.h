@@ -2,8 +2,6 @@
 // Every check returns 0 or a negative MHAKIT_ERROR_* code with last_error set (runtime/error.h).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +9,7 @@
 
 #include "mha_common.h"
 #include "runtime/error.h"
+#include "runtime/device_api.h"
 #include "runtime/registry.h"
 
 namespace mhakit {
@@ -92,40 +91,40 @@ float unsupported(const char* api, const Params& p, int dtype, const BuiltArch& 
                 count);
 }
 
-float cuda_failure(cudaError_t err, const char* what);
+float device_failure(dev::Error err, const char* what);
 
 // Runs `launch(stream)` once, or, when sc.time_kernel, warmup + repeat times and returns the mean ms per call.
-// Returns ms (>= 0; 0 when not timing) or MHAKIT_ERROR_CUDA.
+// Returns ms (>= 0; 0 when not timing) or MHAKIT_ERROR_CUDA (the device runtime's error, on either vendor).
 template <class Launch>
 float run_or_time(const char* name, const mhakit_stream_config& sc, Launch&& launch) {
-    cudaStream_t stream = static_cast<cudaStream_t>(sc.stream);
+    dev::Stream stream = static_cast<dev::Stream>(sc.stream);
     if (!sc.time_kernel) {
-        const cudaError_t err = launch(stream);
-        return err == cudaSuccess ? 0.f : cuda_failure(err, name);
+        const dev::Error err = launch(stream);
+        return err == dev::kSuccess ? 0.f : device_failure(err, name);
     }
     for (int i = 0; i < sc.warmup; ++i)
-        if (cudaError_t err = launch(stream); err != cudaSuccess) return cuda_failure(err, name);
+        if (dev::Error err = launch(stream); err != dev::kSuccess) return device_failure(err, name);
     const int repeat = sc.repeat < 1 ? 1 : sc.repeat;
     if (sc.gpu_timer) {
-        cudaEvent_t start = nullptr, stop = nullptr;
-        cudaError_t err = cudaEventCreate(&start);
-        if (err == cudaSuccess) err = cudaEventCreate(&stop);
-        if (err == cudaSuccess) err = cudaEventRecord(start, stream);
-        for (int i = 0; i < repeat && err == cudaSuccess; ++i) err = launch(stream);
-        if (err == cudaSuccess) err = cudaEventRecord(stop, stream);
-        if (err == cudaSuccess) err = cudaEventSynchronize(stop);
+        dev::Event start = nullptr, stop = nullptr;
+        dev::Error err = dev::event_create(&start);
+        if (err == dev::kSuccess) err = dev::event_create(&stop);
+        if (err == dev::kSuccess) err = dev::event_record(start, stream);
+        for (int i = 0; i < repeat && err == dev::kSuccess; ++i) err = launch(stream);
+        if (err == dev::kSuccess) err = dev::event_record(stop, stream);
+        if (err == dev::kSuccess) err = dev::event_synchronize(stop);
         float ms = 0.f;
-        if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
-        if (start) cudaEventDestroy(start);
-        if (stop) cudaEventDestroy(stop);
-        return err == cudaSuccess ? ms / repeat : cuda_failure(err, name);
+        if (err == dev::kSuccess) err = dev::event_elapsed_ms(&ms, start, stop);
+        if (start) dev::event_destroy(start);
+        if (stop) dev::event_destroy(stop);
+        return err == dev::kSuccess ? ms / repeat : device_failure(err, name);
     }
-    cudaError_t err = cudaStreamSynchronize(stream);
+    dev::Error err = dev::stream_synchronize(stream);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < repeat && err == cudaSuccess; ++i) err = launch(stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    for (int i = 0; i < repeat && err == dev::kSuccess; ++i) err = launch(stream);
+    if (err == dev::kSuccess) err = dev::stream_synchronize(stream);
     const auto t1 = std::chrono::steady_clock::now();
-    if (err != cudaSuccess) return cuda_failure(err, name);
+    if (err != dev::kSuccess) return device_failure(err, name);
     return std::chrono::duration<float, std::milli>(t1 - t0).count() / repeat;
 }
 

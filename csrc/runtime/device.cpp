@@ -1,10 +1,10 @@
 #include "runtime/device.h"
 
-#include <cuda_runtime.h>
-
 #include <atomic>
+#include <cstring>
 
 #include "mha_common.h"
+#include "runtime/device_api.h"
 #include "runtime/error.h"
 
 namespace mhakit {
@@ -13,6 +13,47 @@ namespace {
 constexpr int kMaxDevices = 64;
 std::atomic<int> g_checked[kMaxDevices];  // 0 unknown, 1 compatible
 
+#if defined(MHAKIT_HIP)
+// Errors that mean "this process has no GPU to run on" rather than a fault of the call.
+bool no_device_or_driver(dev::Error err) {
+    return err == hipErrorNoDevice || err == hipErrorInsufficientDriver || err == hipErrorInitializationError ||
+           err == hipErrorNotInitialized;
+}
+#else
+bool no_device_or_driver(dev::Error err) {
+    return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary ||
+           err == cudaErrorDevicesUnavailable || err == cudaErrorInitializationError ||
+           err == cudaErrorSystemDriverMismatch || err == cudaErrorCompatNotSupportedOnDevice;
+}
+#endif
+
+float device_failure(dev::Error err, const char* what, int device) {
+    dev::last_error();  // reset the runtime error state so that later calls start clean
+    if (no_device_or_driver(err))
+        return fail(MHAKIT_ERROR_CUDA, "no %s device/driver is available to this process (%s: %s)", dev::kName, what,
+                    dev::error_string(err));
+    return fail(MHAKIT_ERROR_CUDA, "%s failed for device %d: %s", what, device, dev::error_string(err));
+}
+
+#if defined(MHAKIT_HIP)
+// Code objects are built per gfx target, so the device's architecture name (gcnArchName, e.g.
+// "gfx942:sramecc+:xnack-") must name exactly the target the library was built for.
+bool runs_on(const BuiltArch& arch, const char* device_arch) {
+    const size_t n = std::strlen(arch.name);
+    return std::strncmp(device_arch, arch.name, n) == 0 && (device_arch[n] == '\0' || device_arch[n] == ':');
+}
+
+float device_mismatch(const BuiltArch& arch, int device) {
+    hipDeviceProp_t props;
+    if (dev::Error err = hipGetDeviceProperties(&props, device); err != hipSuccess)
+        return device_failure(err, "reading the device properties", device);
+    if (!runs_on(arch, props.gcnArchName))
+        return fail(MHAKIT_ERROR_UNSUPPORTED,
+                    "this library was built for %s but device %d is %s; rebuild with compile.py --arch for this GPU",
+                    arch.name, device, props.gcnArchName);
+    return 0.f;
+}
+#else
 // Built only as SASS (no PTX), so code for sm_XY runs on the same major with minor >= Y, and an
 // arch-specific target (sm_90a) runs only on exactly that compute capability.
 bool runs_on(const BuiltArch& arch, int major, int minor) {
@@ -20,29 +61,9 @@ bool runs_on(const BuiltArch& arch, int major, int minor) {
     return major == arch.major && minor >= arch.minor;
 }
 
-// Errors that mean "this process has no GPU to run on" rather than a fault of the call.
-bool no_device_or_driver(cudaError_t err) {
-    return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary ||
-           err == cudaErrorDevicesUnavailable || err == cudaErrorInitializationError ||
-           err == cudaErrorSystemDriverMismatch || err == cudaErrorCompatNotSupportedOnDevice;
-}
-
-float device_failure(cudaError_t err, const char* what, int device) {
-    cudaGetLastError();  // reset the runtime error state so that later calls start clean
-    if (no_device_or_driver(err))
-        return fail(MHAKIT_ERROR_CUDA, "no CUDA device/driver is available to this process (%s: %s)", what,
-                    cudaGetErrorString(err));
-    return fail(MHAKIT_ERROR_CUDA, "%s failed for device %d: %s", what, device, cudaGetErrorString(err));
-}
-
-}  // namespace
-
-float check_device_arch(const BuiltArch& arch) {
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return device_failure(err, "cudaGetDevice", device);
-    if (device >= 0 && device < kMaxDevices && g_checked[device].load(std::memory_order_relaxed) == 1) return 0.f;
+float device_mismatch(const BuiltArch& arch, int device) {
     int major = 0, minor = 0;
+    dev::Error err;
     if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
         (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess)
         return device_failure(err, "reading the compute capability", device);
@@ -51,6 +72,18 @@ float check_device_arch(const BuiltArch& arch) {
                     "this library was built for %s but device %d has compute capability %d.%d; rebuild with "
                     "compile.py --arch for this GPU",
                     arch.name, device, major, minor);
+    return 0.f;
+}
+#endif
+
+}  // namespace
+
+float check_device_arch(const BuiltArch& arch) {
+    int device = 0;
+    if (dev::Error err = dev::get_device(&device); err != dev::kSuccess)
+        return device_failure(err, "reading the current device", device);
+    if (device >= 0 && device < kMaxDevices && g_checked[device].load(std::memory_order_relaxed) == 1) return 0.f;
+    if (float rc = device_mismatch(arch, device)) return rc;
     if (device >= 0 && device < kMaxDevices) g_checked[device].store(1, std::memory_order_relaxed);
     return 0.f;
 }

@@ -5,9 +5,9 @@
 
 namespace mhakit {
 
-// 0 when the current device can run code built for `arch` (the library's record), else
-// MHAKIT_ERROR_UNSUPPORTED (a GPU of another architecture: a rebuild for it helps) or MHAKIT_ERROR_CUDA (no CUDA
-// device/driver available, or the runtime failed), with last_error set. Cached per device after the first call.
+// 0 when the current device can run code built for `arch` (the library's record: "sm_90a", "gfx942", ...), else
+// MHAKIT_ERROR_UNSUPPORTED (a GPU of another architecture: a rebuild for it helps) or MHAKIT_ERROR_CUDA (no
+// device/driver available, or the device runtime failed), with last_error set. Cached per device after the first call.
 float check_device_arch(const BuiltArch& arch);
 
 }  // namespace mhakit

@@ -153,7 +153,7 @@ MHAKIT_EXPORT float mhakit_mha_bwd(const mhakit_bwd_args* args, const mhakit_str
                     inst->name, need, p.workspace_bytes);
     if (float dev = check_device_arch(kBwdBuiltArch)) return dev;
     if (sc.log_level > 0) std::printf("[mhakit] mha_bwd -> %s\n", inst->name);
-    return run_or_time(inst->name, sc, [&](cudaStream_t stream) { return inst->run(p, stream); });
+    return run_or_time(inst->name, sc, [&](dev::Stream stream) { return inst->run(p, stream); });
 }
 
 MHAKIT_EXPORT const char* mhakit_mha_bwd_kernel_name(const mhakit_bwd_args* args) {

@@ -105,7 +105,7 @@ MHAKIT_EXPORT float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_str
     if (inst == nullptr) return unsupported("forward", p, args->data_type, kFwdBuiltArch, kNumFwdInstances);
     if (float rc = check_device_arch(kFwdBuiltArch)) return rc;
     if (sc.log_level > 0) std::printf("[mhakit] mha_fwd -> %s\n", inst->name);
-    return run_or_time(inst->name, sc, [&](cudaStream_t stream) { return inst->run(p, stream); });
+    return run_or_time(inst->name, sc, [&](dev::Stream stream) { return inst->run(p, stream); });
 }
 
 MHAKIT_EXPORT const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* args) {

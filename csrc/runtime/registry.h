@@ -1,12 +1,12 @@
 // The tables of kernel instances built into a library (generated: templates/<api>_dispatch.cu.j2).
 #pragma once
 
-#include <cuda_runtime.h>
 #include <stddef.h>
 
 #include "kernels/common/bwd_params.h"
 #include "kernels/common/fwd_params.h"
 #include "mha_common.h"
+#include "runtime/device_api.h"
 
 namespace mhakit {
 
@@ -36,7 +36,7 @@ struct KernelInstance {
     bool deterministic;    // serves deterministic backward calls
     int align_bytes;       // every tensor's base pointer and strides a multiple of this many bytes
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
-    cudaError_t (*run)(const Params&, cudaStream_t);  // launch; no sync, no allocation
+    dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)
 };
 

@@ -6,6 +6,10 @@
 // "No mask" is the coordinate that excludes nothing: y = seqlen_q, x = seqlen_k (clamped to the key range).
 #pragma once
 
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>  // __host__, __device__, __forceinline__ (nvcc knows them without a header)
+#endif
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define MHAKIT_HOST_DEVICE __host__ __device__ __forceinline__
 #else
