@@ -2,7 +2,7 @@
 """Forward-pass peer comparison on one GPU: mhakit (libmha_fwd.so through ctypes) vs PyTorch SDPA with the cuDNN
 backend and with the FlashAttention-2 backend, all in one process, on the same tensors.
 
-Problem shapes follow the FlashAttention-3 paper (and ../shared/reference/performance_h200.md): 16384 tokens in
+Problem shapes follow the FlashAttention-3 paper: 16384 tokens in
 total (batch = 16384 / seqlen), hidden size 2048 (heads = 2048 / hdim), q, k, v random normal, allocated contiguous
 as [b, h, s, d]; s_q = s_k; causal = MHAKIT_MASK_TOP_LEFT (-1, 0), which equals SDPA's is_causal when s_q == s_k.
 Timing: 5 warm-up launches, then the median of 20 launches, each between its own pair of CUDA events, on the
@@ -78,7 +78,7 @@ def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -
                 p.error(f"--shape {s!r}: expected HDIM,SEQLEN,CAUSAL, e.g. 128,4096,1")
             cases.append((hd, sl, bool(ca)))
     else:
-        # the row order of ../shared/reference/performance_h200.md: hdim, then seqlen, then causal no/yes
+        # row order: hdim, then seqlen, then causal no/yes (as the FlashAttention-3 paper's tables)
         cases = [(int(hd), int(sl), ca) for hd in args.hdims.split(",") for sl in args.seqlens.split(",")
                  for ca in (False, True)]
     for hd, sl, _ in cases:
