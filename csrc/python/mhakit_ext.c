@@ -783,6 +783,16 @@ static int enter_call(Call* c, DeviceScope* scope) {
     return 0;
 }
 
+// The call's stream configuration (its log level is the call's last argument), and its device made current (the
+// producer's stream ordered before a given one, as enter_call does).
+static int prepare_launch(Call* c, PyObject* log_level, mhakit_stream_config* sc, DeviceScope* scope) {
+    const int level = (int)PyLong_AsLong(log_level);
+    if (level == -1 && PyErr_Occurred()) return FAILED;
+    const mhakit_stream_config config = {(void*)(intptr_t)c->stream, 0, level, 0, 1, 1};
+    *sc = config;
+    return enter_call(c, scope) != 0 ? FAILED : 0;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, layout, mask_type, left, right, scale,
 //     return_lse, stream, dtype_override, log_level) -> o | (o, lse) | NotImplemented
@@ -870,17 +880,15 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     }
     f.mask_type = mask_type, f.window_size_left = left, f.window_size_right = right;
 
-    const int log_level = (int)PyLong_AsLong(a[n - 1]);
-    if (log_level == -1 && PyErr_Occurred()) goto fail;
-    mhakit_stream_config sc = {(void*)(intptr_t)c.stream, 0, log_level, 0, 1, 1};
+    mhakit_stream_config sc;
     DeviceScope scope;
-    if (enter_call(&c, &scope) != 0) goto fail;
+    if (prepare_launch(&c, a[n - 1], &sc, &scope) != 0) goto fail;
     float ret;
     Py_BEGIN_ALLOW_THREADS
     ret = ((fwd_fn)lib->run)(&f, &sc);
     Py_END_ALLOW_THREADS
     device_exit(&scope);
-    flush_log(log_level);
+    flush_log(sc.log_level);
     if (ret < 0) {
         library_error(lib, ret);
         goto fail;
@@ -1013,11 +1021,9 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
             goto fail;
         }
     }
-    const int log_level = (int)PyLong_AsLong(a[n - 1]);
-    if (log_level == -1 && PyErr_Occurred()) goto fail;
-    mhakit_stream_config sc = {(void*)(intptr_t)c.stream, 0, log_level, 0, 1, 1};
+    mhakit_stream_config sc;
     DeviceScope scope;
-    if (enter_call(&c, &scope) != 0) goto fail;
+    if (prepare_launch(&c, a[n - 1], &sc, &scope) != 0) goto fail;
     if (need > 0) {
         void* ws = NULL;
         if (workspace_get(c.device, need, c.stream, &ws) != 0) {
@@ -1031,7 +1037,7 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     // before another thread can take the same buffer.
     const float ret = ((bwd_fn)lib->run)(&g, &sc);
     device_exit(&scope);
-    flush_log(log_level);
+    flush_log(sc.log_level);
     if (ret < 0) {
         library_error(lib, ret);
         goto fail;
