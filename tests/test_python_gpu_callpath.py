@@ -231,3 +231,23 @@ def test_varlen_torch_op_gradients():
         reference(*parts, causal=True).square().sum().backward()
         for got, part in zip((q.grad, k.grad, v.grad), parts):
             close(got[s:s + n], part.grad[0], 8e-2)
+
+
+def test_outputs_outlive_the_callers_stream():
+    """Outputs the C path allocates for a CuPy caller (mhakit.DeviceArray) are freed on the call's stream; the
+    allocation keeps that stream object alive, so dropping the stream first and the output later is safe."""
+    import gc
+
+    cp = pytest.importorskip("cupy")
+    q = cp.random.standard_normal((1, 64, 2, 64)).astype(cp.float16)
+    stream = cp.cuda.Stream(non_blocking=True)
+    o = mhakit.mha_fwd(q, q, q, stream=stream)
+    assert isinstance(o, mhakit.DeviceArray) and o.stream == stream.ptr
+    stream.synchronize()
+    want = reference(*(torch.from_dlpack(x) for x in (q, q, q)))
+    close(torch.from_dlpack(o), want)
+    del stream
+    gc.collect()
+    del o
+    gc.collect()
+    cp.cuda.runtime.deviceSynchronize()
