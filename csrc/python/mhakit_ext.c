@@ -728,10 +728,24 @@ static int read_inputs(Call* c, Inputs* in, PyObject* const* args /* q, k, v */,
     return HANDLED;
 }
 
-// A caller's output: writable, of the expected shape and storage, on the call's device, head dim contiguous.
+// A caller's output: writable, of the expected shape and of `like`'s storage, head dim contiguous.
 static int check_output(const View* o, int ndim, const int64_t* shape, const View* like) {
-    return !o->readonly && has_shape(o, ndim, shape) && (like ? same_storage(o, like) : is_f32(o)) &&
-           (like == NULL || head_contiguous(o));
+    return !o->readonly && has_shape(o, ndim, shape) && same_storage(o, like) && head_contiguous(o);
+}
+
+// The LSE of a call: [batch, heads, rows], in group mode [heads, tokens]; returns its ndim.
+static int lse_shape_of(const Inputs* in, int64_t shape[MAXD]) {
+    if (in->layout == LAYOUT_PACKED) {
+        shape[0] = in->hq, shape[1] = in->sq;
+        return 2;
+    }
+    shape[0] = in->b, shape[1] = in->hq, shape[2] = in->sq;
+    return 3;
+}
+
+// An LSE array as the C API addresses it: that shape, fp32, rows contiguous (the API has no row stride).
+static int lse_readable(const View* lse, int ndim, const int64_t* shape, int64_t rows) {
+    return has_shape(lse, ndim, shape) && is_f32(lse) && (rows <= 1 || lse->strides[ndim - 1] == 1);
 }
 
 static int read_scale(PyObject* scale, int64_t d, float* out) {
@@ -822,15 +836,11 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     // Outputs: the caller's (checked) or new ones.
     int64_t o_shape[MAXD], lse_shape[MAXD];
     const int o_ndim = layout_shape(layout, in.b, in.hq, in.sq, in.dv, o_shape);
-    const int lse_ndim = group ? 2 : 3;
-    if (group) lse_shape[0] = in.hq, lse_shape[1] = in.sq;
-    else lse_shape[0] = in.b, lse_shape[1] = in.hq, lse_shape[2] = in.sq;
+    const int lse_ndim = lse_shape_of(&in, lse_shape);
     View *ov = NULL, *lv = NULL;
     if ((rc = call_read(&c, a[3], &ov)) != HANDLED || (rc = call_read(&c, a[4], &lv)) != HANDLED) goto done_rc;
     if (ov != NULL && !check_output(ov, o_ndim, o_shape, in.q)) goto not_handled;
-    if (lv != NULL && (!check_output(lv, lse_ndim, lse_shape, NULL) ||
-                       (in.sq > 1 && lv->strides[lse_ndim - 1] != 1)))
-        goto not_handled;
+    if (lv != NULL && (lv->readonly || !lse_readable(lv, lse_ndim, lse_shape, in.sq))) goto not_handled;
     int64_t os[3], ls[2] = {0, 0};
     if (ov != NULL && !layout_strides(ov, layout, in.hq, in.sq, in.dv, os)) goto not_handled;
     if (lv != NULL && !lse_strides(lv, group, in.b, in.hq, ls)) goto not_handled;
@@ -945,13 +955,10 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
         goto done_rc;
     int64_t o_shape[MAXD], lse_shape[MAXD];
     const int o_ndim = layout_shape(layout, in.b, in.hq, in.sq, in.dv, o_shape);
-    const int lse_ndim = group ? 2 : 3;
-    if (group) lse_shape[0] = in.hq, lse_shape[1] = in.sq;
-    else lse_shape[0] = in.b, lse_shape[1] = in.hq, lse_shape[2] = in.sq;
+    const int lse_ndim = lse_shape_of(&in, lse_shape);
     if (ov == NULL || dov == NULL || lv == NULL || !has_shape(ov, o_ndim, o_shape) ||
         !has_shape(dov, o_ndim, o_shape) || !same_storage(ov, in.q) || !same_storage(dov, in.q) ||
-        !head_contiguous(ov) || !head_contiguous(dov) || !has_shape(lv, lse_ndim, lse_shape) || !is_f32(lv) ||
-        (in.sq > 1 && lv->strides[lse_ndim - 1] != 1))
+        !head_contiguous(ov) || !head_contiguous(dov) || !lse_readable(lv, lse_ndim, lse_shape, in.sq))
         goto not_handled;
     int64_t os[3], dos[3], ls[2];
     if (!layout_strides(ov, layout, in.hq, in.sq, in.dv, os) ||
