@@ -32,6 +32,7 @@ LOG_LEVEL = int(os.environ.get("MHAKIT_LOG_LEVEL", "0") or 0)
 _DTYPE_NAMES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 _STORAGE_OF = {"fp16": "float16", "bf16": "bfloat16"}
 _INT32_MAX = (1 << 31) - 1
+_NO_MASK, _CAUSAL = (0, -1, -1), (2, -1, 0)  # (mask_type, left, right)
 _MASK_NAMES = {"none": 0, "top_left": 1, "bottom_right": 2, "generic": 3, "t": 1, "b": 2, "g": 3}
 
 
@@ -104,6 +105,8 @@ def _resolve_mask(causal: bool, mask: Any, window: Any) -> Tuple[int, int, int]:
     """(mask_type, left, right). causal / window follow FlashAttention: causal is bottom-right aligned,
     window=(left, right) is a bottom-right sliding window (-1 = unbounded), causal with a window keeps right = 0.
     mask= takes aiter's CLI strings ("t", "b:3,0", "g:y,x", ...) or a (type, left, right) tuple."""
+    if mask is None and window is None and (causal is True or causal is False):  # the common calls, first
+        return _CAUSAL if causal else _NO_MASK
     if mask is not None:
         if causal or window is not None:
             raise ValueError("mask: give either mask= or causal=/window=, not both")
@@ -816,21 +819,14 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
 
 _LAYOUT_CODES = {"bshd": 0, "bhsd": 1}
 _PACKED = 2
-_NO_MASK, _CAUSAL = (0, -1, -1), (2, -1, 0)
-_DTYPE_CODES = {None: None, "fp16": 0, "bf16": 1}
-
-
-def _mask_args(causal: Any, mask: Any, window: Any) -> Tuple[int, int, int]:
-    if mask is None and window is None:
-        if causal is False:
-            return _NO_MASK
-        if causal is True:
-            return _CAUSAL
-    return _resolve_mask(causal, mask, window)
 
 
 def _dtype_code(dtype: Any) -> Optional[int]:
-    return None if dtype is None else _DTYPE_CODES[_normalise_dtype(dtype)]
+    """The C enum of a dtype override (None: read it from q)."""
+    if dtype is None:
+        return None
+    from . import _capi
+    return _capi.dtype_code(_normalise_dtype(dtype))
 
 
 def _ext_callbacks():
@@ -866,7 +862,7 @@ def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, w
             layout: str = "bshd", stream: Any = None, dtype: Any = None):
     ext = _ext()
     if ext is not None:
-        mask_type, left, right = _mask_args(causal, mask, window)
+        mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.fwd(q, k, v, out, lse_out, None, None, None, _LAYOUT_CODES.get(layout, -1), mask_type, left,
                          right, scale, return_lse, stream, _dtype_code(dtype), LOG_LEVEL)
         if result is not NotImplemented:
@@ -881,7 +877,7 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                    stream: Any = None, dtype: Any = None):
     ext = _ext()
     if ext is not None:
-        mask_type, left, right = _mask_args(causal, mask, window)
+        mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _PACKED, mask_type, left,
                          right, scale, return_lse, stream, _dtype_code(dtype), LOG_LEVEL)
         if result is not NotImplemented:
@@ -896,7 +892,7 @@ def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool =
             dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
     ext = _ext()
     if ext is not None:
-        mask_type, left, right = _mask_args(causal, mask, window)
+        mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, None, None, None, None, _LAYOUT_CODES.get(layout, -1),
                          mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype), LOG_LEVEL)
         if result is not NotImplemented:
@@ -911,7 +907,7 @@ def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens
                    dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
     ext = _ext()
     if ext is not None:
-        mask_type, left, right = _mask_args(causal, mask, window)
+        mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          _PACKED, mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype),
                          LOG_LEVEL)
