@@ -38,13 +38,31 @@ def _head_contiguous(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _forward(q, k, v, varlen, mask, scale, layout):
+    """(O, LSE) as torch tensors; varlen is None or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    if varlen is None:
+        o, lse = api.mha_fwd(q, k, v, mask=mask, scale=scale, layout=layout, return_lse=True)
+    else:
+        o, lse = api.mha_varlen_fwd(q, k, v, *varlen, mask=mask, scale=scale, return_lse=True)
+    return _tensor(o), _tensor(lse)
+
+
+def _backward(do, q, k, v, o, lse, varlen, mask, scale, layout, deterministic):
+    """(dQ, dK, dV) as torch tensors, for the forward _forward ran."""
+    do = _head_contiguous(do)
+    if varlen is None:
+        grads = api.mha_bwd(do, q, k, v, o, lse, mask=mask, scale=scale, layout=layout, deterministic=deterministic)
+    else:
+        grads = api.mha_varlen_bwd(do, q, k, v, o, lse, *varlen, mask=mask, scale=scale, deterministic=deterministic)
+    return tuple(_tensor(g) for g in grads)
+
+
 # ---- batch mode -----------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("mhakit::attention_fwd", mutates_args=(), device_types="cuda")
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, mask_type: int, left: int, right: int, scale: float,
                    layout: str, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    o, lse = api.mha_fwd(q, k, v, mask=(mask_type, left, right), scale=scale, layout=layout, return_lse=True)
-    return _tensor(o), _tensor(lse)
+    return _forward(q, k, v, None, (mask_type, left, right), scale, layout)
 
 
 @_attention_fwd.register_fake
@@ -61,9 +79,7 @@ def _(q, k, v, mask_type, left, right, scale, layout, deterministic):
 @torch.library.custom_op("mhakit::attention_bwd", mutates_args=(), device_types="cuda")
 def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, mask_type: int, left: int,
                    right: int, scale: float, layout: str, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    grads = api.mha_bwd(_head_contiguous(do), q, k, v, o, lse, mask=(mask_type, left, right), scale=scale,
-                        layout=layout, deterministic=deterministic)
-    return tuple(_tensor(g) for g in grads)
+    return _backward(do, q, k, v, o, lse, None, (mask_type, left, right), scale, layout, deterministic)
 
 
 @_attention_bwd.register_fake
@@ -93,9 +109,8 @@ _attention_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                 max_seqlen_k: int, mask_type: int, left: int, right: int, scale: float,
                 deterministic: bool) -> Tuple[Tensor, Tensor]:
-    o, lse = api.mha_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                mask=(mask_type, left, right), scale=scale, return_lse=True)
-    return _tensor(o), _tensor(lse)
+    return _forward(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), (mask_type, left, right),
+                    scale, "bshd")
 
 
 @_varlen_fwd.register_fake
@@ -108,9 +123,8 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_type
 def _varlen_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
                 cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, mask_type: int, left: int, right: int,
                 scale: float, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    grads = api.mha_varlen_bwd(_head_contiguous(do), q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, mask=(mask_type, left, right), scale=scale, deterministic=deterministic)
-    return tuple(_tensor(g) for g in grads)
+    return _backward(do, q, k, v, o, lse, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                     (mask_type, left, right), scale, "bshd", deterministic)
 
 
 @_varlen_bwd.register_fake
@@ -141,29 +155,17 @@ _varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)
 class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, varlen, options):
-        if varlen is None:
-            o, lse = api.mha_fwd(q, k, v, mask=options[:3], scale=options[3], layout=options[4], return_lse=True)
-        else:
-            cu_q, cu_k, max_q, max_k = varlen
-            o, lse = api.mha_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, mask=options[:3], scale=options[3],
-                                        return_lse=True)
-        o, lse = _tensor(o), _tensor(lse)
+        mask, scale, layout = options[:3], options[3], options[4]
+        o, lse = _forward(q, k, v, varlen, mask, scale, layout)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.varlen, ctx.options = varlen, options
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
         mask, scale, layout, deterministic = ctx.options[:3], ctx.options[3], ctx.options[4], ctx.options[5]
-        do = _head_contiguous(do)
-        if ctx.varlen is None:
-            grads = api.mha_bwd(do, q, k, v, o, lse, mask=mask, scale=scale, layout=layout,
-                                deterministic=deterministic)
-        else:
-            grads = api.mha_varlen_bwd(do, q, k, v, o, lse, *ctx.varlen, mask=mask, scale=scale,
-                                       deterministic=deterministic)
-        return tuple(_tensor(g) for g in grads) + (None, None)
+        grads = _backward(do, *ctx.saved_tensors, ctx.varlen, mask, scale, layout, deterministic)
+        return grads + (None, None)
 
 
 # ---- the public functions -------------------------------------------------------------------------------------
