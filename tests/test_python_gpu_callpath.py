@@ -53,8 +53,11 @@ def rand(*shape, dtype=torch.bfloat16, requires_grad=False):
 
 
 def close(a, b, tol=2e-2):
-    err = (a.float() - b.float()).abs().max().item()
-    assert err <= tol, f"max abs error {err} > {tol}"
+    """Max abs error within tol, scaled by the reference's magnitude where it exceeds 1 (bf16 gradients reach ~5,
+    where one bf16 ulp is 0.03)."""
+    scale = max(1.0, b.float().abs().max().item()) if b.numel() else 1.0
+    err = (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
+    assert err <= tol * scale, f"max abs error {err} > {tol} * {scale}"
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])

@@ -170,11 +170,13 @@ static int order_streams(int64_t producer, int64_t consumer) {
 
 // The backward's scratch: one grow-only buffer per device, stream-ordered. A buffer that is outgrown is kept (never
 // freed): a CUDA graph captured earlier may still address it. With doubling growth the retired buffers together
-// stay smaller than the live one.
+// stay smaller than the live one. The order between uses on different streams goes through an event recorded after
+// each use, never through the stream of the last use: that stream may have been destroyed since.
 static struct {
     CUdeviceptr ptr;
     size_t size;
-    int64_t stream;
+    int64_t stream;  // the stream of the last use outside a capture
+    CUevent done;    // recorded on that stream after the last use (NULL before the first)
 } g_workspace[MAX_DEVICES];
 
 static int workspace_get(int device, size_t need, int64_t stream, void** out) {
@@ -195,12 +197,25 @@ static int workspace_get(int device, size_t need, int64_t stream, void** out) {
             return cuda_fail("cuMemAllocAsync of the backward's workspace failed (out of device memory?)");
         g_workspace[device].ptr = ptr;
         g_workspace[device].size = size;
-        g_workspace[device].stream = stream;
-    } else if (!capturing && !same_stream(g_workspace[device].stream, stream)) {
-        if (order_streams(g_workspace[device].stream, stream) != 0) return FAILED;
-        g_workspace[device].stream = stream;
+    } else if (!capturing && g_workspace[device].done != NULL && !same_stream(g_workspace[device].stream, stream)) {
+        if (drv.stream_wait_event((CUstream)(intptr_t)stream, g_workspace[device].done, 0) != 0)
+            return cuda_fail("ordering the call's stream after the last use of the backward's workspace failed");
     }
     *out = (void*)(uintptr_t)g_workspace[device].ptr;
+    return 0;
+}
+
+// After a launch that used the workspace on `stream` (outside a capture): later uses on other streams wait for it.
+static int workspace_used(int device, int64_t stream) {
+    if (stream_capturing(stream)) return 0;
+    if (g_workspace[device].done == NULL &&
+        drv.event_create(&g_workspace[device].done, 2 /* CU_EVENT_DISABLE_TIMING */) != 0) {
+        g_workspace[device].done = NULL;
+        return cuda_fail("cuEventCreate failed");
+    }
+    if (drv.event_record(g_workspace[device].done, (CUstream)(intptr_t)stream) != 0)
+        return cuda_fail("recording the last use of the backward's workspace failed");
+    g_workspace[device].stream = stream;
     return 0;
 }
 
@@ -1043,12 +1058,14 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     // The GIL stays held: the workspace's stream order (workspace_get) must be recorded and the launch queued
     // before another thread can take the same buffer.
     const float ret = ((bwd_fn)lib->run)(&g, &sc);
+    const int recorded = need > 0 && ret >= 0 ? workspace_used(c.device, c.stream) : 0;
     device_exit(&scope);
     flush_log(sc.log_level);
     if (ret < 0) {
         library_error(lib, ret);
         goto fail;
     }
+    if (recorded != 0) goto fail;
     result = PyTuple_Pack(3, grads[0], grads[1], grads[2]);
     goto fail;  // cleanup only
 
