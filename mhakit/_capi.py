@@ -234,7 +234,9 @@ def make_fwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
     for a torch tensor in b·h·s·d that is ``(t.stride(0), t.stride(1), t.stride(2))``, in b·s·h·d
     ``(t.stride(0), t.stride(2), t.stride(1))``. lse_strides is ``(batch_stride_lse, nhead_stride_lse)``.
     Group mode is selected by passing both seqstart pointers (device int32 arrays of batch + 1 offsets); then the
-    batch strides are ignored by the library and ``max_seqlen_q`` is required. ``lse_ptr`` given => has_lse = 1.
+    batch strides are ignored by the library, ``max_seqlen_q`` is required and ``seqlen_q`` / ``seqlen_k`` give the
+    packed row counts of q / k (the bound TMA kernels need; 0: unknown, such calls run on the generic family).
+    ``lse_ptr`` given => has_lse = 1.
     ``scale`` defaults to 1/sqrt(hdim_q).
     """
     group = seqstart_q_ptr is not None or seqstart_k_ptr is not None

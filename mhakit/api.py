@@ -622,7 +622,7 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
     v_ptr = vv.ptr or qv.ptr
     args = _capi.make_fwd_args(
         dtype=kind, q_ptr=qv.ptr, k_ptr=k_ptr, v_ptr=v_ptr, o_ptr=ov.ptr, batch=batch, nhead_q=hq, nhead_k=hk,
-        hdim_q=d, hdim_v=dv, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides,
+        hdim_q=d, hdim_v=dv, seqlen_q=tq, seqlen_k=tk, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides,
         o_strides=g.strides(ov, tq, hq, dv),
         lse_ptr=lv.ptr if lv is not None else None, lse_strides=(0, _stride(lv, 0, hq)) if lv is not None else (0, 0),
         seqstart_q_ptr=seq_ptrs["cu_seqlens_q"], seqstart_k_ptr=seq_ptrs["cu_seqlens_k"], max_seqlen_q=max_q,
@@ -794,8 +794,8 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
         args = _capi.make_bwd_args(
             dtype=kind, q_ptr=ptr(qv), k_ptr=ptr(kv), v_ptr=ptr(vv), o_ptr=ptr(ov), lse_ptr=ptr(lv), do_ptr=ptr(dov),
             dq_ptr=ptr(dqv), dk_ptr=ptr(dkv), dv_ptr=ptr(dvv), batch=seqs.batch, nhead_q=hq, nhead_k=hk, hdim_q=d,
-            hdim_v=d_v, q_strides=strides["q"], k_strides=strides["k"], v_strides=strides["v"],
-            o_strides=strides["o"], do_strides=strides["do"], lse_strides=lse_strides,
+            hdim_v=d_v, seqlen_q=tq, seqlen_k=tk, q_strides=strides["q"], k_strides=strides["k"],
+            v_strides=strides["v"], o_strides=strides["o"], do_strides=strides["do"], lse_strides=lse_strides,
             dq_strides=g.strides(dqv, tq, hq, d), dk_strides=g.strides(dkv, tk, hk, d),
             dv_strides=g.strides(dvv, tk, hk, d_v), seqstart_q_ptr=seq_ptrs["cu_seqlens_q"],
             seqstart_k_ptr=seq_ptrs["cu_seqlens_k"], max_seqlen_q=seqs.max_q, max_seqlen_k=seqs.max_k,

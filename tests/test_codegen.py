@@ -127,7 +127,7 @@ class TestRendering:
         assert "/*masked=*/true, 64, 64, 4>" in generic
         spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
         hopper = render.render_instance(spec)
-        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, /*masked=*/true, 128, 64>" in hopper
+        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, /*group_mode=*/false, /*masked=*/true,\n                                  128, 64>" in hopper
         assert f"bool {spec.name}_supports(" in hopper and f"dev::Error {spec.name}_run(" in hopper
 
     def test_dispatch_lists_every_instance_with_its_traits(self):

@@ -72,18 +72,24 @@ def test_batch_mode_matches_reference(lib, case):
 
 
 GROUP_CASES = [
-    # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, head_major, mask
-    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, False, "0"),
-    ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, True, "t"),
-    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, False, "b"),
-    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, False, "t:16,3"),
-    ("bf16", 2, 2, [90, 17], [0, 33], 256, 256, True, "b:4,35"),
+    # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, head_major, mask, family (the runtime's choice, checked)
+    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, False, "0", "hopper"),
+    ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, True, "t", "hopper"),
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, False, "b", "generic"),
+    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, False, "t:16,3", "generic"),
+    ("bf16", 2, 2, [90, 17], [0, 33], 256, 256, True, "b:4,35", "hopper"),
+    # Hopper group mode: tiles that cross into the next sequence, empty sequences on both sides, every mask kind
+    ("bf16", 8, 2, [300, 1, 0, 129, 517], [257, 64, 9, 0, 1000], 128, 128, False, "b", "hopper"),
+    ("fp16", 4, 4, [200, 333], [777, 45], 128, 128, True, "t:50,20", "hopper"),
+    ("bf16", 6, 3, [191, 193, 385], [190, 500, 64], 64, 64, False, "g:40,9", "hopper"),
+    ("fp16", 2, 1, [129, 64, 1], [1, 300, 257], 256, 256, False, "b:0,0", "hopper"),
+    ("bf16", 4, 1, [1000, 24], [1000, 24], 64, 64, True, "0", "hopper"),
 ]
 
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
 def test_group_mode_matches_reference(lib, case):
-    dtype, hq, hk, lens_q, lens_k, d, dv, head_major, mask = case
+    dtype, hq, hk, lens_q, lens_k, d, dv, head_major, mask, family = case
     rng = np.random.default_rng(sum(lens_q) * 7 + sum(lens_k))
     m = reference.parse_mask(mask)
     cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -101,12 +107,13 @@ def test_group_mode_matches_reference(lib, case):
     seq_q, seq_k = cp.asarray(cu_q), cp.asarray(cu_k)
     args = _capi.make_fwd_args(
         dtype=dtype, q_ptr=q.ptr, k_ptr=k.ptr, v_ptr=v.ptr, o_ptr=o.ptr, batch=len(lens_q), nhead_q=hq,
-        nhead_k=hk, hdim_q=d, hdim_v=dv, q_strides=q.strides, k_strides=k.strides, v_strides=v.strides,
-        o_strides=o.strides, lse_ptr=int(lse.data.ptr), lse_strides=(0, tq), seqstart_q_ptr=int(seq_q.data.ptr),
+        nhead_k=hk, hdim_q=d, hdim_v=dv, seqlen_q=tq, seqlen_k=tk, q_strides=q.strides, k_strides=k.strides,
+        v_strides=v.strides, o_strides=o.strides, lse_ptr=int(lse.data.ptr), lse_strides=(0, tq),
+        seqstart_q_ptr=int(seq_q.data.ptr),
         seqstart_k_ptr=int(seq_k.data.ptr), max_seqlen_q=max(lens_q), mask_type=m.mask_type,
         window_left=m.left, window_right=m.right)
     name = lib.kernel_name(args)
-    assert name is not None and "_group_" in name, lib.last_error()
+    assert name is not None and "_group_" in name and f"_{family}_" in name, (name, lib.last_error())
     lib.mha_fwd(args)
     cp.cuda.runtime.deviceSynchronize()
     ref_o, ref_lse = reference.attention_varlen_fwd(
@@ -128,6 +135,17 @@ def test_both_families_are_exercised(lib):
             v_strides=q.strides, o_strides=q.strides))
     assert "_hopper_" in name_for("bhsd", 0)
     assert "_generic_" in name_for("bshd", 1)
+
+    def group_name_for(total_q, total_k):  # group mode: TMA needs the packed row counts (seqlen_q / seqlen_k)
+        q = make_strided((1, 2, 256, 128), "bshd", 0, 0)
+        seq = cp.asarray(np.array([0, 100, 256], np.int32))
+        return lib.kernel_name(_capi.make_fwd_args(
+            dtype="bf16", q_ptr=q.ptr, k_ptr=q.ptr, v_ptr=q.ptr, o_ptr=q.ptr, batch=2, nhead_q=2, nhead_k=2,
+            hdim_q=128, hdim_v=128, seqlen_q=total_q, seqlen_k=total_k, q_strides=q.strides, k_strides=q.strides,
+            v_strides=q.strides, o_strides=q.strides, seqstart_q_ptr=int(seq.data.ptr),
+            seqstart_k_ptr=int(seq.data.ptr), max_seqlen_q=156))
+    assert "_group_" in group_name_for(256, 256) and "_hopper_" in group_name_for(256, 256)
+    assert "_generic_" in group_name_for(0, 0)
 
 
 def test_benchmark_smoke_subset(lib):

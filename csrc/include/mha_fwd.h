@@ -11,8 +11,11 @@
 // Group mode (variable lengths): sequences are packed along the token dimension. seqstart_q_ptr / seqstart_k_ptr
 //   are device arrays of batch+1 cumulative offsets (int32); sequence b has seqstart[b+1] - seqstart[b] tokens and
 //   its token i lives at row seqstart[b] + i, i.e. q_ptr + h·nhead_stride_q + (seqstart_q[b] + i)·stride_q.
-//   batch_stride_* are ignored, seqlen_q / seqlen_k are ignored, and max_seqlen_q must be >= every sequence's
-//   query length (it sizes the launch). LSE in group mode is indexed [h, seqstart_q[b] + i].
+//   batch_stride_* are ignored, and max_seqlen_q must be >= every sequence's query length (it sizes the launch).
+//   seqlen_q / seqlen_k give the packed tensors' row counts (seqstart_q[batch] / seqstart_k[batch], as CK's own
+//   example passes them): the bound that TMA-based kernels need; 0 when unknown, and such calls run on kernels that
+//   need no bound. A value smaller than the real row count gives wrong results, a larger one reads past the tensors.
+//   LSE in group mode is indexed [h, seqstart_q[b] + i].
 // GQA / MQA: nhead_q must be a multiple of nhead_k; query head h reads key/value head h / (nhead_q / nhead_k).
 // Rows that see no key at all (seqlen_k = 0, or a window that excludes every key) get O = 0 and LSE = -inf.
 #pragma once
@@ -37,8 +40,8 @@ typedef struct mhakit_fwd_args {
     const int32_t* seqstart_q_ptr;  // group mode only: device array [batch + 1]
     const int32_t* seqstart_k_ptr;  // group mode only: device array [batch + 1]
 
-    int seqlen_q;      // batch mode
-    int seqlen_k;      // batch mode
+    int seqlen_q;      // batch mode; group mode: rows of the packed q (0: not given)
+    int seqlen_k;      // batch mode; group mode: rows of the packed k and v (0: not given)
     int batch;
     int max_seqlen_q;  // group mode: upper bound of the per-sequence query lengths (batch mode: ignored)
     int hdim_q;        // head dim of q and k

@@ -76,6 +76,8 @@ FwdParams to_params(const mhakit_fwd_args& a) {
     p.seqlen_q = a.is_group_mode ? 0 : a.seqlen_q;
     p.seqlen_k = a.is_group_mode ? 0 : a.seqlen_k;
     p.max_seqlen_q = a.is_group_mode ? a.max_seqlen_q : a.seqlen_q;
+    p.total_q = a.is_group_mode && a.seqlen_q > 0 ? a.seqlen_q : 0;
+    p.total_k = a.is_group_mode && a.seqlen_k > 0 ? a.seqlen_k : 0;
     p.scale = a.scale_s;
     p.scale_log2 = a.scale_s * 1.4426950408889634f;
     p.mask_type = a.mask_type;

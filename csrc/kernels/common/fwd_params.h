@@ -34,6 +34,8 @@ struct FwdParams {
     int seqlen_q;   // batch mode
     int seqlen_k;   // batch mode
     int max_seqlen_q;  // batch mode: == seqlen_q; group mode: bound used to size the grid
+    int total_q;       // group mode: rows of the packed q / o (the caller's seqlen_q), 0 when not given
+    int total_k;       // group mode: rows of the packed k / v (the caller's seqlen_k), 0 when not given
 
     float scale;       // softmax scale applied to q·k
     float scale_log2;  // scale * log2(e), for exp2-based softmax

@@ -44,6 +44,14 @@ MHAKIT_HOST_DEVICE MaskCoord make_mask_coord(int mask_type, int left, int right,
     return c;
 }
 
+// The same coordinate clamped to x in [-seqlen_q, seqlen_k] and y in [-seqlen_k, seqlen_q]: values beyond those
+// bounds select the same keys, and the clamp keeps later sums of lengths and coordinates inside 32 bits.
+MHAKIT_HOST_DEVICE MaskCoord clamp_mask_coord(MaskCoord c, int seqlen_q, int seqlen_k) {
+    c.x = c.x > seqlen_k ? seqlen_k : (c.x < -seqlen_q ? -seqlen_q : c.x);
+    c.y = c.y > seqlen_q ? seqlen_q : (c.y < -seqlen_k ? -seqlen_k : c.y);
+    return c;
+}
+
 // First visible key of row i (may be < 0: clamp at the caller) and one past the last (already clamped to seqlen_k).
 MHAKIT_HOST_DEVICE int mask_key_begin(MaskCoord c, int i) { return i - c.y + 1; }
 MHAKIT_HOST_DEVICE int mask_key_end(MaskCoord c, int i, int seqlen_k) {

@@ -1,6 +1,6 @@
 // mhakit hopper family — backward FMHA on sm_90a (TMA + wgmma + warp specialization), batch mode.
 //
-//   template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+//   template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 //   struct mhakit::hopper::BwdKernel {
 //       static bool supports(const BwdParams& p);           // runtime guard, pure host arithmetic
 //       static size_t workspace_bytes(const BwdParams& p);  // pure host arithmetic
@@ -52,8 +52,9 @@
 
 namespace mhakit::hopper {
 
-template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct BwdKernel {
+    static_assert(!kGroup, "the Hopper backward serves batch mode (the catalogue lists no group-mode instance)");
     using Element = typename DtypeOf<kDtype>::type;
     using Impl = HopperBwdKernelImpl<Element, kHdim, kMasked, kBlockM, kBlockN>;
 

@@ -1,14 +1,18 @@
-// mhakit hopper family — forward FMHA on sm_90a (wgmma + TMA + warp specialization), batch mode.
+// mhakit hopper family — forward FMHA on sm_90a (wgmma + TMA + warp specialization), batch and group mode.
 //
-//   template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+//   template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 //   struct mhakit::hopper::FwdKernel {
 //       static bool supports(const FwdParams& p);                       // runtime guard, launches nothing
 //       static cudaError_t run(const FwdParams& p, cudaStream_t stream); // asynchronous, no allocation, no sync
 //   };
 //
-// Serves: fp16 / bf16 (chosen by kDtype; FwdParams carries no dtype, so the dispatcher must match it); batch mode;
-// hdim_q == hdim_v, a multiple of 8 and <= kHdim (kHdim in {64, 128, 256}; smaller head dims are zero-padded by
-// TMA); any seqlen_q, seqlen_k >= 1; GQA / MQA (nhead_q % nhead_k == 0); LSE (fp32, natural log) when p.lse.
+// Serves: fp16 / bf16 (chosen by kDtype; FwdParams carries no dtype, so the dispatcher must match it); hdim_q ==
+// hdim_v, a multiple of 8 and <= kHdim (kHdim in {64, 128, 256}; smaller head dims are zero-padded by TMA); GQA /
+// MQA (nhead_q % nhead_k == 0); LSE (fp32, natural log) when p.lse.
+// Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths
+// (empty ones included) packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /
+// total_k rows, which the caller must give (FwdParams::total_q / total_k; 0 = unknown and the call goes to the
+// generic family), and each CTA offsets its tiles by its sequence's seqstart (hopper_tile_io.hpp).
 // Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type 1, 2, 3: causal top-left /
 // bottom-right, sliding windows (t:l,r / b:l,r) and CK's generic (y, x). Key tiles outside a block's window are
 // skipped, not just masked.
@@ -40,10 +44,10 @@
 
 namespace mhakit::hopper {
 
-template <mhakit_dtype kDtype, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct FwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = HopperFwdKernelImpl<Element, kHdim, kMasked, kBlockM, kBlockN>;
+    using Impl = HopperFwdKernelImpl<Element, kHdim, kGroup, kMasked, kBlockM, kBlockN>;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -52,7 +56,9 @@ struct FwdKernel {
     // dims, 16-byte alignment).
     static bool supports(const FwdParams& p) {
         if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
-        if (p.seqlen_q < 1 || p.seqlen_k < 1) return false;
+        if (kGroup != (p.seqstart_q != nullptr)) return false;
+        if (kGroup ? (p.total_q < 1 || p.total_k < 1 || p.max_seqlen_q < 1) : (p.seqlen_q < 1 || p.seqlen_k < 1))
+            return false;
         if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
         const auto ok = [](int64_t stride, int64_t extent) { return tma_stride_ok<Element>(stride, extent); };
         // rows: TMA needs the row stride even when a tensor has one row; require it always.
@@ -61,6 +67,7 @@ struct FwdKernel {
         if (!ok(p.q_head_stride, p.nhead_q) || !ok(p.o_head_stride, p.nhead_q) || !ok(p.k_head_stride, p.nhead_k) ||
             !ok(p.v_head_stride, p.nhead_k))
             return false;
+        if (kGroup) return true;  // one batch of packed rows: no batch stride
         if (!ok(p.q_batch_stride, p.batch) || !ok(p.k_batch_stride, p.batch) || !ok(p.v_batch_stride, p.batch) ||
             !ok(p.o_batch_stride, p.batch))
             return false;
@@ -72,20 +79,22 @@ struct FwdKernel {
         const int group = p.nhead_q / p.nhead_k;
         // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
         auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
-        const MaskCoord mc = clamped_mask_coord(p);
-        HopperProblemShape problem =
-            make_tuple(p.batch, make_tuple(group, p.nhead_k), p.seqlen_q, p.seqlen_k, p.hdim_q, mc.x, mc.y);
+        // Group mode: the packed tensors as one batch (the mask coordinate is then made per sequence on the device).
+        const int batch = kGroup ? 1 : p.batch;
+        const MaskCoord mc = kGroup ? MaskCoord{0, 0} : clamped_mask_coord(p);
+        HopperProblemShape problem = make_tuple(batch, make_tuple(group, p.nhead_k), kGroup ? p.total_q : p.seqlen_q,
+                                                kGroup ? p.total_k : p.seqlen_k, p.hdim_q, mc.x, mc.y);
 
         const int64_t qh = fix(p.q_head_stride, p.nhead_q);
         HopperStrideQ dQ = make_stride(p.q_row_stride, _1{},
-                                      make_stride(fix(p.q_batch_stride, p.batch),
+                                      make_stride(fix(p.q_batch_stride, batch),
                                                   make_stride(group > 1 ? qh : int64_t(kAlignElems),
                                                               p.nhead_k > 1 ? qh * group : int64_t(kAlignElems))));
         HopperStrideKV dK = make_stride(p.k_row_stride, _1{},
-                                      make_stride(fix(p.k_batch_stride, p.batch),
+                                      make_stride(fix(p.k_batch_stride, batch),
                                                   make_stride(_0{}, fix(p.k_head_stride, p.nhead_k))));
         HopperStrideKV dV = make_stride(p.v_row_stride, _1{},
-                                      make_stride(fix(p.v_batch_stride, p.batch),
+                                      make_stride(fix(p.v_batch_stride, batch),
                                                   make_stride(_0{}, fix(p.v_head_stride, p.nhead_k))));
 
         typename Impl::Mainloop::Arguments margs{static_cast<Element const*>(p.q), dQ,
@@ -104,6 +113,11 @@ struct FwdKernel {
         params.lse = p.lse;
         params.lse_head = p.lse_head_stride;
         params.lse_batch = p.lse_batch_stride;
+        params.seqstart_q = p.seqstart_q;
+        params.seqstart_k = p.seqstart_k;
+        params.mask_type = p.mask_type;
+        params.window_left = p.window_left;
+        params.window_right = p.window_right;
         return params;
     }
 
@@ -116,7 +130,7 @@ struct FwdKernel {
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;
         const typename Impl::Params params = make_params(p);
-        const dim3 grid = Impl::grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
+        const dim3 grid = Impl::grid((p.max_seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
         const dim3 block(Impl::MaxThreadsPerBlock);
         cutlass::device_kernel<Impl><<<grid, block, Impl::SharedStorageSize, stream>>>(params);
         return cudaGetLastError();

@@ -8,18 +8,14 @@
 
 namespace mhakit::hopper {
 
-// The generic mask coordinate (row i sees keys i - y + 1 <= j < min(i + x, sk)) of a batch-mode problem, clamped to
-// x in [-sq, sk] and y in [-sk, sq]: values beyond those bounds select the same keys, and the clamp keeps the
-// kernels' later sums of lengths and coordinates in range. Params: FwdParams or BwdParams.
+// The generic mask coordinate (row i sees keys i - y + 1 <= j < min(i + x, sk)) of a batch-mode problem, clamped
+// (clamp_mask_coord) so that the kernels' 32-bit sums of lengths and coordinates stay in range. Params: FwdParams or
+// BwdParams. Group mode makes the same coordinate per sequence on the device.
 template <class Params>
 MaskCoord clamped_mask_coord(const Params& p) {
     if (p.mask_type == 0) return MaskCoord{p.seqlen_q, p.seqlen_k};
-    MaskCoord c = make_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k);
-    if (c.x > p.seqlen_k) c.x = p.seqlen_k;
-    if (c.x < -p.seqlen_q) c.x = -p.seqlen_q;
-    if (c.y > p.seqlen_q) c.y = p.seqlen_q;
-    if (c.y < -p.seqlen_k) c.y = -p.seqlen_k;
-    return c;
+    return clamp_mask_coord(make_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k),
+                            p.seqlen_q, p.seqlen_k);
 }
 
 // A stride that TMA sees must be positive and below 2^40 bytes (and a multiple of 16 bytes: the family's

@@ -25,18 +25,20 @@
 
 #include "88_hopper_fmha/collective/fmha_collective_tma_warpspecialized.hpp"
 
+#include "kernels/common/mask.h"
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_hopper_mask.hpp"
 #include "hopper_epilogue.hpp"
 #include "hopper_softmax.hpp"
+#include "hopper_tile_io.hpp"
 #include "hopper_types.hpp"
 
 namespace mhakit::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHdim, bool kMasked, int kBlockM, int kBlockN>
+template <class Element_, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct HopperFwdKernelImpl {
     using Element = Element_;
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
@@ -93,18 +95,48 @@ struct HopperFwdKernelImpl {
     static_assert(SharedStorageSize <= kSmemLimit);
 
     struct Params {
-        HopperProblemShape problem;  // (b, (g, hk), sq, sk, d, x, y)
+        // (b, (g, hk), sq, sk, d, x, y) as the TMA descriptors see the tensors. Group mode: (1, (g, hk), total_q,
+        // total_k, d, -, -), the packed tensors as one batch; the sequences come from seqstart_q / seqstart_k.
+        HopperProblemShape problem;
         typename Mainloop::Params mainloop;
         Element* o;
         int64_t o_row, o_head, o_batch;
         float* lse;
         int64_t lse_head, lse_batch;
+        const int32_t* seqstart_q;  // group mode: [batch + 1] row offsets into the packed tensors
+        const int32_t* seqstart_k;
+        int mask_type, window_left, window_right;  // group mode: each sequence's mask is made on the device
     };
+
+    // The sequence a CTA works on: its first rows in the tensors TMA sees, its lengths and its (clamped) mask.
+    struct Sequence {
+        int q0, k0, sq, sk;
+        MaskCoord mask;
+    };
+    CUTLASS_DEVICE static Sequence sequence(Params const& params, int b) {
+        if constexpr (kGroup) {
+            const int q0 = params.seqstart_q[b], k0 = params.seqstart_k[b];
+            const int sq = params.seqstart_q[b + 1] - q0, sk = params.seqstart_k[b + 1] - k0;
+            MaskCoord c{sq, sk};
+            if constexpr (kMasked)
+                c = clamp_mask_coord(make_mask_coord(params.mask_type, params.window_left, params.window_right, sq, sk),
+                                     sq, sk);
+            return Sequence{q0, k0, sq, sk, c};
+        } else {
+            return Sequence{0, 0, get<2>(params.problem), get<3>(params.problem),
+                            MaskCoord{get<6>(params.problem), get<5>(params.problem)}};
+        }
+    }
+    using Work = typename Scheduler::Work;
 
     static dim3 grid(int m_blocks, int nhead_q, int batch) { return Scheduler::grid(m_blocks, nhead_q, batch); }
 
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
+        const Work work = Scheduler::work();
+        const Sequence seq = sequence(params, work.batch);
+        if (work.block * kBlockM >= seq.sq) return;  // group mode: past this sequence's last query (the whole CTA)
+
         auto& storage = *reinterpret_cast<SharedStorage*>(smem);
         const int warp_idx = cutlass::canonical_warp_idx_sync();
         const int wg_idx = cutlass::canonical_warp_group_idx();
@@ -134,17 +166,15 @@ struct HopperFwdKernelImpl {
         PipelineKV pipe_kv(storage.pipe_kv, pkv, Shape<_1, _1, _1>{});
         __syncthreads();
 
-        const auto work = Scheduler::work();
-        auto blk = make_coord(work.block, _0{}, make_coord(work.batch, work.head));
-        const Mask mask(params.problem);
+        const Mask mask(seq.mask, seq.sq, seq.sk);
         const KeyTiles tiles = mask.key_tiles(work.block);
 
         if (wg_idx == 0) {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
-            if (warp_in_wg == 0) producer(params, storage, pipe_q, pipe_kv, blk, tiles.visit);
+            if (warp_in_wg == 0 && !tiles.visit.empty()) producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit);
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-            consumer(params, storage, pipe_q, pipe_kv, blk, mask, tiles, wg_idx - 1);
+            consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, tiles, wg_idx - 1);
         }
 #endif
     }
@@ -160,24 +190,27 @@ struct HopperFwdKernelImpl {
 
     // One warp: Q tiles of all consumer warpgroups, then K/V tiles visit.begin .. visit.end-1 (K_n and V_n
     // alternate in one ring, so the consumers' wait order is K0 V0 K1 V1 ...).
-    template <class Blk>
     CUTLASS_DEVICE void producer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
-                                 Blk const& blk, TileRange const& visit) {
+                                 Work const& work, Sequence const& seq, TileRange const& visit) {
         using LoadQ = typename Mainloop::LoadQ;
         using LoadK = typename Mainloop::LoadK;
         using LoadV = typename Mainloop::LoadV;
+        using IO = FwdTileIO<TileShapeQK, TileShapePV>;
         const int lane_predicate = cute::elect_one_sync();
         StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
         StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
 
-        LoadQ load_q{params.mainloop.tma_load_q, pipe_q, storage.mainloop.smem_q};
-        auto st_q = load_q.init_state(_0{}, params.problem, TileShapeQK{}, blk, NumMmaWG);
-        LoadK load_k{params.mainloop.tma_load_k, pipe_kv, storage.mainloop.smem_k};
-        auto st_k = load_k.init_state(_0{}, params.problem, TileShapeQK{}, blk, 0);
-        LoadV load_v{params.mainloop.tma_load_v, pipe_kv, storage.mainloop.smem_v};
-        auto st_v = load_v.init_state(_0{}, params.problem, TileShapePV{}, blk, 0);
+        auto const& mp = params.mainloop;
+        auto& sm = storage.mainloop;
+        const auto bh = make_coord(kGroup ? 0 : work.batch, work.head);
+        LoadQ load_q{mp.tma_load_q, pipe_q, sm.smem_q};
+        auto st_q = IO::q(mp.tma_load_q, params.problem, bh, seq.q0, sm.smem_q.data(), SmemLayoutQ{});
+        LoadK load_k{mp.tma_load_k, pipe_kv, sm.smem_k};
+        auto st_k = IO::k(mp.tma_load_k, params.problem, bh, seq.k0, sm.smem_k.data(), SmemLayoutK{});
+        LoadV load_v{mp.tma_load_v, pipe_kv, sm.smem_v};
+        auto st_v = IO::v(mp.tma_load_v, params.problem, bh, seq.k0, sm.smem_v.data(), SmemLayoutV{});
 
-        TileIter q_it{0};
+        TileIter q_it{work.block * NumMmaWG};
         int q_count = NumMmaWG;
         TileIter kv_it{visit.begin};
         int kv_count = 2 * (visit.end - visit.begin);
@@ -194,14 +227,15 @@ struct HopperFwdKernelImpl {
     }
 
     // One consumer warpgroup (64 query rows): S = Q·Kᵀ, mask, online softmax and O += P·V per key tile, with the
-    // P·V of tile n-1 in flight during the softmax of tile n; then the epilogue.
-    template <class Blk>
+    // P·V of tile n-1 in flight during the softmax of tile n; then the epilogue. A sequence without keys visits no
+    // tile and goes straight to the epilogue (O = 0, LSE = -inf).
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
-                                 Blk const& blk, Mask const& mask, KeyTiles const& tiles, int wg) {
+                                 Work const& work, Sequence const& seq, Mask const& mask, KeyTiles const& tiles,
+                                 int wg) {
         using namespace cutlass::fmha::collective;
 
         const int tidx = int(threadIdx.x % 128);
-        const int row0 = int(get<0>(blk)) * kBlockM + wg * 64;  // first query row of this warpgroup
+        const int row0 = work.block * kBlockM + wg * 64;  // first query row of this warpgroup
         const float scale_log2 = params.mainloop.scale_softmax_log2;
 
         TiledMmaQK mma_qk;
@@ -257,74 +291,76 @@ struct HopperFwdKernelImpl {
             if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
         };
 
-        // Ping-pong: warpgroup w waits for its turn, issues its wgmmas, hands the turn to w + 1. The last
-        // warpgroup opens the round with an extra arrive and skips its final one.
-        using cutlass::arch::NamedBarrier;
-        auto sched_sync = [&] {
-            if constexpr (NumMmaWG > 1) NamedBarrier::sync(2 * 128, kBarSched + wg);
-        };
-        auto sched_arrive = [&](bool last) {
+        if (!tiles.visit.empty()) {
+            // Ping-pong: warpgroup w waits for its turn, issues its wgmmas, hands the turn to w + 1. The last
+            // warpgroup opens the round with an extra arrive and skips its final one.
+            using cutlass::arch::NamedBarrier;
+            auto sched_sync = [&] {
+                if constexpr (NumMmaWG > 1) NamedBarrier::sync(2 * 128, kBarSched + wg);
+            };
+            auto sched_arrive = [&](bool last) {
+                if constexpr (NumMmaWG > 1) {
+                    if (!(last && wg == NumMmaWG - 1)) NamedBarrier::arrive(2 * 128, kBarSched + (wg + 1) % NumMmaWG);
+                }
+            };
             if constexpr (NumMmaWG > 1) {
-                if (!(last && wg == NumMmaWG - 1)) NamedBarrier::arrive(2 * 128, kBarSched + (wg + 1) % NumMmaWG);
+                if (wg == NumMmaWG - 1) NamedBarrier::arrive(2 * 128, kBarSched + 0);
             }
-        };
-        if constexpr (NumMmaWG > 1) {
-            if (wg == NumMmaWG - 1) NamedBarrier::arrive(2 * 128, kBarSched + 0);
-        }
 
-        pipe_q.consumer_wait(rq);
+            pipe_q.consumer_wait(rq);
 
-        // ---- first tile: S = Q K^T, softmax ----
-        sched_sync();
-        issue_qk(rkv);
-        sched_arrive(tiles.visit.end - tiles.visit.begin == 1);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_s);
-        pipe_kv.consumer_release(rkv);
-        ++rkv;  // -> V0
-        mask_tile(tiles.visit.begin);
-        softmax.template update<true>(s_mn, scale_log2);
-        detail::pack_fragment<Element>(acc_s, tOrP);  // P: the A operand (registers) of P·V
-
-        // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (int n = tiles.visit.begin + 1; n < tiles.visit.end; ++n) {
-            StateKV rv = rkv;  // V_{n-1}
-            ++rkv;             // K_n
+            // ---- first tile: S = Q K^T, softmax ----
             sched_sync();
             issue_qk(rkv);
-            issue_pv(rv);
-            sched_arrive(n == tiles.visit.end - 1);
-
-            warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
+            sched_arrive(tiles.visit.end - tiles.visit.begin == 1);
+            warpgroup_wait<0>();
             warpgroup_fence_operand(acc_s);
             pipe_kv.consumer_release(rkv);
-            mask_tile(n);
-            softmax.template update<false>(s_mn, scale_log2);
+            ++rkv;  // -> V0
+            mask_tile(tiles.visit.begin);
+            softmax.template update<true>(s_mn, scale_log2);
+            detail::pack_fragment<Element>(acc_s, tOrP);  // P: the A operand (registers) of P·V
 
+            // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
+            CUTLASS_PRAGMA_NO_UNROLL
+            for (int n = tiles.visit.begin + 1; n < tiles.visit.end; ++n) {
+                StateKV rv = rkv;  // V_{n-1}
+                ++rkv;             // K_n
+                sched_sync();
+                issue_qk(rkv);
+                issue_pv(rv);
+                sched_arrive(n == tiles.visit.end - 1);
+
+                warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
+                warpgroup_fence_operand(acc_s);
+                pipe_kv.consumer_release(rkv);
+                mask_tile(n);
+                softmax.template update<false>(s_mn, scale_log2);
+
+                warpgroup_wait<0>();
+                warpgroup_fence_operand(acc_o);
+                pipe_kv.consumer_release(rv);
+                softmax.rescale(o_mn);
+                detail::pack_fragment<Element>(acc_s, tOrP);
+                ++rkv;  // -> V_n
+            }
+
+            // ---- last P·V ----
+            issue_pv(rkv);
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc_o);
-            pipe_kv.consumer_release(rv);
-            softmax.rescale(o_mn);
-            detail::pack_fragment<Element>(acc_s, tOrP);
-            ++rkv;  // -> V_n
+            pipe_kv.consumer_release(rkv);
         }
-
-        // ---- last P·V ----
-        issue_pv(rkv);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_o);
-        pipe_kv.consumer_release(rkv);
 
         // ---- normalise, LSE, O ----
         float lse[R];
         softmax.finalize(o_mn, params.mainloop.scale_softmax, lse);
-        const int b = int(get<2, 0>(blk));
-        const int h = int(get<2, 1>(blk));
+        const int64_t h = work.head;
+        const int64_t o_seq = kGroup ? int64_t(seq.q0) * params.o_row : int64_t(work.batch) * params.o_batch;
+        const int64_t lse_seq = kGroup ? int64_t(seq.q0) : int64_t(work.batch) * params.lse_batch;
         const FwdEpilogue<Element, kHdim> epi{
-            params.lse != nullptr ? params.lse + b * params.lse_batch + h * params.lse_head : nullptr,
-            params.o + b * params.o_batch + h * params.o_head, params.o_row, get<2>(params.problem),
-            get<4>(params.problem), row0};
+            params.lse != nullptr ? params.lse + lse_seq + h * params.lse_head : nullptr,
+            params.o + o_seq + h * params.o_head, params.o_row, seq.sq, get<4>(params.problem), row0};
         epi.store_lse(lse, c_mn);
         Tensor sO = sQ(_, _, rq.index());  // (64, kHdim), swizzled: this warpgroup's Q buffer, free now
         epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);

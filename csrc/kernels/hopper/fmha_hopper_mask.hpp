@@ -2,8 +2,8 @@
 // kernels/common/mask_geometry.h) and the element-wise mask on a warpgroup's S accumulator.
 //
 // A CTA owns query rows [r0, r1] (r1 = min(r0 + BM, sq) - 1) and visits key tiles [visit.begin, visit.end) in
-// ascending order; tiles in `full` are visible to every row of the block and skip the element-wise mask. A block
-// always visits at least one tile, so rows that see no key at all still finish with O = 0 and LSE = -inf.
+// ascending order; tiles in `full` are visible to every row of the block and skip the element-wise mask. A block of
+// a sequence with keys visits at least one tile, so rows that see no key still finish with O = 0 and LSE = -inf.
 #pragma once
 
 #include "cute/tensor.hpp"
@@ -26,14 +26,16 @@ struct ForwardMask {
     using Geometry = MaskGeometry<kMasked, int>;
     Geometry geom;
 
-    CUTLASS_HOST_DEVICE explicit ForwardMask(HopperProblemShape const& ps)
-        : geom(Geometry::from_coord(MaskCoord{cute::get<6>(ps), cute::get<5>(ps)}, cute::get<2>(ps),
-                                                 cute::get<3>(ps))) {}
+    // One sequence of sq queries and sk keys with its clamped coordinate (clamp_mask_coord).
+    CUTLASS_HOST_DEVICE ForwardMask(MaskCoord c, int sq, int sk) : geom(Geometry::from_coord(c, sq, sk)) {}
 
+    // The tiles of query block m_block. Empty only when the sequence has no key (sk = 0, group mode): the block then
+    // loads nothing and writes O = 0, LSE = -inf.
     CUTLASS_HOST_DEVICE KeyTiles key_tiles(int m_block) const {
         const int r0 = m_block * kBlockM;
         const int r1 = (r0 + kBlockM < geom.sq ? r0 + kBlockM : geom.sq) - 1;
         KeyTiles t{geom.template key_tiles<kBlockN>(r0, r1), geom.template full_key_tiles<kBlockN>(r0, r1)};
+        if (geom.sk == 0) return KeyTiles{TileRange{0, 0}, TileRange{0, 0}};
         if (t.visit.empty()) {  // no row of this block sees any key: visit one (fully masked) tile
             const int n_tiles = (geom.sk + kBlockN - 1) / kBlockN;  // sk >= 1
             const int n = t.visit.begin < n_tiles ? t.visit.begin : n_tiles - 1;

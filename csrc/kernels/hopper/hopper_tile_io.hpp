@@ -1,0 +1,60 @@
+// mhakit hopper family — the forward's TMA tile I/O: for one (batch, head) of the tensors TMA sees, the source
+// (global, as TMA coordinates) and destination (shared memory) partitions of a CTA's Q, K and V tiles, for a sequence
+// whose first row sits at row q_row0 / k_row0 of those tensors: 0 in batch mode (the batch is a TMA mode of its own),
+// the packed offset seqstart[b] in group mode (the tensors are then one batch of all tokens, and a tile that runs
+// past its sequence reads the next sequence's rows: the mask hides keys past seqlen_k, the epilogue never writes
+// rows past seqlen_q, and TMA zero-fills past the packed tensor's end).
+//
+// A partition pair is what CollectiveLoadTma::step (CUTLASS example 88) copies: tile t of the source into stage s of
+// the destination.
+#pragma once
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+
+namespace mhakit::hopper {
+
+template <class TileShapeQK, class TileShapePV>
+struct FwdTileIO {
+    // Q: (64, hdim) tiles down the query rows; warpgroup w of query block m reads tile m * NumMmaWG + w.
+    // problem: (b, (g, hk), sq, sk, d, ...) as the TMA descriptors were made; bh: (batch, query head).
+    template <class Tma, class Problem, class BH, class Element, class SmemLayout>
+    CUTLASS_DEVICE static auto q(Tma const& tma, Problem const& problem, BH const& bh, int q_row0, Element* smem,
+                                 SmemLayout const& layout) {
+        using namespace cute;
+        Tensor m = tma.get_tma_tensor(make_shape(get<2>(problem), get<4>(problem), select<0, 1>(problem)))(_, _, bh);
+        Tensor g = local_tile(domain_offset(make_coord(q_row0, _0{}), m), select<0, 2>(TileShapeQK{}),
+                              make_coord(_, _0{}));
+        return partition(tma, g, smem, layout);
+    }
+    // K: (block_n, hdim) tiles down the keys.
+    template <class Tma, class Problem, class BH, class Element, class SmemLayout>
+    CUTLASS_DEVICE static auto k(Tma const& tma, Problem const& problem, BH const& bh, int k_row0, Element* smem,
+                                 SmemLayout const& layout) {
+        using namespace cute;
+        Tensor m = tma.get_tma_tensor(make_shape(get<3>(problem), get<4>(problem), select<0, 1>(problem)))(_, _, bh);
+        Tensor g = local_tile(domain_offset(make_coord(k_row0, _0{}), m), select<1, 2>(TileShapeQK{}),
+                              make_coord(_, _0{}));
+        return partition(tma, g, smem, layout);
+    }
+    // V, seen transposed (hdim, keys): (hdim, block_n) tiles along the keys.
+    template <class Tma, class Problem, class BH, class Element, class SmemLayout>
+    CUTLASS_DEVICE static auto v(Tma const& tma, Problem const& problem, BH const& bh, int k_row0, Element* smem,
+                                 SmemLayout const& layout) {
+        using namespace cute;
+        Tensor m = tma.get_tma_tensor(make_shape(get<4>(problem), get<3>(problem), select<0, 1>(problem)))(_, _, bh);
+        Tensor g = local_tile(domain_offset(make_coord(_0{}, k_row0), m), select<1, 2>(TileShapePV{}),
+                              make_coord(_0{}, _));
+        return partition(tma, g, smem, layout);
+    }
+
+  private:
+    template <class Tma, class TensorG, class Element, class SmemLayout>
+    CUTLASS_DEVICE static auto partition(Tma const& tma, TensorG const& g, Element* smem, SmemLayout const& layout) {
+        using namespace cute;
+        auto cta = tma.get_slice(_0{});
+        return make_tuple(cta.partition_S(g), cta.partition_D(make_tensor(make_smem_ptr(smem), layout)));
+    }
+};
+
+}  // namespace mhakit::hopper
