@@ -2,7 +2,8 @@
 # mhakit forward smoke test: aiter's smoke_test_fwd.sh grid, restricted to what mhakit supports
 # (no bias, no dropout, no split-kv / paged kv-cache, row-major V):
 #   prec {fp16, bf16} x mode {1, 0} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x lse {0, 1},
-#   nine shapes each (GQA, d != d_v, causal top-left / bottom-right, sliding windows, empty K, s_q = 1).
+#   nine shapes each (GQA, d != d_v, causal top-left / bottom-right, sliding windows, empty K, s_q = 1); then group
+#   mode with per-sequence lengths: prec x perm {0, 1} x hdim {64, 128, 256} x lse {0, 1}, three shapes each.
 # Every run validates against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_fwd in the current directory.
@@ -14,7 +15,7 @@ usage() {
 usage: smoke_test_fwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and lse=1 only (144 runs instead of 576)
+  -q        quick subset: fp16 and lse=1 only (162 runs instead of 648)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -54,6 +55,21 @@ for lse in $LSES; do
     run -prec="$prec" -mode="$mode" -b=1 -h=2 -h_k=1 -d="$hdim" -s=33 -s_k=0 "${p[@]}" -mask=2
     run -prec="$prec" -mode="$mode" -b=1 -h=2 -h_k=1 -d="$hdim" -s=1 -s_k=10 "${p[@]}" -mask=2
 done
+done
+done
+done
+done
+
+# Group mode with per-sequence lengths (seqlen_q != seqlen_k, empty sequences on either side, tiles that cross into
+# the next sequence) on the equal head dims that the Hopper family serves; both layouts (perm).
+for prec in $PRECS; do
+for perm in 0 1; do
+for hdim in 64 128 256; do
+for lse in $LSES; do
+    p=(-mode=1 -lse="$lse" -iperm="$perm" -operm="$perm" -d="$hdim")
+    run -prec="$prec" "${p[@]}" -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -mask=t
+    run -prec="$prec" "${p[@]}" -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -mask=b:40,9
+    run -prec="$prec" "${p[@]}" -b=2 -h=6 -h_k=1 -s=1000,129 -s_k=257,1100
 done
 done
 done

@@ -11,10 +11,10 @@ from codegen.ninja import Compile, Executable, NinjaFile
 from codegen.spec import Algorithm, Guards, KernelSpec, Signature
 
 
-def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mode="batch", mask="nmask"):
+def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mode="batch", mask="nmask", api="fwd"):
     tile = (("block_m", 64), ("block_n", 64), ("warps", 4))
-    fam = catalogue.load("cuda").family("fwd", family)
-    return KernelSpec(Signature("fwd", dtype, hq, hv, mode, mask), Algorithm(family, arch, tile), 1,
+    fam = catalogue.load("cuda").family(api, family)
+    return KernelSpec(Signature(api, dtype, hq, hv, mode, mask), Algorithm(family, arch, tile), 1,
                       f"instance_{family}.cu.j2", Guards.of(fam))
 
 
@@ -65,7 +65,7 @@ class TestRules:
 
     @pytest.mark.parametrize("kwargs, reason", [
         (dict(family="hopper", hq=192, hv=128), "hdim_q == hdim_v"),
-        (dict(family="hopper", mode="group"), "group mode"),
+        (dict(family="hopper", mode="group", api="bwd"), "group mode"),
         (dict(family="hopper", arch="sm_80"), "sm_90a"),
         (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=100), "multiple of 8"),
@@ -93,8 +93,9 @@ class TestNames:
 class TestProfiles:
     def test_counts(self):
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4
-        # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x batch x 2 masks
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12
+        # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x 2 modes x 2 masks
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 24
+        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12  # hopper bwd: batch mode only
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40
 
     def test_v3_keeps_only_the_hopper_family(self):
@@ -106,7 +107,7 @@ class TestProfiles:
         assert sel.specs and all("d64_fp16" in s.name for s in sel.specs)
         glob = profiles.select("fwd", "sm_90a", "default", "*hopper*")
         assert {s.algorithm.family for s in glob.specs} == {"hopper"}
-        both = profiles.select("fwd", "sm_90a", "default", "d64_fp16_batch_nmask*generic*,d256_bf16_group_mask")
+        both = profiles.select("fwd", "sm_90a", "default", "d64_fp16_batch_nmask*generic*,d256_bf16_group_mask*generic*")
         assert len(both.specs) == 2
 
     def test_errors_are_one_clear_sentence(self):

@@ -39,8 +39,8 @@ def fake_toolchain(arch="sm_90a", version="13.0.88", path="/opt/fake-cuda/bin/nv
                               version=version, cutlass=Path("/opt/fake-cutlass"))
 
 
-def entry(dtype="bf16", hq=128, hv=128, mode="batch", masked=False, arch="sm_90a"):
-    return jit.derive_entry("fwd", arch, dtype, hq, hv, mode, masked)
+def entry(dtype="bf16", hq=128, hv=128, mode="batch", masked=False, arch="sm_90a", api="fwd"):
+    return jit.derive_entry(api, arch, dtype, hq, hv, mode, masked)
 
 
 class FakeBuilder:
@@ -87,8 +87,11 @@ class TestDerive:
     def test_tightest_bucket_per_family(self, hq, hv, expected):
         assert entry("fp16", hq, hv).instance_names == expected
 
-    def test_group_mode_and_other_arches_are_generic_only(self):
-        assert entry(mode="group").instance_names == ["fwd_d128_bf16_group_nmask_sm90a_generic_b128x64w4"]
+    def test_group_mode_and_other_arches(self):
+        assert entry(mode="group").instance_names == ["fwd_d128_bf16_group_nmask_sm90a_hopper_b128x128",
+                                                      "fwd_d128_bf16_group_nmask_sm90a_generic_b128x64w4"]
+        assert entry(api="bwd", mode="group").instance_names == [
+            "bwd_d128_bf16_group_nmask_sm90a_generic_b64x64w4"]
         assert entry(arch="sm_80").instance_names == ["fwd_d128_bf16_batch_nmask_sm80_generic_b128x64w4"]
         assert entry(arch="sm_100", mode="group", masked=True).instance_names == [
             "fwd_d128_bf16_group_mask_sm100_generic_b128x64w4"]
