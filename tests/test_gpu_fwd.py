@@ -76,7 +76,7 @@ GROUP_CASES = [
     ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, False, "0", "hopper"),
     ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, True, "t", "hopper"),
     ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, False, "b", "generic"),
-    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, False, "t:16,3", "generic"),
+    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, False, "t:16,3", "hopper"),  # d32 on the d64 instance
     ("bf16", 2, 2, [90, 17], [0, 33], 256, 256, True, "b:4,35", "hopper"),
     # Hopper group mode: tiles that cross into the next sequence, empty sequences on both sides, every mask kind
     ("bf16", 8, 2, [300, 1, 0, 129, 517], [257, 64, 9, 0, 1000], 128, 128, False, "b", "hopper"),
