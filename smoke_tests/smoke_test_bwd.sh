@@ -4,7 +4,8 @@
 #   prec {fp16, bf16} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x mode {0, 1}, six shapes each
 #   (GQA, s != s_k, causal top-left / bottom-right, sliding windows t:128,30 and b:4,35), 192 runs;
 # then deterministic runs (-deterministic=1; with -v=1 the benchmark also runs the backward twice and requires
-# bitwise-identical dQ / dK / dV): prec x mode x hdim x three of the shapes, 48 runs.
+# bitwise-identical dQ / dK / dV): prec x mode x hdim x three of the shapes, 48 runs; then group mode with
+# per-sequence lengths: prec x perm x hdim {64, 128, 256} x three shapes, 36 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
@@ -16,7 +17,7 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (72 runs instead of 240)
+  -q        quick subset: fp16 and iperm=operm=1 only (81 runs instead of 276)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -64,6 +65,19 @@ for hdim in 32 64 128 256; do
     run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259
     run "${p[@]}" -b=1 -h=2 -s=900 -s_k=258 -mask=2
     run "${p[@]}" -b=2 -h=3 -h_k=1 -s=244 -s_k=499 -mask=b:4,35
+done
+done
+done
+
+# Group mode with per-sequence lengths (seqlen_q != seqlen_k, empty sequences on either side, tiles that cross into
+# the next sequence) on the equal head dims that the Hopper family serves.
+for prec in $PRECS; do
+for perm in $PERMS; do
+for hdim in 64 128 256; do
+    p=(-prec="$prec" -mode=1 -iperm="$perm" -operm="$perm" -d="$hdim")
+    run "${p[@]}" -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -mask=t
+    run "${p[@]}" -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -mask=b:40,9
+    run "${p[@]}" -b=2 -h=6 -h_k=1 -s=1000,129 -s_k=257,1100
 done
 done
 done

@@ -65,7 +65,6 @@ class TestRules:
 
     @pytest.mark.parametrize("kwargs, reason", [
         (dict(family="hopper", hq=192, hv=128), "hdim_q == hdim_v"),
-        (dict(family="hopper", mode="group", api="bwd"), "group mode"),
         (dict(family="hopper", arch="sm_80"), "sm_90a"),
         (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=100), "multiple of 8"),
@@ -95,7 +94,7 @@ class TestProfiles:
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x 2 modes x 2 masks
         assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 24
-        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12  # hopper bwd: batch mode only
+        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 24
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40
 
     def test_v3_keeps_only_the_hopper_family(self):

@@ -104,17 +104,23 @@ def test_batch_mode_gradients_match_reference(lib, case):
 
 
 GROUP_CASES = [
-    # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, mask, deterministic
-    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, "0", False),
-    ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, "t", True),
-    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, "b", False),
-    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, "t:16,3", False),
+    # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, mask, deterministic, family (the runtime's choice, checked)
+    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, "0", False, "hopper"),
+    ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, "t", True, "generic"),  # deterministic: generic only
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, "b", False, "generic"),
+    ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, "t:16,3", False, "hopper"),  # d32 on the Hopper d64 instance
+    # Hopper group mode: tiles crossing into the next sequence, empty sequences on both sides, every mask kind, GQA
+    ("bf16", 8, 2, [300, 1, 0, 129, 517], [257, 64, 9, 0, 1000], 128, 128, "b", False, "hopper"),
+    ("fp16", 4, 4, [200, 333], [777, 45], 128, 128, "t:50,20", False, "hopper"),
+    ("bf16", 6, 3, [191, 193, 385], [190, 500, 64], 64, 64, "g:40,9", False, "hopper"),
+    ("fp16", 2, 1, [129, 64, 1], [1, 300, 257], 256, 256, "b:0,0", False, "hopper"),
+    ("bf16", 4, 1, [1000, 24], [1000, 24], 64, 64, "0", False, "hopper"),
 ]
 
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
 def test_group_mode_gradients_match_reference(lib, case):
-    dtype, hq, hk, lens_q, lens_k, d, dv, mask, deterministic = case
+    dtype, hq, hk, lens_q, lens_k, d, dv, mask, deterministic, family = case
     rng = np.random.default_rng(sum(lens_q) * 13 + sum(lens_k))
     m = reference.parse_mask(mask)
     cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -137,12 +143,13 @@ def test_group_mode_gradients_match_reference(lib, case):
     seq_q, seq_k = cp.asarray(cu_q), cp.asarray(cu_k)
     kwargs = dict(dtype=dtype, q_ptr=q.ptr, k_ptr=k.ptr, v_ptr=v.ptr, o_ptr=o.ptr, lse_ptr=int(lse.data.ptr),
                   do_ptr=do.ptr, dq_ptr=dq.ptr, dk_ptr=dk.ptr, dv_ptr=dv_.ptr, batch=len(lens_q), nhead_q=hq,
-                  nhead_k=hk, hdim_q=d, hdim_v=dv, q_strides=q.strides, k_strides=k.strides, v_strides=v.strides,
-                  o_strides=o.strides, lse_strides=(0, tq), seqstart_q_ptr=int(seq_q.data.ptr),
+                  nhead_k=hk, hdim_q=d, hdim_v=dv, seqlen_q=tq, seqlen_k=tk, q_strides=q.strides,
+                  k_strides=k.strides, v_strides=v.strides, o_strides=o.strides, lse_strides=(0, tq),
+                  seqstart_q_ptr=int(seq_q.data.ptr),
                   seqstart_k_ptr=int(seq_k.data.ptr), max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
                   mask_type=m.mask_type, window_left=m.left, window_right=m.right)
     name, _ = run_bwd(lib, kwargs, deterministic)
-    assert "_group_" in name
+    assert "_group_" in name and f"_{family}_" in name, name
     ref_dq, ref_dk, ref_dv = reference.attention_varlen_bwd(
         packed(qr), packed(kr), packed(vr), packed(dor), cu_q, cu_k, o=o_rounded, mask_type=m.mask_type,
         window_left=m.left, window_right=m.right)

@@ -262,7 +262,7 @@ int run(int argc, char** argv) {
     args.lse_ptr = lse ? lse_dev.get() : nullptr;
     args.seqstart_q_ptr = group ? static_cast<const int32_t*>(seqstart_q_dev.get()) : nullptr;
     args.seqstart_k_ptr = group ? static_cast<const int32_t*>(seqstart_k_dev.get()) : nullptr;
-    args.seqlen_q = int(shape_sq);  // group mode: ignored by the library
+    args.seqlen_q = int(shape_sq);  // group mode: the packed row counts (TMA bounds of the Hopper kernels)
     args.seqlen_k = int(shape_sk);
     args.batch = batch;
     args.max_seqlen_q = max_seqlen_q;

@@ -43,8 +43,8 @@ typedef struct mhakit_bwd_args {
     const int32_t* seqstart_q_ptr;  // group mode only: device array [batch + 1]
     const int32_t* seqstart_k_ptr;  // group mode only: device array [batch + 1]
 
-    int seqlen_q;      // batch mode
-    int seqlen_k;      // batch mode
+    int seqlen_q;      // batch mode; group mode: rows of the packed q / o / do / dq (0: not given; see mha_fwd.h)
+    int seqlen_k;      // batch mode; group mode: rows of the packed k / v / dk / dv (0: not given)
     int batch;
     int max_seqlen_q;  // group mode: >= every sequence's query length
     int max_seqlen_k;  // group mode: >= every sequence's key length

@@ -92,6 +92,8 @@ BwdParams to_params(const mhakit_bwd_args& a) {
     p.seqlen_k = a.is_group_mode ? 0 : a.seqlen_k;
     p.max_seqlen_q = a.is_group_mode ? a.max_seqlen_q : a.seqlen_q;
     p.max_seqlen_k = a.is_group_mode ? a.max_seqlen_k : a.seqlen_k;
+    p.total_q = a.is_group_mode && a.seqlen_q > 0 ? a.seqlen_q : 0;
+    p.total_k = a.is_group_mode && a.seqlen_k > 0 ? a.seqlen_k : 0;
     p.scale = a.scale;
     p.scale_log2 = a.scale * 1.4426950408889634f;
     p.mask_type = a.mask_type;

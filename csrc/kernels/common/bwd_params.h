@@ -44,6 +44,8 @@ struct BwdParams {
     int seqlen_k;      // batch mode
     int max_seqlen_q;  // batch mode: == seqlen_q
     int max_seqlen_k;  // batch mode: == seqlen_k
+    int total_q;       // group mode: rows of the packed q / o / do / dq (the caller's seqlen_q), 0 when not given
+    int total_k;       // group mode: rows of the packed k / v / dk / dv (the caller's seqlen_k), 0 when not given
 
     float scale;
     float scale_log2;  // scale * log2(e)

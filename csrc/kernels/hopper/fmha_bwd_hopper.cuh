@@ -1,4 +1,4 @@
-// mhakit hopper family — backward FMHA on sm_90a (TMA + wgmma + warp specialization), batch mode.
+// mhakit hopper family — backward FMHA on sm_90a (TMA + wgmma + warp specialization), batch and group mode.
 //
 //   template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 //   struct mhakit::hopper::BwdKernel {
@@ -11,9 +11,11 @@
 // (2) main kernel — one CTA per (key block, kv head, batch) recomputes P and accumulates dK, dV in registers and dQ
 // into the workspace (fmha_bwd_hopper_kernel.hpp); (3) convert — dQ = scale·accumulator into dq's dtype/strides.
 //
-// Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); batch mode only
-// (group mode: refused); hdim_q == hdim_v, a multiple of 8, <= kHdim (kHdim in {64, 128, 256}; smaller head dims
-// are zero-padded by TMA); any seqlen_q, seqlen_k >= 1; GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head
+// Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q == hdim_v, a
+// multiple of 8, <= kHdim (kHdim in {64, 128, 256}; smaller head dims are zero-padded by TMA); batch mode (kGroup =
+// false: any seqlen_q, seqlen_k >= 1) and group mode (kGroup = true: sequences of any lengths, empty ones included,
+// packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q / total_k rows, which the
+// caller must give — 0 sends the call to the generic family); GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head
 // loops over its query heads); deterministic = false only (dQ is accumulated with fp32 reductions in arbitrary
 // order: the catalogue's `deterministic = false` makes the runtime refuse deterministic calls). Masks: kMasked = false serves mask_type 0; kMasked = true serves
 // mask_type 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see
@@ -26,7 +28,8 @@
 // atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
 // kBlockM in {64, 128}, kBlockN in {64, 128} with kHdim + kBlockM <= 192 when kBlockN = 128.
 //
-// Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM), times batch·nhead_q.
+// Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM), times batch·nhead_q
+// (group mode: max_seqlen_q rows per sequence).
 //
 // Build: nvcc -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -O3
 //        -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUTLASS/examples -I<repo>/csrc -I<repo>/csrc/include
@@ -54,9 +57,8 @@ namespace mhakit::hopper {
 
 template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct BwdKernel {
-    static_assert(!kGroup, "the Hopper backward serves batch mode (the catalogue lists no group-mode instance)");
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = HopperBwdKernelImpl<Element, kHdim, kMasked, kBlockM, kBlockN>;
+    using Impl = HopperBwdKernelImpl<Element, kHdim, kGroup, kMasked, kBlockM, kBlockN>;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -68,61 +70,78 @@ struct BwdKernel {
     // The run-time guard beyond what the runtime already checked: the validator (head dims, heads, mask type,
     // pointers), the instance's traits (dtype, mode, head-dim bucket) and the family's static guards from the
     // catalogue (equal head dims, not deterministic, 16-byte alignment).
+    // Rows (and batches) as the TMA descriptors see them: group mode: the packed row counts, in one batch.
+    static int tma_rows_q(const BwdParams& p) { return kGroup ? p.total_q : p.seqlen_q; }
+    static int tma_rows_k(const BwdParams& p) { return kGroup ? p.total_k : p.seqlen_k; }
+    static int tma_batch(const BwdParams& p) { return kGroup ? 1 : p.batch; }
+    // Query rows per sequence that the workspace and the light kernels' grids cover.
+    static int rows_q(const BwdParams& p) { return kGroup ? p.max_seqlen_q : p.seqlen_q; }
+
     static bool supports(const BwdParams& p) {
         if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
-        if (p.seqlen_q < 1 || p.seqlen_k < 1) return false;
-        if (int64_t(p.seqlen_q) + kBlockM > int64_t(INT32_MAX)) return false;
-        if ((int64_t(p.seqlen_k) + kBlockN - 1) / kBlockN > int64_t(INT32_MAX)) return false;
+        if (kGroup != (p.seqstart_q != nullptr)) return false;
+        if (tma_rows_q(p) < 1 || tma_rows_k(p) < 1 || rows_q(p) < 1) return false;
+        if (kGroup && p.max_seqlen_k < 1) return false;
+        if (int64_t(tma_rows_q(p)) + kBlockM > int64_t(INT32_MAX)) return false;
+        if ((int64_t(tma_rows_k(p)) + kBlockN - 1) / kBlockN > int64_t(INT32_MAX)) return false;
         if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
-        if (!ok_tensor(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.nhead_q, p.batch)) return false;
-        if (!ok_tensor(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.nhead_k, p.batch)) return false;
-        if (!ok_tensor(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p.nhead_k, p.batch)) return false;
-        if (!ok_tensor(p.o, p.o_row_stride, p.o_head_stride, p.o_batch_stride, p.nhead_q, p.batch)) return false;
-        if (!ok_tensor(p.dout, p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.nhead_q, p.batch)) return false;
-        if (!ok_tensor(p.dq, p.dq_row_stride, p.dq_head_stride, p.dq_batch_stride, p.nhead_q, p.batch)) return false;
-        if (!ok_tensor(p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.nhead_k, p.batch)) return false;
-        if (!ok_tensor(p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, p.nhead_k, p.batch)) return false;
+        const int nb = tma_batch(p);
+        if (!ok_tensor(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.nhead_q, nb)) return false;
+        if (!ok_tensor(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.nhead_k, nb)) return false;
+        if (!ok_tensor(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p.nhead_k, nb)) return false;
+        if (!ok_tensor(p.o, p.o_row_stride, p.o_head_stride, p.o_batch_stride, p.nhead_q, nb)) return false;
+        if (!ok_tensor(p.dout, p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.nhead_q, nb)) return false;
+        if (!ok_tensor(p.dq, p.dq_row_stride, p.dq_head_stride, p.dq_batch_stride, p.nhead_q, nb)) return false;
+        if (!ok_tensor(p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.nhead_k, nb)) return false;
+        if (!ok_tensor(p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, p.nhead_k, nb)) return false;
         return true;
     }
 
     static size_t workspace_bytes(const BwdParams& p) {
-        const int sq = p.seqstart_q != nullptr ? p.max_seqlen_q : p.seqlen_q;
-        if (p.batch < 1 || p.nhead_q < 1 || sq < 1) return 0;
-        return bwd::WorkspaceLayout(p.batch, p.nhead_q, sq, kBlockM, kHdim).total;
+        if (p.batch < 1 || p.nhead_q < 1 || rows_q(p) < 1) return 0;
+        return bwd::WorkspaceLayout(p.batch, p.nhead_q, rows_q(p), kBlockM, kHdim).total;
     }
 
     static typename Impl::Params make_params(const BwdParams& p, const bwd::WorkspaceLayout& ws) {
         using namespace cute;
         // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
         auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
+        const int nb = tma_batch(p);
         auto tma_for = [&](const void* ptr, int seqlen, int nhead, int64_t row, int64_t head, int64_t batch,
                            auto slayout) {
             Tensor t = make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                                   make_shape(seqlen, p.hdim_q, nhead, p.batch),
-                                   make_stride(fix(row, seqlen), _1{}, fix(head, nhead), fix(batch, p.batch)));
+                                   make_shape(seqlen, p.hdim_q, nhead, nb),
+                                   make_stride(fix(row, seqlen), _1{}, fix(head, nhead), fix(batch, nb)));
             return make_tma_copy(SM90_TMA_LOAD{}, t, slayout);
         };
-        const MaskCoord mc = clamped_mask_coord(p);
+        const int sq = tma_rows_q(p), sk = tma_rows_k(p);
+        const MaskCoord mc = kGroup ? MaskCoord{0, 0} : clamped_mask_coord(p);
         char* wsb = static_cast<char*>(p.workspace);
 
         typename Impl::Params params{};
-        params.tma_q = tma_for(p.q, p.seqlen_q, p.nhead_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+        params.tma_q = tma_for(p.q, sq, p.nhead_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
                                typename Impl::SmemLayoutQ1{});
-        params.tma_do = tma_for(p.dout, p.seqlen_q, p.nhead_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride,
+        params.tma_do = tma_for(p.dout, sq, p.nhead_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride,
                                 typename Impl::SmemLayoutDO1{});
-        params.tma_k = tma_for(p.k, p.seqlen_k, p.nhead_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+        params.tma_k = tma_for(p.k, sk, p.nhead_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
                                typename Impl::SmemLayoutK{});
-        params.tma_v = tma_for(p.v, p.seqlen_k, p.nhead_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+        params.tma_v = tma_for(p.v, sk, p.nhead_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
                                typename Impl::SmemLayoutK{});
         params.batch = p.batch;
         params.nhead_q = p.nhead_q;
         params.nhead_k = p.nhead_k;
         params.group = p.nhead_q / p.nhead_k;
-        params.seqlen_q = p.seqlen_q;
-        params.seqlen_k = p.seqlen_k;
+        params.seqlen_q = sq;
+        params.seqlen_k = sk;
+        params.tma_batch = nb;
         params.hdim = p.hdim_q;
         params.mask_x = mc.x;
         params.mask_y = mc.y;
+        params.seqstart_q = p.seqstart_q;
+        params.seqstart_k = p.seqstart_k;
+        params.mask_type = p.mask_type;
+        params.window_left = p.window_left;
+        params.window_right = p.window_right;
         params.scale = p.scale;
         params.scale_log2 = p.scale_log2;
         params.lse2 = reinterpret_cast<float const*>(wsb + ws.lse_off);
@@ -147,7 +166,7 @@ struct BwdKernel {
     }
 
     static cudaError_t run(const BwdParams& p, cudaStream_t stream) {
-        const bwd::WorkspaceLayout ws(p.batch, p.nhead_q, p.seqlen_q, kBlockM, kHdim);
+        const bwd::WorkspaceLayout ws(p.batch, p.nhead_q, rows_q(p), kBlockM, kHdim);
         if (p.workspace == nullptr || p.workspace_bytes < ws.total) return cudaErrorInvalidValue;
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;
@@ -167,6 +186,7 @@ struct BwdKernel {
         pp.do_batch = p.do_batch_stride;
         pp.lse_head = p.lse_head_stride;
         pp.lse_batch = p.lse_batch_stride;
+        pp.seqstart_q = p.seqstart_q;
         pp.lse2 = reinterpret_cast<float*>(wsb + ws.lse_off);
         pp.dsum = reinterpret_cast<float*>(wsb + ws.dsum_off);
         pp.dq_acc = reinterpret_cast<float*>(wsb + ws.dq_off);
@@ -180,7 +200,8 @@ struct BwdKernel {
         if (err != cudaSuccess) return err;
 
         const typename Impl::Params params = make_params(p, ws);
-        const dim3 grid = Impl::Scheduler::grid((p.seqlen_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
+        const int rows_k = kGroup ? p.max_seqlen_k : p.seqlen_k;
+        const dim3 grid = Impl::Scheduler::grid((rows_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
         cutlass::device_kernel<Impl><<<grid, Impl::MaxThreadsPerBlock, Impl::SharedStorageSize, stream>>>(params);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
@@ -191,6 +212,7 @@ struct BwdKernel {
         cp.dq_row = p.dq_row_stride;
         cp.dq_head = p.dq_head_stride;
         cp.dq_batch = p.dq_batch_stride;
+        cp.seqstart_q = p.seqstart_q;
         cp.m_tiles = m_tiles;
         cp.nhead_q = p.nhead_q;
         cp.seqlen_q = p.seqlen_q;

@@ -2,7 +2,9 @@
 //   preprocess: per query row, D = rowsum(dO ∘ O) (fp32), LSE·log2(e) (+inf for padding rows and for rows whose
 //               LSE is -inf, so that their P is exactly 0), and zeroing of the row tile's fp32 dQ accumulator;
 //   convert:    dQ = scale · accumulator, from the main kernel's fragment order to the caller's dtype and strides.
-// One CTA of 256 threads per (query tile, query head, batch) for both; the tile height is the main kernel's BM.
+// One CTA of 256 threads per (query tile, query head, batch) for both; the tile height is the main kernel's BM. In
+// group mode (seqstart_q non-null) the tiles of a sequence start at its first packed row, and the CTAs of tiles past
+// the sequence's end (the grid is sized by max_seqlen_q) return at once: the main kernel never touches those tiles.
 #pragma once
 
 #include <cmath>
@@ -31,6 +33,7 @@ struct PreprocessParams {
     int64_t o_row, o_head, o_batch;
     int64_t do_row, do_head, do_batch;
     int64_t lse_head, lse_batch;
+    const int32_t* seqstart_q;  // group mode, else nullptr
     float* lse2;
     float* dsum;
     float* dq_acc;
@@ -56,17 +59,22 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const 
     static_assert(kBlockM % kRowsPerPass == 0);
     const auto work = RowTileScheduler::work();
     const int m = work.block, h = work.head, b = work.batch;
+    const SeqRows seq = seq_rows(p.seqstart_q, b, p.seqlen_q);
+    if (m * kBlockM >= seq.len) return;
     const int lt = int(threadIdx.x) % T;
     const int col = lt * 8;
     const int64_t ws_row0 = (int64_t(b) * p.nhead_q + h) * p.sq_pad + int64_t(m) * kBlockM;
-    Element const* o = static_cast<Element const*>(p.o) + b * p.o_batch + h * p.o_head;
-    Element const* g = static_cast<Element const*>(p.dout) + b * p.do_batch + h * p.do_head;
+    const bool group = p.seqstart_q != nullptr;
+    Element const* o = static_cast<Element const*>(p.o) + (group ? seq.first * p.o_row : b * p.o_batch) + h * p.o_head;
+    Element const* g =
+        static_cast<Element const*>(p.dout) + (group ? seq.first * p.do_row : b * p.do_batch) + h * p.do_head;
+    float const* lse = p.lse + (group ? int64_t(seq.first) : b * p.lse_batch) + h * p.lse_head;
 
     #pragma unroll 1
     for (int r = int(threadIdx.x) / T; r < kBlockM; r += kRowsPerPass) {
         const int row = m * kBlockM + r;
         float acc = 0.f;
-        if (row < p.seqlen_q && col < p.hdim) {
+        if (row < seq.len && col < p.hdim) {
             const uint4 a = *reinterpret_cast<uint4 const*>(o + int64_t(row) * p.o_row + col);
             const uint4 c = *reinterpret_cast<uint4 const*>(g + int64_t(row) * p.do_row + col);
             acc = dot8<Element>(a, c);
@@ -75,12 +83,12 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const 
         for (int off = T / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
         if (lt == 0) {
             float l2 = INFINITY;
-            if (row < p.seqlen_q) {
-                const float l = p.lse[b * p.lse_batch + h * p.lse_head + row];
+            if (row < seq.len) {
+                const float l = lse[row];
                 l2 = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
             }
             p.lse2[ws_row0 + r] = l2;
-            p.dsum[ws_row0 + r] = (row < p.seqlen_q) ? acc : 0.f;
+            p.dsum[ws_row0 + r] = (row < seq.len) ? acc : 0.f;
         }
     }
 
@@ -94,6 +102,7 @@ struct ConvertParams {
     float const* dq_acc;
     void* dq;
     int64_t dq_row, dq_head, dq_batch;
+    const int32_t* seqstart_q;  // group mode, else nullptr
     int m_tiles;
     int nhead_q, seqlen_q, hdim;
     float scale;
@@ -109,6 +118,8 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
     constexpr int F = Impl::kDqFrag;
     const auto work = RowTileScheduler::work();
     const int m = work.block, h = work.head, b = work.batch;
+    const SeqRows seq = seq_rows(p.seqstart_q, b, p.seqlen_q);
+    if (m * BM >= seq.len) return;
     const int tid = int(threadIdx.x);
     const int wg = tid / 128;
     const int t = tid % 128;
@@ -122,7 +133,8 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
                             p.dq_acc + ((int64_t(b) * p.nhead_q + h) * p.m_tiles + m) * int64_t(BM * D) +
                             wg * F * 128) +
                         t;
-    Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch + h * p.dq_head;
+    Element* dq = static_cast<Element*>(p.dq) + (p.seqstart_q != nullptr ? seq.first * p.dq_row : b * p.dq_batch) +
+                  h * p.dq_head;
     const int row0 = m * BM;
     CUTLASS_PRAGMA_UNROLL
     for (int v = 0; v < F / 4; ++v) {
@@ -130,7 +142,7 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
         {
             const int row = row0 + get<0>(c(4 * v));
             const int col = get<1>(c(4 * v));
-            if (row < p.seqlen_q && col < p.hdim) {
+            if (row < seq.len && col < p.hdim) {
                 *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dq_row + col) =
                     mhakit::hopper::detail::pack2<Element>(a.x * p.scale, a.y * p.scale);
             }
@@ -138,7 +150,7 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
         {
             const int row = row0 + get<0>(c(4 * v + 2));
             const int col = get<1>(c(4 * v + 2));
-            if (row < p.seqlen_q && col < p.hdim) {
+            if (row < seq.len && col < p.hdim) {
                 *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dq_row + col) =
                     mhakit::hopper::detail::pack2<Element>(a.z * p.scale, a.w * p.scale);
             }

@@ -31,6 +31,10 @@
 // seqlen_q carry LSE = +inf in the workspace, which makes their P (hence dS) exactly zero.
 // GQA: the CTA owns one kv head and loops over its query heads, accumulating dK/dV in registers (no atomics, no
 // extra workspace for dK/dV).
+// Group mode (kGroup): the TMA descriptors see the packed tensors as one batch of total rows; a CTA offsets its
+// tiles by its sequence's first rows (seqstart), makes the sequence's mask coordinate itself, and returns at once
+// when its key block lies past the sequence's keys (the grid is sized by max_seqlen_k). Query tiles that run past
+// the sequence read the next sequence's rows, whose workspace LSE is +inf: their P, hence their dS, is 0.
 #pragma once
 
 #include <cstdint>
@@ -60,9 +64,10 @@ using namespace cute;
 using BwdGmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;     // (seqlen, d, head, batch)
 using BwdGmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;  // elements
 
-template <class Element_, int kHdim_, bool kMasked_, int kBlockM_, int kBlockN_>
+template <class Element_, int kHdim_, bool kGroup_, bool kMasked_, int kBlockM_, int kBlockN_>
 struct HopperBwdKernelImpl {
     using Element = Element_;
+    static constexpr bool kGroup = kGroup_;
     static constexpr int kHdim = kHdim_;
     static constexpr bool kMasked = kMasked_;
     static constexpr int kBlockM = kBlockM_;
@@ -184,8 +189,12 @@ struct HopperBwdKernelImpl {
         TmaK tma_k;
         TmaK tma_v;
         int batch, nhead_q, nhead_k, group;
-        int seqlen_q, seqlen_k, hdim;
-        int mask_x, mask_y;
+        // As the TMA descriptors see the tensors: group mode: the packed row counts, in one batch (tma_batch 1).
+        int seqlen_q, seqlen_k, tma_batch, hdim;
+        int mask_x, mask_y;  // batch mode (clamped on the host)
+        const int32_t* seqstart_q;  // group mode: [batch + 1] row offsets into the packed tensors
+        const int32_t* seqstart_k;
+        int mask_type, window_left, window_right;  // group mode: each sequence's mask is made on the device
         float scale, scale_log2;
         float const* lse2;  // workspace
         float const* dsum;
@@ -198,9 +207,34 @@ struct HopperBwdKernelImpl {
         int64_t dv_row, dv_head, dv_batch;
     };
 
+    // The sequence a CTA works on: its first rows in the tensors TMA sees, its lengths and its clamped mask.
+    struct Sequence {
+        int q0, k0, sq, sk;
+        int x, y;
+    };
+    CUTLASS_DEVICE static Sequence sequence(Params const& params, int b) {
+        if constexpr (kGroup) {
+            const bwd::SeqRows q = bwd::seq_rows(params.seqstart_q, b, 0);
+            const bwd::SeqRows k = bwd::seq_rows(params.seqstart_k, b, 0);
+            MaskCoord c{q.len, k.len};
+            if constexpr (kMasked)
+                c = clamp_mask_coord(make_mask_coord(params.mask_type, params.window_left, params.window_right, q.len,
+                                                     k.len),
+                                     q.len, k.len);
+            return Sequence{q.first, k.first, q.len, k.len, c.x, c.y};
+        } else {
+            return Sequence{0, 0, params.seqlen_q, params.seqlen_k, params.mask_x, params.mask_y};
+        }
+    }
+
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
+        const auto work = Scheduler::work();
+        const int n_block = work.block, hk = work.head, b = work.batch;
+        const Sequence seq = sequence(params, b);
+        if (n_block * kBlockN >= seq.sk) return;  // group mode: past this sequence's last key (the whole CTA)
+
         auto& st = *reinterpret_cast<SharedStorage*>(smem);
         const int warp_idx = cutlass::canonical_warp_idx_sync();
         const int wg_idx = cutlass::canonical_warp_group_idx();
@@ -236,44 +270,46 @@ struct HopperBwdKernelImpl {
         cutlass::arch::fence_barrier_init();
         __syncthreads();
 
-        const auto work = Scheduler::work();
-        const int n_block = work.block, hk = work.head, b = work.batch;
-        const Geometry geom = geometry(params);
+        const Geometry geom = geometry(seq);
         const int n0 = n_block * kBlockN;
         const TileRange range =
-            geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < params.seqlen_k ? n0 + kBlockN : params.seqlen_k) - 1);
+            geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < seq.sk ? n0 + kBlockN : seq.sk) - 1);
         const int n_m = range.empty() ? 0 : range.end - range.begin;
         const int n_iters = n_m * params.group;
 
         if (wg_idx == 0) {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
             if (warp_in_wg == 0) {
-                producer(params, st, pipe_q, pipe_do, n_block, hk, b, range.begin, n_m, n_iters);
+                producer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters);
             } else if (warp_in_wg == 1) {
                 if constexpr (kDqViaSmem) dq_writer(params, st, hk, b, range.begin, n_m, n_iters);
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-            consumer(params, st, pipe_q, pipe_do, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
+            consumer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
         }
 #endif
     }
 
-    // x, y arrive clamped from the host (x in [-sq, sk], y in [-sk, sq]).
-    CUTLASS_DEVICE static Geometry geometry(Params const& params) {
-        return Geometry::from_coord(MaskCoord{params.mask_y, params.mask_x}, params.seqlen_q, params.seqlen_k);
+    // x, y clamped (x in [-sq, sk], y in [-sk, sq]): on the host in batch mode, in sequence() in group mode.
+    CUTLASS_DEVICE static Geometry geometry(Sequence const& seq) {
+        return Geometry::from_coord(MaskCoord{seq.y, seq.x}, seq.sq, seq.sk);
     }
 
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void producer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
-                                 int n_block, int hk, int b, int m_begin, int n_m, int n_iters) {
+                                 Sequence const& seq, int n_block, int hk, int b, int m_begin, int n_m, int n_iters) {
         if (n_iters == 0) return;
         if (!cute::elect_one_sync()) return;
 
-        Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, params.hdim, params.nhead_q, params.batch));
-        Tensor mDO = params.tma_do.get_tma_tensor(make_shape(params.seqlen_q, params.hdim, params.nhead_q, params.batch));
-        Tensor mK = params.tma_k.get_tma_tensor(make_shape(params.seqlen_k, params.hdim, params.nhead_k, params.batch));
-        Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.seqlen_k, params.hdim, params.nhead_k, params.batch));
+        // (rows, d, head, batch) as TMA sees them; this sequence starts at row q0 / k0 of batch tb.
+        const int tb = kGroup ? 0 : b;
+        auto qshape = make_shape(params.seqlen_q, params.hdim, params.nhead_q, params.tma_batch);
+        auto kshape = make_shape(params.seqlen_k, params.hdim, params.nhead_k, params.tma_batch);
+        Tensor mQ = domain_offset(make_coord(seq.q0, _0{}, _0{}, _0{}), params.tma_q.get_tma_tensor(qshape));
+        Tensor mDO = domain_offset(make_coord(seq.q0, _0{}, _0{}, _0{}), params.tma_do.get_tma_tensor(qshape));
+        Tensor mK = domain_offset(make_coord(seq.k0, _0{}, _0{}, _0{}), params.tma_k.get_tma_tensor(kshape));
+        Tensor mV = domain_offset(make_coord(seq.k0, _0{}, _0{}, _0{}), params.tma_v.get_tma_tensor(kshape));
 
         Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
         Tensor sDO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDO{});
@@ -283,8 +319,8 @@ struct HopperBwdKernelImpl {
         // K, V: one barrier, both tiles
         {
             using TileKD = Shape<Int<kBlockN>, Int<kHdim>>;
-            Tensor gK = local_tile(mK(_, _, hk, b), TileKD{}, make_coord(n_block, _0{}));
-            Tensor gV = local_tile(mV(_, _, hk, b), TileKD{}, make_coord(n_block, _0{}));
+            Tensor gK = local_tile(mK(_, _, hk, tb), TileKD{}, make_coord(n_block, _0{}));
+            Tensor gV = local_tile(mV(_, _, hk, tb), TileKD{}, make_coord(n_block, _0{}));
             Tensor sK1 = make_tensor(sK.data(), make_layout(sK.layout(), Layout<_1>{}));
             Tensor sV1 = make_tensor(sV.data(), make_layout(sV.layout(), Layout<_1>{}));
             Tensor gK1 = make_tensor(gK.data(), make_layout(gK.layout(), Layout<_1>{}));
@@ -306,7 +342,7 @@ struct HopperBwdKernelImpl {
             const int h = hk * params.group + h_in;
             const int64_t row_ws = (int64_t(b) * params.nhead_q + h) * params.sq_pad + int64_t(m) * kBlockM;
             {
-                Tensor gQ = local_tile(mQ(_, _, h, b), TileQD{}, make_coord(m, _0{}));
+                Tensor gQ = local_tile(mQ(_, _, h, tb), TileQD{}, make_coord(m, _0{}));
                 Tensor gQ1 = make_tensor(gQ.data(), make_layout(gQ.layout(), Layout<_1>{}));
                 auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ1));
                 pipe_q.producer_acquire(wq);
@@ -316,7 +352,7 @@ struct HopperBwdKernelImpl {
                 ++wq;
             }
             {
-                Tensor gDO = local_tile(mDO(_, _, h, b), TileQD{}, make_coord(m, _0{}));
+                Tensor gDO = local_tile(mDO(_, _, h, tb), TileQD{}, make_coord(m, _0{}));
                 Tensor gDO1 = make_tensor(gDO.data(), make_layout(gDO.layout(), Layout<_1>{}));
                 auto [tDg, tDs] = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO), group_modes<0, 2>(gDO1));
                 pipe_do.producer_acquire(wdo);
@@ -369,16 +405,16 @@ struct HopperBwdKernelImpl {
 
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
-                                 int n_block, int hk, int b, int m_begin, int n_m, int n_iters, int wg) {
+                                 Sequence const& seq, int n_block, int hk, int b, int m_begin, int n_m, int n_iters,
+                                 int wg) {
         using cutlass::arch::NamedBarrier;
         using namespace cutlass::fmha::collective;
 
         const int tid = int(threadIdx.x) - 128;  // [0, 256)
-        const int sq = params.seqlen_q;
-        const int sk = params.seqlen_k;
-        const int xr = params.mask_x;
-        const int yr = params.mask_y;
-        const Geometry geom = geometry(params);
+        const int sk = seq.sk;
+        const int xr = seq.x;
+        const int yr = seq.y;
+        const Geometry geom = geometry(seq);
         const float scale_log2 = params.scale_log2;
         const int n0 = n_block * kBlockN;
 
@@ -599,8 +635,10 @@ struct HopperBwdKernelImpl {
         }
 
         // ---- dK (scaled), dV: registers -> global ----
-        const BwdEpilogue<Element, kBlockN, kHdim> epi{params.dk + b * params.dk_batch + hk * params.dk_head,
-                                                      params.dv + b * params.dv_batch + hk * params.dv_head,
+        const int64_t dk_seq = kGroup ? int64_t(seq.k0) * params.dk_row : int64_t(b) * params.dk_batch;
+        const int64_t dv_seq = kGroup ? int64_t(seq.k0) * params.dv_row : int64_t(b) * params.dv_batch;
+        const BwdEpilogue<Element, kBlockN, kHdim> epi{params.dk + dk_seq + hk * params.dk_head,
+                                                      params.dv + dv_seq + hk * params.dv_head,
                                                       params.dk_row, params.dv_row, n0, sk, params.hdim,
                                                       params.scale};
         epi.store_dkdv(acc_dK, acc_dV, thr_dkv);
