@@ -82,6 +82,9 @@ bwd -prec=bf16 -b=1 -h=4 -h_k=1 -s=500 -s_k=251 -d=128 -mask=1 -deterministic=1
 bwd -prec=bf16 -b=2 -h=1 -s=987 -s_k=219 -d=256 -mask=t:128,30
 bwd -prec=fp16 -b=2 -h=3 -h_k=1 -s=244 -s_k=499 -d=192 -d_v=128 -mask=b:4,35
 bwd -prec=bf16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -d=128 -mask=b
+fwd -prec=bf16 -mode=1 -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -d=256 -mask=b:40,9 -lse=1
+bwd -prec=fp16 -mode=1 -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -d=64 -mask=b:40,9
+bwd -prec=bf16 -mode=1 -b=2 -h=4 -h_k=1 -s=300,129 -s_k=1,300 -d=256 -mask=t
 CASES
     note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
 fi
@@ -91,9 +94,11 @@ if want bench; then
         2>&1 | tee "$logs/bench_fwd.md" | tail -40
     python3 bench/bench_bwd.py --lib "$lib_dir/libmha_bwd.so" --fwd-lib "$lib_dir/libmha_fwd.so" --dtype bf16 \
         --json "$logs/bench_bwd.json" 2>&1 | tee "$logs/bench_bwd.md" | tail -25
+    python3 bench/bench_varlen.py --lib "$lib_dir/libmha_fwd.so" --bwd-lib "$lib_dir/libmha_bwd.so" \
+        --json "$logs/bench_varlen.json" 2>&1 | tee "$logs/bench_varlen.md" | tail -25
     MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_overhead.py --json "$logs/bench_overhead.json" 2>&1 \
         | tee "$logs/bench_overhead.md" | tail -30
-    note "bench: see bench_fwd.md, bench_bwd.md, bench_overhead.md"
+    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md"
 fi
 
 echo
