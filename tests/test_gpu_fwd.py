@@ -41,6 +41,11 @@ BATCH_CASES = [
     ("bf16", 1, 16, 16, 1024, 1024, 128, 128, "bhsd", 0, "t", True),
     ("fp16", 1, 8, 8, 513, 700, 256, 256, "bshd", 0, "0", True),
     ("bf16", 1, 8, 8, 1000, 1000, 64, 64, "bshd", 0, "b", False),
+    # the Hopper 96 and 192 instances, and head dims they serve padded (80 on 96, 160 on 192)
+    ("bf16", 2, 4, 2, 300, 517, 96, 96, "bshd", 0, "b", True),
+    ("fp16", 1, 4, 4, 257, 700, 192, 192, "bhsd", 0, "t:128,30", True),
+    ("bf16", 2, 2, 1, 129, 1000, 80, 80, "bshd", 0, "0", True),
+    ("fp16", 1, 2, 2, 1000, 1000, 160, 160, "bshd", 0, "t", False),
 ]
 
 
@@ -84,6 +89,8 @@ GROUP_CASES = [
     ("bf16", 6, 3, [191, 193, 385], [190, 500, 64], 64, 64, False, "g:40,9", "hopper"),
     ("fp16", 2, 1, [129, 64, 1], [1, 300, 257], 256, 256, False, "b:0,0", "hopper"),
     ("bf16", 4, 1, [1000, 24], [1000, 24], 64, 64, True, "0", "hopper"),
+    ("fp16", 4, 2, [333, 0, 129], [200, 64, 500], 96, 96, False, "b", "hopper"),
+    ("bf16", 2, 2, [129, 300], [513, 77], 192, 192, True, "t", "hopper"),
 ]
 
 
@@ -135,6 +142,8 @@ def test_both_families_are_exercised(lib):
             v_strides=q.strides, o_strides=q.strides))
     assert "_hopper_" in name_for("bhsd", 0)
     assert "_generic_" in name_for("bshd", 1)
+    for d, bucket in ((96, 96), (80, 96), (192, 192), (160, 192)):  # the tightest Hopper bucket that holds d
+        assert f"fwd_d{bucket}_" in name_for("bhsd", 0, d) and "_hopper_" in name_for("bhsd", 0, d)
 
     def group_name_for(total_q, total_k):  # group mode: TMA needs the packed row counts (seqlen_q / seqlen_k)
         q = make_strided((1, 2, 256, 128), "bshd", 0, 0)

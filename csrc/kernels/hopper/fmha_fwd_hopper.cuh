@@ -7,7 +7,8 @@
 //   };
 //
 // Serves: fp16 / bf16 (chosen by kDtype; FwdParams carries no dtype, so the dispatcher must match it); hdim_q ==
-// hdim_v, a multiple of 8 and <= kHdim (kHdim in {64, 128, 256}; smaller head dims are zero-padded by TMA); GQA /
+// hdim_v, a multiple of 8 and <= kHdim (kHdim a multiple of 32 in [64, 256]: the catalogue builds 64, 96, 128, 192
+// and 256; smaller head dims are zero-padded by TMA); GQA /
 // MQA (nhead_q % nhead_k == 0); LSE (fp32, natural log) when p.lse.
 // Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths
 // (empty ones included) packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /

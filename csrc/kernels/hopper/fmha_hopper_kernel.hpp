@@ -43,7 +43,7 @@ struct HopperFwdKernelImpl {
     using Element = Element_;
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "kBlockN: a multiple of 16, at most 256");
-    static_assert(kHdim == 64 || kHdim == 128 || kHdim == 256, "head-dim buckets: 64, 128, 256");
+    static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
 
     static constexpr int NumMmaWG = kBlockM / 64;
     static constexpr int kSmemLimit = 232448;  // sm_90 opt-in maximum of dynamic shared memory per block
