@@ -12,7 +12,8 @@
 // into the workspace (fmha_bwd_hopper_kernel.hpp); (3) convert — dQ = scale·accumulator into dq's dtype/strides.
 //
 // Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q == hdim_v, a
-// multiple of 8, <= kHdim (kHdim in {64, 128, 256}; smaller head dims are zero-padded by TMA); batch mode (kGroup =
+// multiple of 8, <= kHdim (kHdim in {64, 96, 128, 256}; smaller head dims are zero-padded by TMA; 192 does not
+// build: the query split's per-warpgroup head-dim half, 96, is no canonical MN-major GMMA operand); batch mode (kGroup =
 // false: any seqlen_q, seqlen_k >= 1) and group mode (kGroup = true: sequences of any lengths, empty ones included,
 // packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q / total_k rows, which the
 // caller must give — 0 sends the call to the generic family); GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head
@@ -24,8 +25,8 @@
 // (16 bytes); lse any fp32 strides.
 //
 // Tiles (kBlockM x kBlockN), measured on H200 (bf16, 16k tokens, .scratch/hopper_bwd): 64 x 128 for hdim 64 and 128
-// (key split: each of the two consumer warpgroups owns 64 keys), 64 x 64 for hdim 256 (query split, dQ by vector
-// atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
+// (key split: each of the two consumer warpgroups owns 64 keys; hdim 96 likewise, with 64B-swizzled tiles), 64 x 64
+// for hdim 256 (query split, dQ by vector atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
 // kBlockM in {64, 128}, kBlockN in {64, 128} with kHdim + kBlockM <= 192 when kBlockN = 128.
 //
 // Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM), times batch·nhead_q

@@ -54,7 +54,8 @@ CUTLASS_DEVICE float dot8(uint4 a, uint4 b) {
 
 template <class Element, int kHdim, int kBlockM>
 __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const p) {
-    constexpr int T = kHdim / 8;  // threads per row, 16 bytes each
+    // threads per row, 16 bytes each: the power of two that covers the head dim (lanes past it read nothing)
+    constexpr int T = kHdim <= 64 ? 8 : (kHdim <= 128 ? 16 : 32);
     constexpr int kRowsPerPass = 256 / T;
     static_assert(kBlockM % kRowsPerPass == 0);
     const auto work = RowTileScheduler::work();

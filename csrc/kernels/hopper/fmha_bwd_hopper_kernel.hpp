@@ -72,7 +72,7 @@ struct HopperBwdKernelImpl {
     static constexpr bool kMasked = kMasked_;
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
-    static_assert(kHdim == 64 || kHdim == 128 || kHdim == 256, "head-dim buckets: 64, 128, 256");
+    static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
     static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 128 (key split) or 64 (query split)");
 
@@ -85,7 +85,7 @@ struct HopperBwdKernelImpl {
     static constexpr int kWgN = kKeySplit ? 2 : 1;  // warpgroups along the key dim of Sᵀ (and of dK/dV)
     static constexpr int kWgQ = 2 / kWgN;           // warpgroups along the query dim of Sᵀ (head dim of dK/dV)
     static constexpr int kWgM_dQ = kBlockM / 64;    // warpgroups along the query dim of dQ
-    static constexpr bool kDqViaSmem = (kHdim < 256);
+    static constexpr bool kDqViaSmem = kKeySplit;  // query split: no shared memory left for a dQ tile
     static_assert(!kKeySplit || kHdim + kBlockM <= 192, "key split: dK + dV + Sᵀ + dPᵀ must fit 240 registers");
 
     // ---- tiled MMAs ----
@@ -117,7 +117,10 @@ struct HopperBwdKernelImpl {
     static constexpr int kStagesDO = (kFixedBytes + 4 * kQBytes <= kSmemLimit) ? 2 : 1;
     static_assert(kFixedBytes + (kStagesQ + kStagesDO) * kQBytes <= kSmemLimit, "tile too large for shared memory");
 
-    using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;  // 8 rows x 128 bytes, 128B swizzle
+    // 8 rows x 128 bytes with the 128B swizzle where the head dim allows it (a multiple of 64 elements), else 8 x 64
+    // bytes with the 64B swizzle (head dim 96).
+    using SmemAtom = std::conditional_t<kHdim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                        GMMA::Layout_K_SW64_Atom<Element>>;
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesQ>{})));
     using SmemLayoutDO = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesDO>{})));
     // (d, queries) views of Q / dO, the B operand (MN-major) of dK / dV
