@@ -29,17 +29,14 @@ class DeviceError(RuntimeError):
 class Allocation:
     """Device memory owned by Python: allocated stream-ordered on `stream` and freed on the same stream when the
     last reference goes (so work queued on that stream before the free still sees valid memory). A stream object
-    passed by the caller is kept alive with the allocation; a raw handle must outlive it. Each layer's subclass
-    says how memory is released (`_release`)."""
+    passed by the caller is kept alive with the allocation; a raw handle must outlive it. Each layer has its own
+    subclass, whose `_release(ptr)` frees through that layer's runtime."""
 
     __slots__ = ("ptr", "nbytes", "device", "stream", "_stream_ref", "_async")
 
     def __init__(self, ptr: int, nbytes: int, device: int, stream: int, stream_ref: Any, is_async: bool):
         self.ptr, self.nbytes, self.device, self.stream = ptr, nbytes, device, stream
         self._stream_ref, self._async = stream_ref, is_async
-
-    def _release(self, ptr: int) -> None:
-        raise NotImplementedError  # each layer's subclass frees through its own runtime
 
     def free(self) -> None:
         ptr, self.ptr = self.ptr, 0
