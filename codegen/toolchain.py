@@ -214,6 +214,18 @@ def arch_for_compute_capability(major: int, minor: int) -> str:
     return arch.name
 
 
+def arch_for_gcn_arch_name(gcn_arch_name: str) -> str:
+    """The arch mhakit builds for an AMD device whose HIP gcnArchName is `gcn_arch_name` (a target id such as
+    gfx942:sramecc+:xnack-: its processor, before the features, names the ROCm catalogue's arch; code objects are
+    built for that processor, which runs them with either feature setting)."""
+    cat = catalogue_mod.load("rocm")
+    processor = gcn_arch_name.split(":", 1)[0].strip()
+    if processor not in cat.arches:
+        raise ToolchainError(f"AMD GPU {gcn_arch_name or '(no name)'} is not supported: mhakit builds for "
+                             f"{', '.join(sorted(cat.arches))}")
+    return processor
+
+
 def require_available_backend(arch: str) -> str:
     """The backend of `arch` (cuda or rocm), or one clear line saying the arch is unknown."""
     try:

@@ -2,6 +2,7 @@
 
     import mhakit
     o = mhakit.mha_fwd(q, k, v, causal=True)              # CuPy / PyTorch / JAX arrays (DLPack or CUDA array interface)
+                                                          # on NVIDIA GPUs, or DLPack arrays on AMD GPUs (ROCm)
     o, lse = mhakit.mha_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True)
     o, lse = mhakit.mha_fwd(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = mhakit.mha_bwd(do, q, k, v, o, lse, causal=True)   # gradients; mha_varlen_bwd: group mode
@@ -10,8 +11,9 @@
     mhakit.reference.attention_fwd(q, k, v, mask_type=1)   # the NumPy reference
 
 Importing the package is cheap and needs only the standard library: everything is loaded on first attribute access
-(PEP 562), so ``import mhakit`` works without a GPU, without torch, even without numpy. The first call of a
-configuration builds the kernels it needs with nvcc (once; cached under ``mhakit.cache_dir()``, see mhakit.jit).
+(PEP 562), so ``import mhakit`` works without a GPU, without torch, even without numpy, cuda-bindings or hip-python.
+The first call of a configuration builds the kernels it needs with nvcc, or for an AMD GPU with hipcc/clang (once;
+cached under ``mhakit.cache_dir()``, see mhakit.jit).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ _LAZY_ATTRS = {
     "DeviceArray": "_arrays",
     "MhakitError": "_capi",
     "CudaUnavailableError": "_cuda",
+    "HipUnavailableError": "_hip",
+    "DeviceUnavailableError": "_device",
     "JitError": "jit",
     "NoCompilerError": "jit",
 }
@@ -41,7 +45,8 @@ _LAZY_ATTRS = {
 _LAZY_SUBMODULES = ("reference", "_capi", "api", "jit", "codegen")
 
 __all__ = ["__version__", "reference", "mha_fwd", "mha_varlen_fwd", "mha_bwd", "mha_varlen_bwd", "prebuild",
-           "cache_dir", "DeviceArray", "MhakitError", "CudaUnavailableError", "JitError", "NoCompilerError"]
+           "cache_dir", "DeviceArray", "MhakitError", "CudaUnavailableError", "HipUnavailableError",
+           "DeviceUnavailableError", "JitError", "NoCompilerError"]
 
 
 def __getattr__(name: str):

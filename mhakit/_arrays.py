@@ -22,13 +22,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-__all__ = ["DType", "ArrayView", "DeviceArray", "view_of", "dtype_by_name", "contiguous_strides",
-           "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
+__all__ = ["DType", "ArrayView", "DeviceArray", "view_of", "dtype_by_name", "contiguous_strides", "backend_of",
+           "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED", "KDL_ROCM", "BACKEND_OF_DEVICE_TYPE"]
 
 # DLDeviceType
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM, KDL_CUDA_MANAGED = 1, 2, 3, 10, 13
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi", 10: "rocm",
                  11: "rocm_host", 13: "cuda_managed", 14: "oneapi"}
+# The device types mhakit computes on -> the catalogue's backend (mhakit._device picks the device layer by it)
+BACKEND_OF_DEVICE_TYPE = {KDL_CUDA: "cuda", KDL_CUDA_MANAGED: "cuda", KDL_ROCM: "rocm"}
 # DLDataTypeCode
 _KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_BFLOAT, _KDL_BOOL = 0, 1, 2, 4, 6
 _READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
@@ -233,14 +235,27 @@ def parse_cai(cai: dict, name: str, source: str = "", keepalive: Any = None) -> 
                      int(stream) if stream is not None else None, keepalive)
 
 
+def backend_of(device_type: int) -> Optional[str]:
+    """The backend ("cuda" or "rocm") of arrays of DLPack device type `device_type`; None for any other device."""
+    return BACKEND_OF_DEVICE_TYPE.get(int(device_type))
+
+
+def dlpack_stream(device_type: int, stream: Optional[int]) -> Optional[int]:
+    """How ``__dlpack__(stream=...)`` spells the call's raw stream handle for a producer on `device_type`: CUDA
+    names the legacy default stream 1 (0 is reserved); ROCm names its default stream 0 (1 and 2 are not used)."""
+    if stream is None or backend_of(device_type) is None:
+        return None
+    return 1 if stream == 0 and backend_of(device_type) == "cuda" else stream
+
+
 def is_device_array(obj: Any) -> bool:
-    """True for an object that says it lives in CUDA memory (DLPack device or the CUDA array interface)."""
+    """True for an object that says it lives in CUDA or ROCm memory (DLPack device or the CUDA array interface)."""
     if isinstance(obj, DeviceArray):
-        return obj.device_type in (KDL_CUDA, KDL_CUDA_MANAGED)
+        return backend_of(obj.device_type) is not None
     dev = getattr(obj, "__dlpack_device__", None)
     if dev is not None:
         try:
-            return int(dev()[0]) in (KDL_CUDA, KDL_CUDA_MANAGED)
+            return backend_of(int(dev()[0])) is not None
         except Exception:
             return False
     try:
@@ -249,23 +264,24 @@ def is_device_array(obj: Any) -> bool:
         return False
 
 
+_NEEDS_GPU_MEMORY = ("mhakit needs CUDA or ROCm device memory (e.g. a CuPy array, a torch tensor on 'cuda', a JAX "
+                     "array on a GPU)")
+
+
 def view_of(obj: Any, name: str, stream: Optional[int] = None, *, allow_host: bool = False) -> ArrayView:
     """Read `obj` as an array. `stream` is the raw CUstream the data will be used on (0 = legacy default); it is
     passed to ``__dlpack__`` so the producer orders its pending writes before that stream's later work.
-    Raises TypeError/ValueError naming `name` for anything that is not a CUDA array (unless allow_host)."""
+    Raises TypeError/ValueError naming `name` for anything that is not a CUDA or ROCm array (unless allow_host)."""
     source = type(obj).__name__
     if isinstance(obj, DeviceArray):
         return ArrayView(name, obj.ptr, obj.shape, obj.strides, obj.dtype, obj.device_type, obj.device_id,
                          False, source, None if obj.stream == stream else obj.stream, obj)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         dev_type, dev_id = (int(x) for x in obj.__dlpack_device__())
-        on_cuda = dev_type in (KDL_CUDA, KDL_CUDA_MANAGED)
-        if not on_cuda and not allow_host:
+        if backend_of(dev_type) is None and not allow_host:
             where = _DEVICE_NAMES.get(dev_type, f"device type {dev_type}")
-            raise ValueError(f"{name}: is a {where} array ({source}); mhakit needs CUDA device memory "
-                             "(e.g. a CuPy array, a torch tensor on 'cuda', a JAX array on a GPU)")
-        # DLPack: 1 names the legacy default stream (0 is reserved); -1 would mean "do not synchronise".
-        dl_stream = (1 if stream == 0 else stream) if on_cuda and stream is not None else None
+            raise ValueError(f"{name}: is a {where} array ({source}); {_NEEDS_GPU_MEMORY}")
+        dl_stream = dlpack_stream(dev_type, stream)
         try:
             capsule = _call_dlpack(obj, dl_stream)
         except BufferError as exc:
@@ -287,8 +303,7 @@ def view_of(obj: Any, name: str, stream: Optional[int] = None, *, allow_host: bo
     if allow_host and (hasattr(obj, "__array_interface__") or hasattr(obj, "__array__")):
         raise ValueError(f"{name}: host arrays are read with numpy, not as device arrays")
     if hasattr(obj, "__array_interface__") or hasattr(obj, "__array__"):
-        raise ValueError(f"{name}: is a host (CPU) array ({source}); mhakit needs CUDA device memory "
-                         "(e.g. a CuPy array, a torch tensor on 'cuda', a JAX array on a GPU)")
+        raise ValueError(f"{name}: is a host (CPU) array ({source}); {_NEEDS_GPU_MEMORY}")
     raise TypeError(f"{name}: expected a CUDA array exposing __dlpack__ or __cuda_array_interface__ "
                     f"(CuPy, PyTorch, JAX), got {source}")
 
@@ -392,12 +407,14 @@ class DeviceArray:
             raise BufferError("mhakit.DeviceArray exports without copying (copy=True is not supported)")
         if dl_device is not None and tuple(int(x) for x in dl_device) != self.__dlpack_device__():
             raise BufferError(f"mhakit.DeviceArray lives on {self.__dlpack_device__()}, not {tuple(dl_device)}")
-        if stream != -1 and self.device_type in (KDL_CUDA, KDL_CUDA_MANAGED):
-            # DLPack: None and 1 name the legacy default stream, 2 the per-thread one, -1 "do not synchronise".
-            consumer = 0 if stream is None or int(stream) == 1 else int(stream)
+        backend = backend_of(self.device_type)
+        if stream != -1 and backend is not None:
+            # DLPack: None names the legacy default stream (CUDA also spells it 1; ROCm's default stream is 0), 2 the
+            # per-thread one, -1 "do not synchronise".
+            consumer = 0 if stream is None or (int(stream) == 1 and backend == "cuda") else int(stream)
             if consumer != self.stream:
-                from . import _cuda
-                _cuda.order_streams(self.stream, consumer, self.device_id)
+                from . import _device
+                _device.layer(backend).order_streams(self.stream, consumer, self.device_id)
         versioned = max_version is not None and int(max_version[0]) >= 1
         return self._capsule(versioned)
 
@@ -452,14 +469,15 @@ class DeviceArray:
         """A host copy as a numpy array (after the array's stream finished). bfloat16 is widened to float32."""
         import numpy as np
 
-        if self.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
-            raise TypeError("numpy() copies CUDA arrays; this one is not on a CUDA device")
+        backend = backend_of(self.device_type)
+        if backend is None:
+            raise TypeError("numpy() copies CUDA and ROCm arrays; this one is on neither")
         if not self.is_contiguous:
             raise ValueError("numpy() copies contiguous arrays only")
         storage = {"bfloat16": np.uint16}.get(self.dtype.name) or np.dtype(self.dtype.typestr)
         host = np.empty(self.shape, dtype=storage)
-        from . import _cuda
-        _cuda.copy_to_host(host.ctypes.data, self.ptr, self.nbytes, self.device_id, self.stream)
+        from . import _device
+        _device.layer(backend).copy_to_host(host.ctypes.data, self.ptr, self.nbytes, self.device_id, self.stream)
         if self.dtype.name == "bfloat16":
             return (host.astype(np.uint32) << 16).view(np.float32)
         return host

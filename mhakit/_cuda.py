@@ -5,8 +5,9 @@ allocation (``cuMemAllocAsync`` on the caller's stream, freed on the same stream
 streams, and copies to and from the host. cuda-bindings is imported on first use, so ``import mhakit`` works
 without it and without a GPU; the first GPU call then raises :class:`CudaUnavailableError` saying what is missing.
 
-Stream handles are raw ``CUstream`` values: 0 is the legacy default stream (the driver also spells it 1,
-``CU_STREAM_LEGACY``), 2 is the per-thread default stream.
+Stream handles are raw ``CUstream`` values (parsed by :func:`mhakit._device.stream_handle`): 0 is the legacy
+default stream (the driver also spells it 1, ``CU_STREAM_LEGACY``), 2 is the per-thread default stream. This is the
+CUDA device layer of :mod:`mhakit._device`; :mod:`mhakit._hip` is the HIP one, with the same names.
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Optional, Tuple
 
-__all__ = ["CudaUnavailableError", "CudaError", "driver", "stream_handle", "compute_capability", "device_count",
+from ._arrays import KDL_CUDA
+from ._device import Allocation as _Allocation, DeviceError, DeviceUnavailableError
+
+__all__ = ["CudaUnavailableError", "CudaError", "driver", "compute_capability", "device_arch", "device_count",
            "pointer_device", "device_scope", "Allocation", "allocate", "order_streams", "copy_to_host",
            "copy_from_host"]
+
+backend = "cuda"          # the catalogue's backend this layer serves
+device_type = KDL_CUDA    # the DLPack device type of the arrays it allocates
 
 _LOCK = threading.Lock()
 _DRIVER = None
@@ -26,12 +33,15 @@ _PRIMARY: dict = {}
 _POOLS: dict = {}
 
 
-class CudaUnavailableError(RuntimeError):
+class CudaUnavailableError(DeviceUnavailableError):
     """No GPU call is possible in this process (no cuda-bindings, no driver, or no device)."""
 
 
-class CudaError(RuntimeError):
+class CudaError(DeviceError):
     """A CUDA driver call failed."""
+
+
+UnavailableError, Error = CudaUnavailableError, CudaError
 
 
 def driver():
@@ -82,38 +92,6 @@ def check(result, what: str):
     return result[1] if len(result) == 2 else result[1:]
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Streams (no CUDA call: parsing only)
-# ------------------------------------------------------------------------------------------------------------------
-
-def stream_handle(stream: Any) -> Tuple[int, Any]:
-    """(raw CUstream value, object to keep alive) from None (the legacy default stream), an int handle, or a stream
-    object: ``__cuda_stream__()`` (CUDA stream protocol), ``.cuda_stream`` (PyTorch), ``.ptr`` (CuPy)."""
-    if stream is None:
-        return 0, None
-    if isinstance(stream, bool):
-        raise TypeError("stream: expected an int handle or a stream object, got a bool")
-    if isinstance(stream, int):
-        if stream < 0:
-            raise ValueError(f"stream: a CUstream handle is >= 0, got {stream}")
-        return stream, None
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is not None:
-        value = proto() if callable(proto) else proto
-        if isinstance(value, tuple) and len(value) == 2:
-            return int(value[1]), stream
-        raise TypeError(f"stream: __cuda_stream__() returned {value!r}; expected (version, handle)")
-    for attr in ("cuda_stream", "ptr", "handle"):
-        value = getattr(stream, attr, None)
-        if value is not None and not callable(value):
-            try:
-                return int(value), stream
-            except (TypeError, ValueError):
-                continue
-    raise TypeError(f"stream: expected None, an int CUstream handle or an object with __cuda_stream__, .cuda_stream "
-                    f"(PyTorch) or .ptr (CuPy); got {type(stream).__name__}")
-
-
 def _same_stream(a: int, b: int) -> bool:
     legacy = (0, 1)
     return a == b or (a in legacy and b in legacy)
@@ -143,6 +121,12 @@ def compute_capability(ordinal: int) -> Tuple[int, int]:
         minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
         cc = _CC[ordinal] = (int(major), int(minor))
     return cc
+
+
+def device_arch(ordinal: int) -> str:
+    """The arch mhakit builds for device `ordinal`: the CUDA catalogue's arch of its compute capability."""
+    from . import _codegen
+    return _codegen.submodule("toolchain").arch_for_compute_capability(*compute_capability(ordinal))
 
 
 def pointer_device(ptr: int, name: str) -> int:
@@ -199,20 +183,14 @@ def _pools_supported(ordinal: int) -> bool:
     return ok
 
 
-class Allocation:
-    """Device memory owned by Python: allocated stream-ordered on `stream` and freed on the same stream when the
-    last reference goes (so work queued on that stream before the free still sees valid memory). A stream object
-    passed by the caller is kept alive with the allocation; a raw handle must outlive it."""
+class Allocation(_Allocation):
+    """Device memory owned by Python, freed on its stream (cuMemFreeAsync; cuMemFree where allocated without a
+    pool): see mhakit._device.Allocation."""
 
-    __slots__ = ("ptr", "nbytes", "device", "stream", "_stream_ref", "_async")
+    __slots__ = ()
 
-    def __init__(self, ptr: int, nbytes: int, device: int, stream: int, stream_ref: Any, is_async: bool):
-        self.ptr, self.nbytes, self.device, self.stream = ptr, nbytes, device, stream
-        self._stream_ref, self._async = stream_ref, is_async
-
-    def free(self) -> None:
-        ptr, self.ptr = self.ptr, 0
-        if not ptr or _DRIVER is None:
+    def _release(self, ptr: int) -> None:
+        if _DRIVER is None:
             return
         cu = _DRIVER
         with device_scope(self.device):
@@ -220,12 +198,6 @@ class Allocation:
                 cu.cuMemFreeAsync(ptr, self.stream)
             else:
                 cu.cuMemFree(ptr)
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:  # pragma: no cover - interpreter shutdown, or the context is gone
-            pass
 
 
 def allocate(nbytes: int, device: int, stream: int, stream_ref: Any = None) -> Allocation:

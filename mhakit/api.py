@@ -167,24 +167,35 @@ def _resolve_scale(scale: Any, d: int) -> float:
     return value
 
 
-def _check_device(views: Sequence[ArrayView], device: int) -> None:
+def _check_device(views: Sequence[ArrayView], device: int, backend: str) -> None:
     for v in views:
         if v.device_id is not None and v.device_id != device:
-            raise ValueError(f"{v.name}: is on cuda:{v.device_id} but q is on cuda:{device}")
+            raise ValueError(f"{v.name}: is on {backend}:{v.device_id} but q is on {backend}:{device}")
 
 
-def _resolve_device(views: Sequence[ArrayView]) -> int:
-    from . import _cuda
+def _resolve_backend(views: Sequence[ArrayView]) -> str:
+    """The backend of the call ("cuda" or "rocm"): every array's DLPack device type must name the same one."""
+    backend = _arrays.backend_of(views[0].device_type)
+    for v in views[1:]:
+        if _arrays.backend_of(v.device_type) != backend:
+            raise ValueError(f"{v.name}: is a {_arrays.backend_of(v.device_type)} array but {views[0].name} is a "
+                             f"{backend} array")
+    return backend
+
+
+def _resolve_device(views: Sequence[ArrayView], layer) -> int:
+    """The device ordinal of the call, asked of `layer` (the call's device layer) where no array says."""
     for v in views:
-        if v.device_id is None:  # CAI does not say: ask the driver about the pointer
+        if v.device_id is None:  # CAI (a CUDA protocol) does not say: ask the CUDA driver about the pointer
+            from . import _cuda
             v.device_id = _cuda.pointer_device(v.ptr, v.name) if v.ptr else None
     device = views[0].device_id
     if device is None:
         device = next((v.device_id for v in views if v.device_id is not None), None)
     if device is None:
-        cur = _cuda.current_device()
+        cur = layer.current_device()
         device = 0 if cur is None else cur
-    _check_device(views, device)
+    _check_device(views, device, layer.backend)
     return device
 
 
@@ -356,13 +367,12 @@ class _Seqstarts:
     def pointers(self, call: "_Call", device: int):
         """({name: device pointer}, allocations to free once the launch is queued). Host offsets are copied on the
         call's stream, so the launch that follows sees them."""
-        from . import _cuda
         uploads, ptrs = [], {}
         for name in ("cu_seqlens_q", "cu_seqlens_k"):
             if name in self.host:
                 arr = self.host[name]
-                alloc = _cuda.allocate(arr.nbytes, device, call.stream, call.stream_ref)
-                _cuda.copy_from_host(alloc.ptr, arr.ctypes.data, arr.nbytes, device, call.stream)
+                alloc = call.layer.allocate(arr.nbytes, device, call.stream, call.stream_ref)
+                call.layer.copy_from_host(alloc.ptr, arr.ctypes.data, arr.nbytes, device, call.stream)
                 uploads.append(alloc)
                 ptrs[name] = alloc.ptr
             else:
@@ -429,9 +439,22 @@ class _Call:
     """The part every call shares once the arguments are understood: device, outputs, stream order, launch."""
 
     def __init__(self, stream: Any, dtype: Any):
-        from . import _cuda
-        self.stream, self.stream_ref = _cuda.stream_handle(stream)
+        from . import _device
+        self.stream, self.stream_ref = _device.stream_handle(stream)
         self.override = _normalise_dtype(dtype)
+        self.backend, self.layer = "cuda", None  # set by resolve_device from the arrays
+
+    def resolve_device(self, views: Sequence[ArrayView]) -> int:
+        """The call's backend and device from its arrays; from here on the call uses that backend's device layer
+        (mhakit._cuda or mhakit._hip) and that backend's libraries."""
+        from . import _device
+        self.backend = _resolve_backend(views)
+        self.layer = _device.layer(self.backend)
+        return _resolve_device(views, self.layer)
+
+    def library(self, api: str, device: int, kind: str, hdim_q: int, hdim_v: int, mode: str, masked: bool):
+        from . import jit
+        return jit.library(api, device, kind, hdim_q, hdim_v, mode, masked, backend=self.backend)
 
     def view(self, obj: Any, name: str) -> ArrayView:
         return _arrays.view_of(obj, name, self.stream)
@@ -445,23 +468,22 @@ class _Call:
         return view
 
     def allocate(self, device: int, shape: Tuple[int, ...], storage: str) -> DeviceArray:
-        from . import _cuda
         dtype = _arrays.dtype_by_name(storage)
         nbytes = math.prod(shape) * dtype.itemsize
-        alloc = _cuda.allocate(nbytes, device, self.stream, self.stream_ref)
-        return DeviceArray(alloc.ptr, shape, dtype, device, owner=alloc, stream=self.stream)
+        alloc = self.layer.allocate(nbytes, device, self.stream, self.stream_ref)
+        return DeviceArray(alloc.ptr, shape, dtype, device, owner=alloc, stream=self.stream,
+                           device_type=self.layer.device_type)
 
     def order_inputs(self, views: Sequence[ArrayView], device: int) -> None:
         """CAI producers (and our own arrays) name the stream they wrote on: order this call's stream after it."""
-        from . import _cuda
         for v in views:
             if v.stream is not None and v.stream != -1:
-                _cuda.order_streams(0 if v.stream == 1 else v.stream, self.stream, device)
+                self.layer.order_streams(0 if v.stream == 1 else v.stream, self.stream, device)
 
     def launch(self, lib, args, device: int) -> None:
-        from . import _capi, _cuda
+        from . import _capi
         config = _capi.make_stream_config(self.stream, log_level=LOG_LEVEL)
-        with _cuda.device_scope(device):
+        with self.layer.device_scope(device):
             lib.mha_fwd(args, config)
         if LOG_LEVEL > 0:  # the library printf()s the chosen instance; show it now, not at exit
             ctypes.CDLL(None).fflush(None)
@@ -469,17 +491,17 @@ class _Call:
     def launch_bwd(self, lib, args, device: int) -> None:
         """Ask the library how much scratch the instance it chooses for `args` needs, allocate it on the call's
         stream, launch, and free it on the same stream (the free is ordered after the kernels that use it)."""
-        from . import _capi, _cuda
+        from . import _capi
         config = _capi.make_stream_config(self.stream, log_level=LOG_LEVEL)
-        with _cuda.device_scope(device):
+        with self.layer.device_scope(device):
             need = lib.workspace_size(args)  # MhakitError when the library refuses the arguments; nothing allocated
             work = None
             try:
                 if need > 0:
-                    work = _cuda.allocate(need, device, self.stream, self.stream_ref)
+                    work = self.layer.allocate(need, device, self.stream, self.stream_ref)
                     if work.ptr % _WORKSPACE_ALIGN:  # pools align far more in practice; never rely on it
                         work.free()
-                        work = _cuda.allocate(need + _WORKSPACE_ALIGN, device, self.stream, self.stream_ref)
+                        work = self.layer.allocate(need + _WORKSPACE_ALIGN, device, self.stream, self.stream_ref)
                     args.workspace_ptr = -(-work.ptr // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
                     args.workspace_bytes = need
                 lib.mha_bwd(args, config)
@@ -537,7 +559,7 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     want_lse = return_lse or lv is not None
 
     views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None]
-    device = _resolve_device(views)
+    device = call.resolve_device(views)
     o = out if ov is not None else call.allocate(device, o_shape, storage)
     if ov is None:
         ov = call.view(o, "out")
@@ -549,8 +571,8 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     if b == 0 or sq == 0 or hq == 0:
         return (o, lse) if return_lse else o
 
-    from . import _capi, jit
-    lib = jit.library("fwd", device, kind, d, dv, "batch", mask_type != 0)
+    from . import _capi
+    lib = call.library("fwd", device, kind, d, dv, "batch", mask_type != 0)
     call.order_inputs(views, device)
     lse_strides = (0, 0)
     if lv is not None:
@@ -601,7 +623,7 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
     want_lse = return_lse or lv is not None
 
     views = [qv, kv, vv] + list(seqs.device.values()) + [x for x in (ov, lv) if x is not None]
-    device = _resolve_device(views)
+    device = call.resolve_device(views)
     o = out if ov is not None else call.allocate(device, o_shape, storage)
     if ov is None:
         ov = call.view(o, "out")
@@ -613,8 +635,8 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
     if batch == 0 or tq == 0 or hq == 0 or max_q == 0:
         return (o, lse) if return_lse else o
 
-    from . import _capi, jit
-    lib = jit.library("fwd", device, kind, d, dv, "group", mask_type != 0)
+    from . import _capi
+    lib = call.library("fwd", device, kind, d, dv, "group", mask_type != 0)
     call.order_inputs(views, device)
     seq_ptrs, uploads = seqs.pointers(call, device)
     # No sequence has keys when total_k == 0; the C API still wants non-null k/v pointers in group mode.
@@ -696,7 +718,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
         grads[name] = [given, view, shape, heads, rows, hdim]
 
     views = [qv, kv, vv, ov, dov, lv] + [gr[1] for gr in grads.values() if gr[1] is not None]
-    device = _resolve_device(views)
+    device = call.resolve_device(views)
     for name, gr in grads.items():
         if gr[1] is None:
             gr[0] = call.allocate(device, gr[2], storage)
@@ -705,8 +727,8 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
     if b == 0 or hq == 0 or (sq == 0 and sk == 0):
         return result
 
-    from . import _capi, jit
-    lib = jit.library("bwd", device, kind, d, d_v, "batch", mask_type != 0)
+    from . import _capi
+    lib = call.library("bwd", device, kind, d, d_v, "batch", mask_type != 0)
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     args = _capi.make_bwd_args(
@@ -772,7 +794,7 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
 
     views = ([qv, kv, vv, ov, dov, lv] + list(seqs.device.values())
              + [gr[1] for gr in grads.values() if gr[1] is not None])
-    device = _resolve_device(views)
+    device = call.resolve_device(views)
     for name, gr in grads.items():
         if gr[1] is None:
             gr[0] = call.allocate(device, gr[2], storage)
@@ -781,8 +803,8 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
     if seqs.batch == 0 or hq == 0 or (tq == 0 and tk == 0) or (seqs.max_q == 0 and seqs.max_k == 0):
         return result
 
-    from . import _capi, jit
-    lib = jit.library("bwd", device, kind, d, d_v, "group", mask_type != 0)
+    from . import _capi
+    lib = call.library("bwd", device, kind, d, d_v, "group", mask_type != 0)
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     # Group mode: the C API wants every pointer non-null. A side without tokens (total 0) is never addressed, so any

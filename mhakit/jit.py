@@ -773,20 +773,21 @@ def default_cache() -> KernelCache:
     return _DEFAULT_CACHE[0]
 
 
-def device_arch(device: int) -> str:
-    """The arch mhakit builds for CUDA device `device` (sm_90a on H100/H200)."""
-    arch = _ARCHS.get(device)
+def device_arch(device: int, backend: str = "cuda") -> str:
+    """The arch mhakit builds for device `device` of `backend` (its device layer, mhakit._device, asks the device:
+    sm_90a on H100/H200, gfx942 on MI300X)."""
+    arch = _ARCHS.get((backend, device))
     if arch is None:
-        from . import _cuda
-        major, minor = _cuda.compute_capability(device)
-        arch = _ARCHS[device] = _codegen.submodule("toolchain").arch_for_compute_capability(major, minor)
+        from . import _device
+        arch = _ARCHS[(backend, device)] = _device.layer(backend).device_arch(device)
     return arch
 
 
-def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool):
-    """The loaded library serving a call on `device` (memoised: a dict lookup after the first call): a
-    _capi.FwdLibrary for api "fwd", a _capi.BwdLibrary for "bwd"."""
-    key = (api, device, dtype, hdim_q, hdim_v, mode, masked)
+def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
+            backend: str = "cuda"):
+    """The loaded library serving a call on `device` of `backend` ("cuda", or "rocm" for a ROCm array) (memoised: a
+    dict lookup after the first call): a _capi.FwdLibrary for api "fwd", a _capi.BwdLibrary for "bwd"."""
+    key = (api, device, dtype, hdim_q, hdim_v, mode, masked, backend)
     lib = _LIBS.get(key)
     if lib is not None:
         return lib
@@ -795,7 +796,7 @@ def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: s
     with _LIBS_LOCK:
         lib = _LIBS.get(key)
         if lib is None:
-            arch = device_arch(device)
+            arch = device_arch(device, backend)
             path = default_cache().library_for(api, arch, dtype, hdim_q, hdim_v, mode, masked)
             lib = _LIBS[key] = LOADERS[api](path)
     return lib
@@ -805,14 +806,26 @@ def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: s
 # Ahead of time
 # ------------------------------------------------------------------------------------------------------------------
 
+def _backends_present() -> tuple:
+    """The backends whose GPUs this machine may have, in the order default_arch asks them: an AMD-only machine
+    (ROCm's /dev/kfd, no /dev/nvidia*) is asked through HIP only, so that nothing CUDA-specific is imported there;
+    any other machine is asked through CUDA first, as before the ROCm layer existed."""
+    import glob
+    if os.path.exists("/dev/kfd") and not glob.glob("/dev/nvidia*"):
+        return ("rocm",)
+    return ("cuda", "rocm")
+
+
 def default_arch() -> str:
-    """The arch of GPU 0 when one is usable, else what codegen.toolchain.detect_arch() says (sm_90a without one)."""
-    try:
-        from . import _cuda
-        if _cuda.device_count() > 0:
-            return device_arch(0)
-    except Exception:
-        pass
+    """The arch of GPU 0 when one is usable (an NVIDIA GPU through cuda-bindings, an AMD GPU through hip-python),
+    else what codegen.toolchain.detect_arch() says (sm_90a without one)."""
+    from . import _device
+    for backend in _backends_present():
+        try:
+            if _device.layer(backend).device_count() > 0:
+                return device_arch(0, backend)
+        except Exception:
+            continue
     return _codegen.submodule("toolchain").detect_arch()
 
 
@@ -823,7 +836,7 @@ def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolc
     build = _codegen.submodule("build")
     start = time.monotonic()
     union = sorted({sp.name: sp for p in todo for sp in p.entry.specs}.values(), key=lambda sp: sp.name)
-    log(f"[mhakit] compiling {len(union)} kernel instances with nvcc {toolchain.version} "
+    log(f"[mhakit] compiling {len(union)} kernel instances with {toolchain.label} {toolchain.version} "
         f"(-j{jobs or os.cpu_count() or 1})")
     request = build.BuildRequest(api=api, arch=arch, specs=union, build_dir=shared / "build",
                                  install_dir=shared / "all", jobs=jobs, capture_output=True, toolchain=toolchain)

@@ -86,7 +86,7 @@ class TestBatchArguments:
         (arr((2, 64, 8, 128)), arr((2, 80, 2, 128), device=1), arr((2, 80, 2, 128)), ValueError,
          "k: is on cuda:1 but q is on cuda:0"),
         (np.zeros((2, 64, 8, 128), np.float16), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)), ValueError,
-         r"q: is a cpu array \(ndarray\); mhakit needs CUDA device memory"),
+         r"q: is a cpu array \(ndarray\); mhakit needs CUDA or ROCm device memory"),
         (arr((2, 64, 8, 128)), "k", arr((2, 80, 2, 128)), TypeError, "k: expected a CUDA array exposing __dlpack__"),
     ])
     def test_shape_dtype_device_errors_name_the_argument(self, q, k, v, error, message):
@@ -182,7 +182,7 @@ def test_empty_problem_needs_no_library(monkeypatch):
 
 
 def test_import_is_torch_free_and_lazy():
-    """`import mhakit` and the front end's modules load without torch (blocked here), without touching CUDA, and do
+    """`import mhakit` and the front end's modules load without torch (blocked here), without touching CUDA or HIP, and do
     not install a top-level `codegen` module."""
     code = (
         "import sys, importlib.abc\n"
@@ -193,12 +193,12 @@ def test_import_is_torch_free_and_lazy():
         "sys.meta_path.insert(0, Block())\n"
         "import mhakit\n"
         "assert 'numpy' not in sys.modules and 'mhakit.api' not in sys.modules\n"
-        "from mhakit import api, jit, _arrays, _cuda\n"
+        "from mhakit import api, jit, _arrays, _cuda, _hip\n"
         "mhakit.mha_fwd, mhakit.mha_varlen_fwd, mhakit.mha_bwd, mhakit.mha_varlen_bwd, mhakit.prebuild\n"
         "mhakit.reference.attention_fwd, mhakit.reference.attention_bwd\n"
         "e = jit.derive_entry('fwd', 'sm_90a', 'bf16', 128, 128, 'batch', False)\n"
         "assert mhakit.codegen.__name__ == 'mhakit.codegen' and 'codegen' not in sys.modules\n"
-        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'jax', 'cuda')]\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'jax', 'cuda', 'hip')]\n"
         "print('ok')\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")

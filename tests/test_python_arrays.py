@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 
-from mhakit import _arrays, _cuda
+from mhakit import _arrays, _device
 from mhakit._arrays import DeviceArray, dtype_by_name, view_of
 
 
@@ -81,7 +81,7 @@ class TestDLPackReader:
             view_of([[1.0]], "q")
 
     def test_host_array_is_refused_by_name(self):
-        with pytest.raises(ValueError, match=r"k: is a cpu array \(ndarray\); mhakit needs CUDA device memory"):
+        with pytest.raises(ValueError, match=r"k: is a cpu array \(ndarray\); mhakit needs CUDA or ROCm device memory"):
             view_of(np.zeros((2, 2), np.float16), "k")
 
 
@@ -170,13 +170,13 @@ class TestStreams:
             def __cuda_stream__(self):
                 return (0, 0x333)
 
-        assert _cuda.stream_handle(None) == (0, None)
-        assert _cuda.stream_handle(0x99) == (0x99, None)
+        assert _device.stream_handle(None) == (0, None)
+        assert _device.stream_handle(0x99) == (0x99, None)
         for obj, handle in ((Torchish(), 0x111), (Cupyish(), 0x222), (Protocol(), 0x333)):
-            h, keep = _cuda.stream_handle(obj)
+            h, keep = _device.stream_handle(obj)
             assert h == handle and keep is obj
 
     @pytest.mark.parametrize("bad, error", [(True, TypeError), (-1, ValueError), ("s", TypeError), (1.5, TypeError)])
     def test_bad_streams(self, bad, error):
         with pytest.raises(error, match="stream"):
-            _cuda.stream_handle(bad)
+            _device.stream_handle(bad)

@@ -558,7 +558,7 @@ class TestDeriveBwd:
 
         monkeypatch.setattr(jit, "_LIBS", {})
         monkeypatch.setattr(jit, "default_cache", lambda: Cache())
-        monkeypatch.setattr(jit, "device_arch", lambda device: "sm_90a")
+        monkeypatch.setattr(jit, "device_arch", lambda device, backend="cuda": "sm_90a")
         monkeypatch.setattr(_capi, "load_bwd_library", lambda path: loaded.append(path) or ("bwd", path))
         monkeypatch.setattr(_capi, "load_library", lambda path: pytest.fail("the forward loader must not be used"))
         lib = jit.library("bwd", 0, "bf16", 128, 128, "group", True)

@@ -4,6 +4,7 @@ kernel descriptors, MFMA instructions). Nothing here runs on an AMD GPU: there i
 without a HIP compiler and a CK tree (tools/rocm_sdk.sh prepares both; .ci/run calls it)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -62,6 +63,48 @@ def test_libraries_export_only_the_c_api(rocm_builds):
         exported = {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
         assert f"mhakit_mha_{api}" in exported and "mhakit_last_error" in exported
         assert all(name.startswith("mhakit_") for name in exported), sorted(exported)
+
+
+# What clang's HIP code generation itself emits to register a module's kernels (the HIP runtime defines them; no
+# header declares them), and what every shared object leaves to the C runtime's start-up files.
+COMPILER_EMITTED = {"__hipRegisterFatBinary", "__hipRegisterFunction", "__hipUnregisterFatBinary"}
+STARTUP = {"__gmon_start__", "_ITM_registerTMCloneTable", "_ITM_deregisterTMCloneTable"}
+
+
+def _undefined(path: Path) -> set[str]:
+    """Undefined symbols of an object or shared library, without symbol versions (nm -D for a shared library)."""
+    nm = subprocess.run(["nm", "--undefined-only", *(["-D"] if path.suffix == ".so" else []), str(path)],
+                        capture_output=True, text=True)
+    if nm.returncode != 0:
+        pytest.skip("nm not available")
+    return {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
+
+
+def test_what_is_left_to_the_hip_runtime_is_its_api(rocm_builds, build_root):
+    """No HIP runtime library can be linked here (the README's ROCm section says why), so the libraries leave the
+    HIP runtime's symbols to the process that loads them and the benchmarks are compiled, not linked. What they leave
+    open must be the HIP runtime's own API, as the HIP headers they were compiled against declare it (so that a
+    ROCm install's libamdhip64 resolves it): the libraries' unversioned undefined symbols, and the benchmarks'
+    hip* symbols, are each declared in hip_runtime_api.h or emitted by clang's HIP code generation."""
+    from codegen import toolchain
+    tc = toolchain.Hipcc.create("gfx942", "gfx942")
+    if tc.can_link_executables:
+        pytest.skip("a HIP runtime library is present: the libraries and benchmarks are linked against it")
+    api_header = tc.rocm / "include" / "hip" / "hip_runtime_api.h" if tc.rocm is not None else None
+    if api_header is None or not api_header.is_file():
+        pytest.skip("no HIP headers under the ROCm root")
+    text = api_header.read_text(errors="replace")
+    declared = set(re.findall(r"\b(_{0,2}hip[A-Za-z0-9_]+)\s*\(", text))
+    # HIP 6 renamed calls whose structs changed (#define hipGetDeviceProperties hipGetDevicePropertiesR0600)
+    declared |= {new for old, new in re.findall(r"#define\s+(hip\w+)\s+(hip\w+)\s*$", text, re.M) if old in declared}
+    for (api, _arch), (out, _) in rocm_builds.items():
+        left = {name for name in _undefined(out / f"libmha_{api}.so") if "@" not in name} - STARTUP
+        assert left and all(name in declared or name in COMPILER_EMITTED for name in left), sorted(left)
+    benchmarks = sorted((build_root / "objects").glob("rocm-*/**/benchmark_mha_*.o"))  # beside them: CUDA builds
+    assert {b.stem for b in benchmarks} == {"benchmark_mha_fwd", "benchmark_mha_bwd"}
+    for obj in benchmarks:
+        hip = {name for name in _undefined(obj) if name.lstrip("_").startswith("hip")}
+        assert hip and hip <= declared, sorted(hip - declared)
 
 
 def test_a_second_build_compiles_nothing(rocm_builds, build_root):
