@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU, in one go (one device session): build the default profile of both directions with
+# Everything that needs the GPU, in one go (one device session): build the `all` profile of both directions with
 # every core, run the GPU tests, the full forward and backward smoke grids, compute-sanitizer memcheck over a
 # representative subset, and the peer benchmarks. Logs go to $OUT (or ./gpu_check_logs); the last lines printed are
 # the summary.
@@ -22,18 +22,18 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm -
 if want build; then
     for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
         start=$(date +%s)
-        (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile default --benchmark -j "$(nproc)" \
+        (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile all --benchmark -j "$(nproc)" \
             --build-dir "$work/objects") >"$logs/build_default_$api.log" 2>&1
         rc=$?
-        count=$(python3 compile.py --api $api --list --arch sm_90a | tail -1)
-        note "build default $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
+        count=$(python3 compile.py --api $api --list --arch sm_90a --profile all | tail -1)
+        note "build all $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
         tail -2 "$logs/build_default_$api.log"
     done
 fi
 lib_dir="$work/lib"
 
 if want tests; then
-    MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \
+    MHAKIT_TEST_PROFILE=all MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \
         python3 -m pytest -q -m gpu tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
     note "pytest -m gpu: $(tail -1 "$logs/pytest_gpu.log")"
     # The same Python GPU tests through the pure-Python call path (the C path above is the default).

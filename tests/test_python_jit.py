@@ -109,7 +109,7 @@ class TestDerive:
         assert names == ["fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        assert len(default) == 88 and len({e.name for e in default}) == 88
+        assert len(default) == 72 and len({e.name for e in default}) == 72
 
     def test_arch_for_compute_capability(self):
         f = toolchain_mod.arch_for_compute_capability
