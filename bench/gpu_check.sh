@@ -23,11 +23,11 @@ if want build; then
     for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
         start=$(date +%s)
         (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile all --benchmark -j "$(nproc)" \
-            --build-dir "$work/objects") >"$logs/build_default_$api.log" 2>&1
+            --build-dir "$work/objects") >"$logs/build_$api.log" 2>&1
         rc=$?
         count=$(python3 compile.py --api $api --list --arch sm_90a --profile all | tail -1)
         note "build all $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
-        tail -2 "$logs/build_default_$api.log"
+        tail -2 "$logs/build_$api.log"
     done
 fi
 lib_dir="$work/lib"
