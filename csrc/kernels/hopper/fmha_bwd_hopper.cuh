@@ -13,8 +13,8 @@
 //
 // Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q == hdim_v, a
 // multiple of 8, <= kHdim (kHdim in {64, 96, 128, 256}; smaller head dims are zero-padded by TMA; 192 does not
-// build: the query split's per-warpgroup head-dim half, 96, is no canonical MN-major GMMA operand); batch mode (kGroup =
-// false: any seqlen_q, seqlen_k >= 1) and group mode (kGroup = true: sequences of any lengths, empty ones included,
+// build: the query split's per-warpgroup head-dim half, 96, is no canonical MN-major GMMA operand); batch mode
+// (kGroup = false: any seqlen_q, seqlen_k >= 1) and group mode (kGroup = true: sequences of any lengths, empty ones included,
 // packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q / total_k rows, which the
 // caller must give — 0 sends the call to the generic family); GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head
 // loops over its query heads); deterministic = false only (dQ is accumulated with fp32 reductions in arbitrary

@@ -171,7 +171,8 @@ struct HopperFwdKernelImpl {
 
         if (wg_idx == 0) {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
-            if (warp_in_wg == 0 && !tiles.visit.empty()) producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit);
+            if (warp_in_wg == 0 && !tiles.visit.empty())
+                producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit);
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
             consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, tiles, wg_idx - 1);
