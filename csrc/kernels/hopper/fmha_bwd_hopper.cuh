@@ -13,14 +13,15 @@
 //
 // Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q == hdim_v, a
 // multiple of 8, <= kHdim (kHdim in {64, 96, 128, 256}; smaller head dims are zero-padded by TMA; 192 does not
-// build: the query split's per-warpgroup head-dim half, 96, is no canonical MN-major GMMA operand); batch mode
-// (kGroup = false: any seqlen_q, seqlen_k >= 1) and group mode (kGroup = true: sequences of any lengths, empty ones included,
-// packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q / total_k rows, which the
-// caller must give — 0 sends the call to the generic family); GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head
-// loops over its query heads); deterministic = false only (dQ is accumulated with fp32 reductions in arbitrary
-// order: the catalogue's `deterministic = false` makes the runtime refuse deterministic calls). Masks: kMasked = false serves mask_type 0; kMasked = true serves
-// mask_type 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see
-// no key of a block are skipped, keys that no query sees get dK = dV = 0.
+// build: the query split's per-warpgroup head-dim half, 96, is no canonical MN-major GMMA operand).
+// Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths,
+// empty ones included, packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /
+// total_k rows, which the caller must give (0 sends the call to the generic family).
+// GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head loops over its query heads). deterministic = false only
+// (dQ is accumulated with fp32 reductions in arbitrary order: the catalogue's `deterministic = false` makes the
+// runtime refuse deterministic calls). Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type
+// 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see no key of a
+// block are skipped, keys that no query sees get dK = dV = 0.
 // Layout: q, k, v, o, do, dq, dk, dv 16-byte aligned with every row / head / batch stride a multiple of 8 elements
 // (16 bytes); lse any fp32 strides.
 //
