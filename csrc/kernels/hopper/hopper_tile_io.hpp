@@ -16,42 +16,41 @@ namespace mhakit::hopper {
 
 template <class TileShapeQK, class TileShapePV>
 struct FwdTileIO {
-    // Q: (64, hdim) tiles down the query rows; warpgroup w of query block m reads tile m * NumMmaWG + w.
     // problem: (b, (g, hk), sq, sk, d, ...) as the TMA descriptors were made; bh: (batch, query head).
+    // Q: (64, hdim) tiles down the query rows; warpgroup w of query block m reads tile m * NumMmaWG + w.
     template <class Tma, class Problem, class BH, class Element, class SmemLayout>
     CUTLASS_DEVICE static auto q(Tma const& tma, Problem const& problem, BH const& bh, int q_row0, Element* smem,
                                  SmemLayout const& layout) {
         using namespace cute;
-        Tensor m = tma.get_tma_tensor(make_shape(get<2>(problem), get<4>(problem), select<0, 1>(problem)))(_, _, bh);
-        Tensor g = local_tile(domain_offset(make_coord(q_row0, _0{}), m), select<0, 2>(TileShapeQK{}),
-                              make_coord(_, _0{}));
-        return partition(tma, g, smem, layout);
+        return tiles(tma, make_shape(get<2>(problem), get<4>(problem), select<0, 1>(problem)), bh,
+                     make_coord(q_row0, _0{}), select<0, 2>(TileShapeQK{}), make_coord(_, _0{}), smem, layout);
     }
     // K: (block_n, hdim) tiles down the keys.
     template <class Tma, class Problem, class BH, class Element, class SmemLayout>
     CUTLASS_DEVICE static auto k(Tma const& tma, Problem const& problem, BH const& bh, int k_row0, Element* smem,
                                  SmemLayout const& layout) {
         using namespace cute;
-        Tensor m = tma.get_tma_tensor(make_shape(get<3>(problem), get<4>(problem), select<0, 1>(problem)))(_, _, bh);
-        Tensor g = local_tile(domain_offset(make_coord(k_row0, _0{}), m), select<1, 2>(TileShapeQK{}),
-                              make_coord(_, _0{}));
-        return partition(tma, g, smem, layout);
+        return tiles(tma, make_shape(get<3>(problem), get<4>(problem), select<0, 1>(problem)), bh,
+                     make_coord(k_row0, _0{}), select<1, 2>(TileShapeQK{}), make_coord(_, _0{}), smem, layout);
     }
     // V, seen transposed (hdim, keys): (hdim, block_n) tiles along the keys.
     template <class Tma, class Problem, class BH, class Element, class SmemLayout>
     CUTLASS_DEVICE static auto v(Tma const& tma, Problem const& problem, BH const& bh, int k_row0, Element* smem,
                                  SmemLayout const& layout) {
         using namespace cute;
-        Tensor m = tma.get_tma_tensor(make_shape(get<4>(problem), get<3>(problem), select<0, 1>(problem)))(_, _, bh);
-        Tensor g = local_tile(domain_offset(make_coord(_0{}, k_row0), m), select<1, 2>(TileShapePV{}),
-                              make_coord(_0{}, _));
-        return partition(tma, g, smem, layout);
+        return tiles(tma, make_shape(get<4>(problem), get<3>(problem), select<0, 1>(problem)), bh,
+                     make_coord(_0{}, k_row0), select<1, 2>(TileShapePV{}), make_coord(_0{}, _), smem, layout);
     }
 
   private:
-    template <class Tma, class TensorG, class Element, class SmemLayout>
-    CUTLASS_DEVICE static auto partition(Tma const& tma, TensorG const& g, Element* smem, SmemLayout const& layout) {
+    // The (batch, head) slice of the TMA tensor of `shape`, shifted by `offset` rows, cut into `tile`s along the
+    // mode that `coord` leaves open; partitioned for the CTA against the shared-memory stages.
+    template <class Tma, class Shape, class BH, class Offset, class Tile, class Coord, class Element, class SmemLayout>
+    CUTLASS_DEVICE static auto tiles(Tma const& tma, Shape const& shape, BH const& bh, Offset const& offset,
+                                     Tile const& tile, Coord const& coord, Element* smem, SmemLayout const& layout) {
         using namespace cute;
+        Tensor m = tma.get_tma_tensor(shape)(_, _, bh);
+        Tensor g = local_tile(domain_offset(offset, m), tile, coord);
         auto cta = tma.get_slice(_0{});
         return make_tuple(cta.partition_S(g), cta.partition_D(make_tensor(make_smem_ptr(smem), layout)));
     }
