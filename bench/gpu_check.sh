@@ -82,6 +82,11 @@ bwd -prec=bf16 -b=1 -h=4 -h_k=1 -s=500 -s_k=251 -d=128 -mask=1 -deterministic=1
 bwd -prec=bf16 -b=2 -h=1 -s=987 -s_k=219 -d=256 -mask=t:128,30
 bwd -prec=fp16 -b=2 -h=3 -h_k=1 -s=244 -s_k=499 -d=192 -d_v=128 -mask=b:4,35
 bwd -prec=bf16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -d=128 -mask=b
+fwd -prec=bf16 -b=2 -h=4 -h_k=2 -s=100 -s_k=77 -d=59 -lse=1
+fwd -prec=fp16 -mode=1 -b=2 -h=2 -s=99,31 -s_k=200,64 -d=111 -d_v=59 -mask=b -lse=1 -iperm=0 -operm=0
+bwd -prec=bf16 -b=1 -h=4 -h_k=2 -s=259 -d=59
+bwd -prec=fp16 -mode=1 -b=2 -h=4 -h_k=1 -s=200,57 -s_k=251,90 -d=111 -mask=1 -iperm=0 -operm=0
+bwd -prec=bf16 -b=1 -h=2 -s=130 -s_k=200 -d=255 -mask=b:4,35 -deterministic=1
 CASES
     note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
 fi
