@@ -39,13 +39,20 @@ __device__ __forceinline__ int chunk_elems(int cols_valid, int c8) {
     return n < 0 ? 0 : (n > 8 ? 8 : n);
 }
 
-// The first n (0..8) elements at src, element by element, zeros after them, packed as one 16-byte chunk.
+// The first n (0..8) elements at src, element by element, zeros after them, packed as one 16-byte chunk. A whole
+// chunk (every chunk of a head dim that is a multiple of 8) takes eight unpredicated loads.
 __device__ __forceinline__ uint4 load_elems(const uint16_t* src, int n) {
-    uint32_t w[4];
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    if (n == 8) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const uint32_t lo = 2 * e < n ? src[2 * e] : 0u, hi = 2 * e + 1 < n ? src[2 * e + 1] : 0u;
-        w[e] = lo | (hi << 16);
+        for (int e = 0; e < 4; ++e)
+            w[e] = static_cast<uint32_t>(src[2 * e]) | (static_cast<uint32_t>(src[2 * e + 1]) << 16);
+    } else if (n > 0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint32_t lo = 2 * e < n ? src[2 * e] : 0u, hi = 2 * e + 1 < n ? src[2 * e + 1] : 0u;
+            w[e] = lo | (hi << 16);
+        }
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
