@@ -26,7 +26,6 @@
 namespace mhakit::generic::bwd_detail {
 
 using generic::detail::aligned16;
-using generic::detail::chunk_elems;
 #if defined(__CUDACC__)
 using generic::detail::cp_async_4;
 using generic::detail::load8;
@@ -397,8 +396,8 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dot_kernel(const Bwd
     const bool al_o = flags & kAlO, al_do = flags & kAlDO;
     float acc = 0.f;
     for (int c = lane; c < ((p.hdim_v + 7) >> 3); c += 32) {
-        const int n = chunk_elems(p.hdim_v, c * 8);  // the last chunk may be partial: zeros past the head dim
-        const uint4 a = load8(o + c * 8, n, al_o), d = load8(dout + c * 8, n, al_do);
+        const int rem = p.hdim_v - c * 8;  // the last chunk may be partial: zeros past the head dim
+        const uint4 a = load8(o + c * 8, rem, al_o), d = load8(dout + c * 8, rem, al_do);
         const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wd[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -443,7 +442,7 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dq_convert_kernel(co
         const float4 bq = reinterpret_cast<const float4*>(src)[2 * c + 1];
         const uint4 v = make_uint4(Mma::pack(a.x * scale, a.y * scale), Mma::pack(a.z * scale, a.w * scale),
                                    Mma::pack(bq.x * scale, bq.y * scale), Mma::pack(bq.z * scale, bq.w * scale));
-        store8(dst + c * 8, v, chunk_elems(p.hdim_q, c * 8), al);
+        store8(dst + c * 8, v, p.hdim_q - c * 8, al);
     }
 }
 
@@ -480,7 +479,7 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dkv_reduce_kernel(co
             store8(dst + c * 8,
                    make_uint4(Mma::pack(s[0], s[1]), Mma::pack(s[2], s[3]), Mma::pack(s[4], s[5]),
                               Mma::pack(s[6], s[7])),
-                   chunk_elems(hd, c * 8), al);
+                   hd - c * 8, al);
         }
     }
 }

@@ -33,46 +33,49 @@ __device__ __forceinline__ void for_each_chunk(int tid, F&& f) {
     }
 }
 
-// Real elements (0..8) of the 16-byte chunk that starts at column c8 of a row with cols_valid real columns.
-__device__ __forceinline__ int chunk_elems(int cols_valid, int c8) {
-    const int n = cols_valid - c8;
-    return n < 0 ? 0 : (n > 8 ? 8 : n);
-}
+// A chunk is described by `rem`, the real elements of its row from the chunk's first column on (cols_valid - c * 8):
+// rem >= 8 is a whole chunk, 0 < rem < 8 a partial one (the row's last), rem <= 0 none. rem is deliberately not
+// clamped to [0, 8]: with the clamped count n, the test n == 8 was compiled (nvcc 13.0, sm_90a) into a branch on the
+// predicate output of the min that clamps it, and on the H200 partial chunks then took the whole-chunk path (16-byte
+// stores past the row, 8-element loads past it). Tests on rem itself compile to plain comparisons.
 
-// The first n (0..8) elements at src, element by element, zeros after them, packed as one 16-byte chunk. A whole
-// chunk (every chunk of a head dim that is a multiple of 8) takes eight unpredicated loads.
-__device__ __forceinline__ uint4 load_elems(const uint16_t* src, int n) {
+// cp.async source bytes of a chunk: 16 when whole, 2 * rem when partial, 0 when empty (zero-fill, nothing read).
+__device__ __forceinline__ int chunk_bytes(int rem) { return rem >= 8 ? 16 : (rem > 0 ? 2 * rem : 0); }
+
+// The chunk at src (see rem above), element by element, zeros past the row, packed as 16 bytes. A whole chunk (every
+// chunk of a head dim that is a multiple of 8) takes eight unpredicated loads.
+__device__ __forceinline__ uint4 load_elems(const uint16_t* src, int rem) {
     uint32_t w[4] = {0u, 0u, 0u, 0u};
-    if (n == 8) {
+    if (rem >= 8) {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             w[e] = static_cast<uint32_t>(src[2 * e]) | (static_cast<uint32_t>(src[2 * e + 1]) << 16);
-    } else if (n > 0) {
+    } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const uint32_t lo = 2 * e < n ? src[2 * e] : 0u, hi = 2 * e + 1 < n ? src[2 * e + 1] : 0u;
+            const uint32_t lo = 2 * e < rem ? src[2 * e] : 0u, hi = 2 * e + 1 < rem ? src[2 * e + 1] : 0u;
             w[e] = lo | (hi << 16);
         }
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The first n (0..8) elements of a packed chunk to dst, element by element.
-__device__ __forceinline__ void store_elems(uint16_t* dst, uint4 v, int n) {
+// The real elements of a packed chunk (see rem above) to dst, element by element.
+__device__ __forceinline__ void store_elems(uint16_t* dst, uint4 v, int rem) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-        if (e < n) dst[e] = static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
+        if (e < rem) dst[e] = static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
 }
 
-// One 16-byte chunk of which the first n (0..8) elements are real: cp.async of 2n source bytes (the rest, and the
-// whole chunk when n = 0, zero-filled; nothing is read when n = 0) or element-wise loads for unaligned tensors.
-__device__ __forceinline__ void load_chunk(uint32_t dst, const uint16_t* src, const uint16_t* fallback, int n,
+// One 16-byte chunk (see rem above): cp.async of its real bytes, the rest zero-filled (the whole chunk when
+// rem <= 0: nothing is read then), or element-wise loads for unaligned tensors.
+__device__ __forceinline__ void load_chunk(uint32_t dst, const uint16_t* src, const uint16_t* fallback, int rem,
                                            bool aligned) {
     if (aligned)
-        ptx::cp_async_16(dst, n > 0 ? src : fallback, 2 * n);
+        ptx::cp_async_16(dst, rem > 0 ? src : fallback, chunk_bytes(rem));
     else
-        ptx::st_shared_v4(dst, load_elems(src, n));
+        ptx::st_shared_v4(dst, load_elems(src, rem));
 }
 
 // Rows [0, kRows) x 16-byte chunks [0, chunks_load) of a tile: global (row stride in elements) -> shared (kStride).
@@ -86,7 +89,7 @@ __device__ __forceinline__ void load_tile(uint16_t* smem, const uint16_t* gbase,
         constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
         const int c = tid % kChunks, r0 = tid / kChunks;
         if (c >= chunks_load) return;
-        const int c_elems = chunk_elems(cols_valid, c * 8), c_bytes = 2 * c_elems;
+        const int c_rem = cols_valid - c * 8, c_bytes = chunk_bytes(c_rem);
         const uint16_t* src = gbase + r0 * row_stride + c * 8;
         const int64_t src_step = kRowStep * row_stride;
         const uint32_t dst = ptx::smem_addr(smem + r0 * kStride + c * 8);
@@ -95,7 +98,7 @@ __device__ __forceinline__ void load_tile(uint16_t* smem, const uint16_t* gbase,
             for (int it = 0; it < kIters; ++it) {
                 const int r = r0 + it * kRowStep;
                 if ((kRows % kRowStep) != 0 && r >= kRows) break;
-                const bool valid = c_bytes > 0 && r < rows_valid;
+                const bool valid = c_rem > 0 && r < rows_valid;
                 ptx::cp_async_16(dst + it * kRowStep * kStride * 2, valid ? src + it * src_step : gbase,
                                  valid ? c_bytes : 0);
             }
@@ -104,32 +107,32 @@ __device__ __forceinline__ void load_tile(uint16_t* smem, const uint16_t* gbase,
             for (int it = 0; it < kIters; ++it) {
                 const int r = r0 + it * kRowStep;
                 if ((kRows % kRowStep) != 0 && r >= kRows) break;
-                load_chunk(dst + it * kRowStep * kStride * 2, src + it * src_step, gbase, r < rows_valid ? c_elems : 0,
+                load_chunk(dst + it * kRowStep * kStride * 2, src + it * src_step, gbase, r < rows_valid ? c_rem : 0,
                            false);
             }
         }
     } else {
         for_each_chunk<kRows, kChunks, kThreads>(tid, [&](int r, int c) {
             if (c >= chunks_load) return;
-            const int n = r < rows_valid ? chunk_elems(cols_valid, c * 8) : 0;
-            load_chunk(ptx::smem_addr(smem + r * kStride + c * 8), gbase + r * row_stride + c * 8, gbase, n, aligned);
+            const int rem = r < rows_valid ? cols_valid - c * 8 : 0;
+            load_chunk(ptx::smem_addr(smem + r * kStride + c * 8), gbase + r * row_stride + c * 8, gbase, rem, aligned);
         });
     }
 }
 
-// The first n (1..8) elements at src as one chunk (zeros after them): one 16-byte load when the tensor is aligned
-// and the chunk is whole, else element-wise.
-__device__ __forceinline__ uint4 load8(const uint16_t* src, int n, bool aligned) {
-    if (aligned && n == 8) return *reinterpret_cast<const uint4*>(src);
-    return load_elems(src, n);
+// The chunk at src (see rem above; zeros past the row): one 16-byte load when the tensor is aligned and the chunk
+// whole, else element-wise.
+__device__ __forceinline__ uint4 load8(const uint16_t* src, int rem, bool aligned) {
+    if (aligned && rem >= 8) return *reinterpret_cast<const uint4*>(src);
+    return load_elems(src, rem);
 }
 
-// The first n (1..8) elements of a chunk to dst: one 16-byte store when aligned and whole, else element-wise.
-__device__ __forceinline__ void store8(uint16_t* dst, uint4 v, int n, bool aligned) {
-    if (aligned && n == 8)
+// The real elements of a chunk (see rem above) to dst: one 16-byte store when aligned and whole, else element-wise.
+__device__ __forceinline__ void store8(uint16_t* dst, uint4 v, int rem, bool aligned) {
+    if (aligned && rem >= 8)
         *reinterpret_cast<uint4*>(dst) = v;
     else
-        store_elems(dst, v, n);
+        store_elems(dst, v, rem);
 }
 
 // Shared-memory tile (row stride kStride elements) -> global rows [0, rows_valid) x columns [0, cols_valid).
@@ -137,10 +140,10 @@ template <int kRows, int kChunks, int kStride, int kThreads>
 __device__ __forceinline__ void store_tile(const uint16_t* smem, uint16_t* gbase, int64_t row_stride, int rows_valid,
                                            int cols_valid, bool aligned, int tid) {
     for_each_chunk<kRows, kChunks, kThreads>(tid, [&](int r, int c) {
-        const int n = chunk_elems(cols_valid, c * 8);
-        if (r >= rows_valid || n == 0) return;
+        const int rem = cols_valid - c * 8;
+        if (r >= rows_valid || rem <= 0) return;
         const uint4 v = ptx::ld_shared_v4(ptx::smem_addr(smem + r * kStride + c * 8));
-        store8(gbase + r * row_stride + c * 8, v, n, aligned);
+        store8(gbase + r * row_stride + c * 8, v, rem, aligned);
     });
 }
 
