@@ -33,7 +33,7 @@ import torch  # noqa: E402  (torch lives in bench/ only, never in mhakit/)
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from mhakit import _capi  # noqa: E402
+from mhakit import _capi, _codegen  # noqa: E402
 from mhakit.reference import flops_fwd, tolerances  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -81,8 +81,11 @@ def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -
         # row order: hdim, then seqlen, then causal no/yes (as the FlashAttention-3 paper's tables)
         cases = [(int(hd), int(sl), ca) for hd in args.hdims.split(",") for sl in args.seqlens.split(",")
                  for ca in (False, True)]
+    head_dims = _codegen.submodule("catalogue").load("cuda").head_dims  # the API's rule: catalogue data
     for hd, sl, _ in cases:
-        if sl <= 0 or hd <= 0 or args.tokens % sl or args.hidden % hd:
+        if not head_dims.accepts(hd):
+            p.error(f"hdim {hd} is not supported; head dims must be {head_dims.describe()}")
+        if sl <= 0 or args.tokens % sl or args.hidden % hd:
             p.error(f"hdim {hd} / seqlen {sl} must divide hidden {args.hidden} / tokens {args.tokens}")
     args.cases = cases
     if args.repeat < 1 or args.warmup < 0:

@@ -85,6 +85,11 @@ bwd -prec=bf16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -d=128 -mask=b
 fwd -prec=bf16 -mode=1 -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -d=256 -mask=b:40,9 -lse=1
 bwd -prec=fp16 -mode=1 -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -d=64 -mask=b:40,9
 bwd -prec=bf16 -mode=1 -b=2 -h=4 -h_k=1 -s=300,129 -s_k=1,300 -d=256 -mask=t
+fwd -prec=bf16 -b=2 -h=4 -h_k=2 -s=100 -s_k=77 -d=59 -lse=1
+fwd -prec=fp16 -mode=1 -b=2 -h=2 -s=99,31 -s_k=200,64 -d=111 -d_v=59 -mask=b -lse=1 -iperm=0 -operm=0
+bwd -prec=bf16 -b=1 -h=4 -h_k=2 -s=259 -d=59
+bwd -prec=fp16 -mode=1 -b=2 -h=4 -h_k=1 -s=200,57 -s_k=251,90 -d=111 -mask=1 -iperm=0 -operm=0
+bwd -prec=bf16 -b=1 -h=2 -s=130 -s_k=200 -d=255 -mask=b:4,35 -deterministic=1
 CASES
     note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
 fi

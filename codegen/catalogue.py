@@ -49,6 +49,9 @@ class Family:
     deterministic: bool        # bwd: serves deterministic calls (fwd: always true, nothing to choose)
     align_bytes: int           # every tensor's base pointer and strides a multiple of this many bytes
     tiles: tuple[Tile, ...]
+    # Serves only head dims (hdim_q and hdim_v) that are multiples of this (optional key, default 1: any head dim the
+    # API accepts; the Hopper kernels need whole 16-byte rows).
+    head_dim_multiple: int = 1
     # Further instance axes of the family (e.g. CK-tile's padding flags and LSE store), each with its values in order
     # of preference: every combination is one instance, and an earlier value ranks above a later one at run time.
     variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -78,7 +81,7 @@ class Arch:
 
 @dataclass(frozen=True)
 class HeadDims:
-    """Head dims the API accepts: multiples of `multiple` in [multiple, max]."""
+    """Head dims the API accepts: multiples of `multiple` in [multiple, max] (multiple = 1: every head dim up to max)."""
     multiple: int
     max: int
 
@@ -86,7 +89,8 @@ class HeadDims:
         return self.multiple <= d <= self.max and d % self.multiple == 0
 
     def describe(self) -> str:
-        return f"multiples of {self.multiple} in [{self.multiple}, {self.max}]"
+        span = f"in [{self.multiple}, {self.max}]"
+        return span if self.multiple == 1 else f"multiples of {self.multiple} {span}"
 
 
 APIS = ("fwd", "bwd")
@@ -172,7 +176,7 @@ def _parse_variants(raw: dict, where: str) -> tuple[tuple[str, tuple[str, ...]],
 
 
 _FAMILY_KEYS = {"v3", "template", "priority", "needs_arch_specific", "dtypes", "modes", "masks", "equal_head_dims",
-                "deterministic", "align_bytes", "tiles", "variants", "knobs"}
+                "deterministic", "align_bytes", "head_dim_multiple", "tiles", "variants", "knobs"}
 # The keys of an [arch.*] table that Arch's own fields hold (besides the backend's target key); the rest are traits.
 _ARCH_KEYS = ("compute_capability", "arch_specific", "families")
 # The top-level keys read into Catalogue's own fields; the other top-level tables are kept as shared `tables`.
@@ -221,6 +225,7 @@ def load(backend: str = "cuda") -> Catalogue:
                 tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]") for i, t in enumerate(_require(raw, "tiles", where))),
                 variants=_parse_variants(raw.get("variants", {}), where),
                 knobs=_freeze(raw.get("knobs", {})),
+                head_dim_multiple=int(raw.get("head_dim_multiple", 1)),
             )
     known_names = {name for _, name in families}
     for arch in arches.values():

@@ -28,7 +28,7 @@ def head_dims_in_range(spec: KernelSpec, cat) -> Optional[str]:
     s, hd = spec.signature, cat.head_dims
     for label, d in (("hdim_q", s.hdim_q), ("hdim_v", s.hdim_v)):
         if not hd.accepts(d):
-            return f"{label}={d} must be a positive multiple of {hd.multiple} up to {hd.max}"
+            return f"{label}={d} is not an accepted head dim: head dims must be {hd.describe()}"
     return None
 
 

@@ -55,11 +55,12 @@ class Guards:
     equal_head_dims: bool  # serves only hdim_q == hdim_v
     deterministic: bool    # bwd: serves deterministic calls
     align_bytes: int       # every tensor's base pointer and strides a multiple of this many bytes
+    head_dim_multiple: int = 1  # serves only head dims that are multiples of this
 
     @classmethod
     def of(cls, family) -> "Guards":
         """From a catalogue Family."""
-        return cls(family.equal_head_dims, family.deterministic, family.align_bytes)
+        return cls(family.equal_head_dims, family.deterministic, family.align_bytes, family.head_dim_multiple)
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,12 @@ class KernelSpec:
     knobs: tuple[tuple[str, object], ...] = ()
 
     def admits_head_dims(self, hdim_q: int, hdim_v: int) -> bool:
-        """Whether a call's real head dims fit this instance: within the bucket, and equal where the family needs
-        them equal."""
-        s = self.signature
+        """Whether a call's real head dims fit this instance: within the bucket, multiples of the family's
+        head_dim_multiple, and equal where the family needs them equal."""
+        s, g = self.signature, self.guards
         fits = hdim_q <= s.hdim_q and hdim_v <= s.hdim_v
-        return fits and (hdim_q == hdim_v or not self.guards.equal_head_dims)
+        multiples = hdim_q % g.head_dim_multiple == 0 and hdim_v % g.head_dim_multiple == 0
+        return fits and multiples and (hdim_q == hdim_v or not g.equal_head_dims)
 
     @property
     def name(self) -> str:
@@ -110,4 +112,5 @@ class KernelSpec:
             "equal_head_dims": "true" if self.guards.equal_head_dims else "false",
             "deterministic": "true" if self.guards.deterministic else "false",
             "align_bytes": self.guards.align_bytes,
+            "head_dim_multiple": self.guards.head_dim_multiple,
         }

@@ -523,8 +523,9 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
 
     q: [b, s_q, h_q, d], k: [b, s_k, h_k, d], v: [b, s_k, h_k, d_v] for ``layout='bshd'`` (default), or
     [b, h, s, d] for ``layout='bhsd'``. Any element strides (bshd/bhsd views of one buffer, packed ``b·s·3·h·d`` qkv
-    slices, non-contiguous views) as long as the head dim is contiguous. fp16 or bf16; d, d_v multiples of 8 up to
-    256; h_q a multiple of h_k (GQA/MQA).
+    slices, non-contiguous views) as long as the head dim is contiguous. fp16 or bf16; d, d_v any head dims the
+    catalogue accepts (today 1 to 256: each runs on the smallest instance that holds it); h_q a multiple of h_k
+    (GQA/MQA).
 
     causal: bottom-right aligned causal mask (FlashAttention's convention). window=(left, right): bottom-right
     sliding window (-1 = unbounded). mask: an aiter/CK mask string ("0", "t", "b", "t:l,r", "b:l,r", "g:y,x",

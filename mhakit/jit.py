@@ -203,15 +203,32 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     return Entry(api, arch, tuple(specs))
 
 
+def _representative_head_dims(api: str, arch: str) -> list[int]:
+    """Head dims that between them derive every entry a call can derive on `arch`. derive_entry depends on a head
+    dim only through which buckets hold it, which families' head_dim_multiple divide it, and, between
+    hdim_q and hdim_v, whether they are equal; so the two smallest accepted dims of each such class stand for all of
+    it (two, so that unequal pairs within one class occur). A few dozen dims instead of every one of 1..256."""
+    catalogue = _codegen.submodule("catalogue")
+    head_dims = catalogue.load(catalogue.backend_of_arch(arch)).head_dims  # the arch's own backend
+    specs = _catalogue_specs(api, arch)
+    buckets = sorted({d for sp in specs for d in (sp.signature.hdim_q, sp.signature.hdim_v)})
+    multiples = sorted({sp.guards.head_dim_multiple for sp in specs})
+    members: dict[tuple, list[int]] = {}
+    for d in range(head_dims.multiple, head_dims.max + 1, head_dims.multiple):
+        key = (tuple(d <= b for b in buckets), tuple(d % m == 0 for m in multiples))
+        members.setdefault(key, [])
+        if len(members[key]) < 2:
+            members[key].append(d)
+    return sorted(d for ds in members.values() for d in ds)
+
+
 def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
     """Every entry a call could derive on `arch` whose instances all lie in `specs` (e.g. a profile's selection):
     what ``prebuild`` builds so that those calls need no compiler."""
     pool = list(specs)
     allowed = {sp.name for sp in pool}
     found: dict[tuple, Entry] = {}
-    catalogue = _codegen.submodule("catalogue")
-    head_dims = catalogue.load(catalogue.backend_of_arch(arch)).head_dims  # the arch's own backend
-    dims = range(head_dims.multiple, head_dims.max + 1, head_dims.multiple)
+    dims = _representative_head_dims(api, arch)
     for dtype in DTYPES:
         for mode in MODES:
             for masked in (False, True):

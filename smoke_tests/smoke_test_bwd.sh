@@ -5,7 +5,8 @@
 #   (GQA, s != s_k, causal top-left / bottom-right, sliding windows t:128,30 and b:4,35), 192 runs;
 # then deterministic runs (-deterministic=1; with -v=1 the benchmark also runs the backward twice and requires
 # bitwise-identical dQ / dK / dV): prec x mode x hdim x three of the shapes, 48 runs; then group mode with
-# per-sequence lengths: prec x perm x hdim {64, 128, 256} x three shapes, 36 runs.
+# per-sequence lengths: prec x perm x hdim {64, 128, 256} x three shapes, 36 runs; then head dims that are not
+# multiples of 8 (1, 59, 111, 255, d != d_v among them, two deterministic shapes): prec x perm x mode x 8, 64 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
@@ -17,7 +18,7 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (81 runs instead of 276)
+  -q        quick subset: fp16 and iperm=operm=1 only (97 runs instead of 340)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -78,6 +79,23 @@ for hdim in 64 128 256; do
     run "${p[@]}" -b=3 -h=4 -h_k=2 -s=100,0,37 -s_k=64,19,0 -mask=t
     run "${p[@]}" -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -mask=b:40,9
     run "${p[@]}" -b=2 -h=6 -h_k=1 -s=1000,129 -s_k=257,1100
+done
+done
+done
+
+# Head dims that are not multiples of 8 (partial last chunks, odd row strides), deterministic mode included
+for prec in $PRECS; do
+for perm in $PERMS; do
+for mode in 0 1; do
+    p=(-prec="$prec" -iperm="$perm" -operm="$perm" -mode="$mode")
+    run "${p[@]}" -d=59 -b=1 -h=4 -h_k=2 -s=259
+    run "${p[@]}" -d=111 -d_v=59 -b=2 -h=2 -s=216 -s_k=153 -mask=2
+    run "${p[@]}" -d=59 -d_v=111 -b=1 -h=4 -h_k=1 -s=200 -s_k=251 -mask=1
+    run "${p[@]}" -d=111 -b=2 -h=3 -h_k=1 -s=144 -s_k=199 -mask=t:64,10
+    run "${p[@]}" -d=1 -b=1 -h=2 -s=100 -s_k=90
+    run "${p[@]}" -d=255 -b=1 -h=2 -h_k=1 -s=130 -s_k=200 -mask=b:4,35
+    run "${p[@]}" -d=59 -b=1 -h=4 -h_k=2 -s=259 -deterministic=1
+    run "${p[@]}" -d=111 -b=1 -h=2 -s=300 -s_k=158 -mask=2 -deterministic=1
 done
 done
 done

@@ -3,7 +3,9 @@
 # (no bias, no dropout, no split-kv / paged kv-cache, row-major V):
 #   prec {fp16, bf16} x mode {1, 0} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x lse {0, 1},
 #   nine shapes each (GQA, d != d_v, causal top-left / bottom-right, sliding windows, empty K, s_q = 1); then group
-#   mode with per-sequence lengths: prec x perm {0, 1} x hdim {64, 128, 256} x lse {0, 1}, three shapes each.
+#   mode with per-sequence lengths: prec x perm {0, 1} x hdim {64, 128, 256} x lse {0, 1}, three shapes each;
+#   then head dims that are not multiples of 8 (1, 3, 59, 111, 255, d != d_v among them): prec x mode x perm, seven
+#   shapes each (GQA, masks, LSE). They run on the generic family's smallest bucket that holds them.
 # Every run validates against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_fwd in the current directory.
@@ -15,7 +17,7 @@ usage() {
 usage: smoke_test_fwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and lse=1 only (162 runs instead of 648)
+  -q        quick subset: fp16 and lse=1 only (190 runs instead of 704)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -71,6 +73,22 @@ for lse in $LSES; do
     run -prec="$prec" "${p[@]}" -b=4 -h=2 -s=513,77,1,300 -s_k=300,600,5,1 -mask=b:40,9
     run -prec="$prec" "${p[@]}" -b=2 -h=6 -h_k=1 -s=1000,129 -s_k=257,1100
 done
+done
+done
+done
+
+# Head dims that are not multiples of 8: rows of odd byte length (contiguous d=59: 118 bytes), partial last chunks.
+for prec in $PRECS; do
+for mode in 1 0; do
+for perm in 0 1; do
+    p=(-prec="$prec" -mode="$mode" -iperm="$perm" -operm="$perm")
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -d=59 -s=100 -s_k=77 -lse=1
+    run "${p[@]}" -b=1 -h=3 -d=111 -d_v=59 -s=200 -s_k=130 -mask=2 -lse=1
+    run "${p[@]}" -b=2 -h=2 -d=59 -d_v=111 -s=99 -s_k=256 -mask=1
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -d=111 -s=300 -s_k=300 -mask=2 -lse=1
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -d=1 -s=64 -s_k=80 -mask=t:16,8
+    run "${p[@]}" -b=2 -h=1 -d=3 -d_v=3 -s=33 -s_k=65 -lse=1
+    run "${p[@]}" -b=1 -h=2 -d=255 -s=130 -s_k=129 -mask=b:4,35 -lse=1
 done
 done
 done

@@ -78,6 +78,16 @@ def download(t: Strided, dtype: str) -> np.ndarray:
     return from_bits(np.ascontiguousarray(t.host_view(host)), dtype)
 
 
+def assert_outside_untouched(t: Strided, fill_bits: int, what: str) -> None:
+    """Every element of t's buffer outside its logical view (the padding after each row) still holds fill_bits: the
+    kernel wrote nothing past a row's real head dim."""
+    host = cp.asnumpy(t.storage)
+    inside = np.zeros(host.shape, dtype=bool)
+    t.host_view(inside)[...] = True
+    bad = np.count_nonzero(host[~inside] != fill_bits)
+    assert bad == 0, f"{what}: {bad} elements outside the tensor's rows were overwritten"
+
+
 def assert_close(out, ref, tolerances: tuple[float, float], what: str) -> None:
     rtol, atol = tolerances
     res = reference.check_close(out, ref, rtol, atol)

@@ -45,9 +45,10 @@ def lib(minimal_fwd_build):
     (dict(scale_s=float("inf")), "scale_s must be finite and > 0"),
     (dict(nhead_q=8, nhead_k=3), "nhead_q (8) must be a multiple of nhead_k (3)"),
     (dict(nhead_k=0), "nhead_q and nhead_k must be >= 1"),
-    (dict(hdim_q=100), "multiples of 8 in [8, 256]"),
-    (dict(hdim_v=264), "multiples of 8 in [8, 256]"),
-    (dict(hdim_q=0), "multiples of 8 in [8, 256]"),
+    (dict(hdim_q=257), "hdim_q and hdim_v must be in [1, 256] (got 257 and 128)"),
+    (dict(hdim_v=264), "hdim_q and hdim_v must be in [1, 256] (got 128 and 264)"),
+    (dict(hdim_q=0), "hdim_q and hdim_v must be in [1, 256] (got 0 and 128)"),
+    (dict(hdim_q=-59, hdim_v=-59), "hdim_q and hdim_v must be in [1, 256] (got -59 and -59)"),
     (dict(batch=-1), "batch must be >= 0"),
     (dict(seqlen_q=-3), "seqlen_q and seqlen_k must be >= 0"),
     (dict(q_ptr=None), "q_ptr and o_ptr must not be NULL"),
@@ -94,6 +95,19 @@ def test_traits_not_built_are_unsupported_not_invalid(lib):
 def test_smaller_head_dims_are_served_by_a_larger_bucket(lib):
     assert lib.kernel_name(valid_args(hdim_q=64, hdim_v=64)).startswith("fwd_d128_bf16_batch_nmask_sm90a_")
     assert lib.kernel_name(valid_args(hdim_q=64, hdim_v=128)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+
+
+@pytest.mark.parametrize("d", [1, 3, 59, 111, 127])
+def test_head_dims_that_are_not_multiples_of_8_run_on_the_generic_family(lib, d):
+    """Any head dim up to 256 is accepted (catalogue [head_dims]); the hopper family's head_dim_multiple = 8 leaves
+    these to the generic family even when every pointer and stride is 16-byte aligned (rows of 128 elements)."""
+    name = lib.kernel_name(valid_args(hdim_q=d, hdim_v=d))
+    assert name == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4", lib.last_error()
+    contiguous = dict(stride_q=d, stride_k=d, stride_v=d, stride_o=d, nhead_stride_q=256 * d, nhead_stride_k=256 * d,
+                      nhead_stride_v=256 * d, nhead_stride_o=256 * d)
+    assert lib.kernel_name(valid_args(hdim_q=d, hdim_v=d, **contiguous)) == name
+    # a multiple of 8 below the bucket keeps the hopper instance
+    assert lib.kernel_name(valid_args(hdim_q=56, hdim_v=56)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
 
 
 def test_instance_choice(lib):

@@ -43,7 +43,8 @@ def lib(minimal_bwd_build):
     (dict(scale=0.0), "scale must be finite and > 0"),
     (dict(scale=float("nan")), "scale must be finite and > 0"),
     (dict(nhead_q=8, nhead_k=3), "must be a multiple of nhead_k"),
-    (dict(hdim_v=12), "multiples of 8 in [8, 256]"),
+    (dict(hdim_v=257), "hdim_q and hdim_v must be in [1, 256] (got 128 and 257)"),
+    (dict(hdim_q=0), "hdim_q and hdim_v must be in [1, 256] (got 0 and 128)"),
     (dict(batch=-2), "batch must be >= 0"),
     (dict(seqlen_k=-1), "seqlen_q and seqlen_k must be >= 0"),
     (dict(dq_ptr=None), "dq_ptr must not be NULL"),
@@ -108,5 +109,8 @@ def test_the_catalogue_guards_of_a_family_steer_the_choice(lib):
     assert lib.kernel_name(valid_args(dk_ptr=FAKE + 8)) == generic                # align_bytes = 16
     assert lib.kernel_name(valid_args(nhead_stride_do=256 * 128 + 4)) == generic  # a stride off the 16 bytes
     assert lib.kernel_name(valid_args(hdim_q=128, hdim_v=120)) == generic         # equal_head_dims = true
+    for d in (1, 59, 111, 127):                                                   # head_dim_multiple = 8
+        assert lib.kernel_name(valid_args(hdim_q=d, hdim_v=d)) == generic, lib.last_error()
+    assert lib.kernel_name(valid_args(hdim_q=120, hdim_v=120)) == hopper
     # a batch of one never uses its batch stride: the alignment guard ignores it
     assert lib.kernel_name(valid_args(batch=1, batch_stride_q=3)) == hopper

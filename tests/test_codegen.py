@@ -42,13 +42,17 @@ class TestCatalogue:
         cat = catalogue.load("cuda")
         hopper, generic = cat.family("bwd", "hopper"), cat.family("bwd", "generic")
         assert hopper.equal_head_dims and not hopper.deterministic and hopper.align_bytes == 16
+        assert hopper.head_dim_multiple == 8 and generic.head_dim_multiple == 1  # generic serves every head dim
         assert not generic.equal_head_dims and generic.deterministic and "group" in generic.modes
         assert cat.arch_for_compute_capability(9, 0).name == "sm_90a" and cat.arch("sm_90a").arch_specific
         assert cat.arch_for_compute_capability(8, 7).name == "sm_86"      # listed
         assert cat.arch_for_compute_capability(12, 1).name == "sm_120"    # major.0 stands in for major.y
         assert cat.arch_for_compute_capability(7, 5) is None
         assert cat.default_arch in cat.arches
-        assert cat.head_dims.accepts(8) and cat.head_dims.accepts(256) and not cat.head_dims.accepts(100)
+        # Every head dim from 1 to 256 (issue 13): odd ones run on the smallest bucket that holds them.
+        assert all(cat.head_dims.accepts(d) for d in (1, 3, 59, 100, 111, 255, 256))
+        assert not cat.head_dims.accepts(0) and not cat.head_dims.accepts(257)
+        assert cat.head_dims.describe() == "in [1, 256]"
 
     def test_generic_backward_tuning_knobs_are_in_the_tiles(self):
         for tile in catalogue.load("cuda").family("bwd", "generic").tiles:
@@ -67,8 +71,8 @@ class TestRules:
         (dict(family="hopper", hq=192, hv=128), "hdim_q == hdim_v"),
         (dict(family="hopper", arch="sm_80"), "sm_90a"),
         (dict(mask="windowed"), "not windowed mask class"),
-        (dict(hq=100), "multiple of 8"),
-        (dict(hv=264), "up to 256"),
+        (dict(hq=0), "hdim_q=0 is not an accepted head dim: head dims must be in [1, 256]"),
+        (dict(hv=264), "hdim_v=264 is not an accepted head dim: head dims must be in [1, 256]"),
     ])
     def test_invalid_specs_are_rejected_with_a_reason(self, kwargs, reason):
         reasons = rules.violations(make_spec(**kwargs))
@@ -138,12 +142,14 @@ class TestRendering:
         text = render.render_dispatch("fwd", "sm_90a", specs)
         assert f"const int kNumFwdInstances = {len(specs)};" in text
         assert 'const BuiltArch kFwdBuiltArch = {"sm_90a", 9, 0, /*arch_specific=*/true};' in text
-        assert "const HeadDimRule kFwdHeadDims = {/*multiple=*/8, /*max=*/256};" in text
+        assert "const HeadDimRule kFwdHeadDims = {/*multiple=*/1, /*max=*/256};" in text
         for s in specs:
             assert f'{{"{s.name}", MHAKIT_DTYPE_BF16, 128, 128, /*group_mode=*/false' in text
         hopper = [s for s in specs if s.algorithm.family == "hopper"]
         assert hopper and all(s.guards.equal_head_dims and s.guards.align_bytes == 16 for s in hopper)
         assert text.count("/*equal_head_dims=*/true,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
+        assert text.count("/*head_dim_multiple=*/8,") == len(hopper)
+        assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper)
         sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)
         assert 'const BuiltArch kBwdBuiltArch = {"sm_86", 8, 6, /*arch_specific=*/false};' in sm80
 

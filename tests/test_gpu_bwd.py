@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from gpu_arrays import NAN_BITS, assert_close, cp, download, make_strided, to_bits, upload
+from gpu_arrays import (NAN_BITS, assert_close, assert_outside_untouched, cp, download, make_strided, to_bits,
+                        upload)
 from mhakit import _capi, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
@@ -68,8 +69,34 @@ BATCH_CASES = [
 ]
 
 
+# Head dims that are not multiples of 8 (issue 13): inputs with contiguous rows of odd byte length (element-wise
+# loads), gradients contiguous or padded to a 16-byte row stride (pad 5 for 59, 1 for 111 / 255: 16-byte stores with
+# a partial last chunk); GQA splits (fp32 dK/dV partials), the dQ pass and fp32 dQ reductions, deterministic mode.
+ODD_BATCH_CASES = [
+    ("bf16", 1, 4, 2, 259, 259, 59, 59, "bshd", "bshd", 0, "0", False),
+    ("fp16", 2, 2, 2, 216, 153, 59, 59, "bhsd", "bhsd", 5, "2", False),
+    ("bf16", 1, 4, 1, 200, 251, 111, 111, "bshd", "bhsd", 1, "1", True),
+    ("fp16", 2, 3, 1, 144, 199, 111, 111, "bhsd", "bshd", 0, "t:64,10", False),
+    ("bf16", 1, 2, 2, 130, 120, 111, 59, "bhsd", "bhsd", 0, "b:4,35", False),
+    ("fp16", 1, 4, 2, 96, 170, 59, 111, "bshd", "bshd", 5, "t", True),
+    ("fp16", 1, 2, 1, 100, 90, 1, 1, "bshd", "bshd", 0, "0", False),
+    ("bf16", 1, 2, 2, 130, 200, 255, 255, "bhsd", "bhsd", 1, "b", False),
+]
+
+
 @pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_batch_mode_gradients_match_reference(lib, case):
+    check_batch_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", ODD_BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_odd_head_dims_batch_mode(lib, case):
+    name = check_batch_mode(lib, case)
+    assert "_generic_" in name  # [bwd.hopper] head_dim_multiple = 8
+
+
+def check_batch_mode(lib, case) -> str:
+    """Runs one batch-mode case against the reference (twice, bitwise, when deterministic); returns the kernel."""
     dtype, b, hq, hk, sq, sk, d, dv, order, gorder, gpad, mask, deterministic = case
     rng = np.random.default_rng(hash(case) % 2**32)
     m = reference.parse_mask(mask)
@@ -97,12 +124,15 @@ def test_batch_mode_gradients_match_reference(lib, case):
     outs = {"dQ": download(dq, dtype), "dK": download(dk, dtype), "dV": download(dv_, dtype)}
     for label, out, ref in (("dQ", outs["dQ"], ref_dq), ("dK", outs["dK"], ref_dk), ("dV", outs["dV"], ref_dv)):
         assert_close(out, ref, tol, f"{label} ({name})")
+    for label, t in (("dQ", dq), ("dK", dk), ("dV", dv_)):
+        assert_outside_untouched(t, NAN_BITS[dtype], f"{label} ({name})")
     if deterministic:
         run_bwd(lib, kwargs, deterministic)
         again = {"dQ": download(dq, dtype), "dK": download(dk, dtype), "dV": download(dv_, dtype)}
         for label in outs:
             assert np.array_equal(outs[label].view(np.uint32), again[label].view(np.uint32)), \
                 f"{label} differs bitwise between two deterministic runs ({name})"
+    return name
 
 
 GROUP_CASES = [
@@ -121,8 +151,24 @@ GROUP_CASES = [
 ]
 
 
+ODD_GROUP_CASES = [
+    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 59, 59, "0", False, "generic"),
+    ("fp16", 2, 1, [65, 1, 129], [65, 200, 40], 111, 111, "t", True, "generic"),
+    ("bf16", 3, 1, [31, 0, 157], [64, 10, 155], 111, 59, "b", False, "generic"),
+]
+
+
 @pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
 def test_group_mode_gradients_match_reference(lib, case):
+    check_group_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", ODD_GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_odd_head_dims_group_mode(lib, case):
+    check_group_mode(lib, case)
+
+
+def check_group_mode(lib, case) -> None:
     dtype, hq, hk, lens_q, lens_k, d, dv, mask, deterministic, family = case
     rng = np.random.default_rng(sum(lens_q) * 13 + sum(lens_k))
     m = reference.parse_mask(mask)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from gpu_arrays import NAN_BITS, assert_close, cp, download, make_strided, upload
+from gpu_arrays import NAN_BITS, assert_close, assert_outside_untouched, cp, download, make_strided, upload
 from mhakit import _capi, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
@@ -49,8 +49,33 @@ BATCH_CASES = [
 ]
 
 
+# Head dims that are not multiples of 8 (issue 13): contiguous rows of odd byte length (element-wise path), and rows
+# padded to a 16-byte multiple (pad 5 for 59, 1 for 111 / 255: the 16-byte path with a partial last chunk).
+ODD_BATCH_CASES = [
+    ("bf16", 2, 4, 2, 100, 77, 59, 59, "bshd", 0, "0", True),
+    ("fp16", 1, 3, 3, 200, 130, 59, 59, "bhsd", 5, "b", True),
+    ("bf16", 1, 2, 1, 130, 300, 111, 111, "bhsd", 0, "t", True),
+    ("fp16", 2, 2, 2, 99, 256, 111, 111, "bshd", 1, "t:64,10", False),
+    ("bf16", 1, 2, 2, 64, 99, 111, 59, "bhsd", 0, "b:4,35", True),
+    ("fp16", 1, 2, 2, 70, 50, 59, 111, "bshd", 5, "0", True),
+    ("fp16", 2, 2, 1, 33, 65, 1, 1, "bshd", 0, "0", True),
+    ("bf16", 1, 2, 2, 130, 129, 255, 255, "bhsd", 1, "b", True),
+]
+
+
 @pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_batch_mode_matches_reference(lib, case):
+    check_batch_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", ODD_BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_odd_head_dims_batch_mode(lib, case):
+    name = check_batch_mode(lib, case)
+    assert "_generic_" in name  # [fwd.hopper] head_dim_multiple = 8
+
+
+def check_batch_mode(lib, case) -> str:
+    """Runs one batch-mode case against the reference; returns the kernel's name."""
     dtype, b, hq, hk, sq, sk, d, dv, order, pad, mask, with_lse = case
     rng = np.random.default_rng(hash(case) % 2**32)
     m = reference.parse_mask(mask)
@@ -72,8 +97,10 @@ def test_batch_mode_matches_reference(lib, case):
                                              window_right=m.right, return_lse=True)
     tol = reference.tolerances(dtype)
     assert_close(download(o, dtype), ref_o, tol, f"O ({name})")
+    assert_outside_untouched(o, NAN_BITS[dtype], f"O ({name})")
     if with_lse:
         assert_close(cp.asnumpy(lse).reshape(b, hq, sq), ref_lse, tol, f"LSE ({name})")
+    return name
 
 
 GROUP_CASES = [
@@ -94,8 +121,24 @@ GROUP_CASES = [
 ]
 
 
+ODD_GROUP_CASES = [
+    ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 59, 59, False, "0", "generic"),
+    ("fp16", 2, 1, [65, 1, 129], [65, 200, 40], 111, 111, True, "b", "generic"),
+    ("bf16", 2, 2, [31, 90], [64, 45], 111, 59, False, "t", "generic"),
+]
+
+
 @pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
 def test_group_mode_matches_reference(lib, case):
+    check_group_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", ODD_GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_odd_head_dims_group_mode(lib, case):
+    check_group_mode(lib, case)
+
+
+def check_group_mode(lib, case) -> None:
     dtype, hq, hk, lens_q, lens_k, d, dv, head_major, mask, family = case
     rng = np.random.default_rng(sum(lens_q) * 7 + sum(lens_k))
     m = reference.parse_mask(mask)

@@ -129,6 +129,8 @@ BATCH_CASES = [
     ("fp16", 2, 96, 96, 4, 4, 128, 128, "padded", {"causal": True}),
     ("fp16", 2, 40, 0, 4, 4, 128, 128, "bshd", {}),                               # no keys: dQ = 0
     ("fp16", 2, 0, 37, 4, 2, 128, 128, "bshd", {}),                               # no queries: dK = dV = 0
+    ("fp16", 1, 130, 129, 4, 2, 59, 59, "bshd", {}),                              # head dim 59: rows of 118 bytes
+    ("bf16", 2, 77, 150, 6, 2, 111, 111, "padded_odd", {"causal": True}),         # head dim 111 in rows of 112
 ]
 
 
@@ -210,6 +212,7 @@ VARLEN_CASES = [
     ("fp16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, {}, True, False),
     ("bf16", 2, 1, [65, 1, 129], [65, 200, 40], 128, 128, {"causal": True}, False, True),
     ("bf16", 4, 4, [17, 90, 0], [0, 33, 12], 128, 128, {"window": (8, 8)}, True, False),
+    ("bf16", 2, 1, [65, 1, 129], [65, 200, 40], 111, 111, {"causal": True}, False, True),  # head dim 111
 ]
 
 

@@ -88,6 +88,34 @@ class TestDerive:
     def test_tightest_bucket_per_family(self, hq, hv, expected):
         assert entry("fp16", hq, hv).instance_names == expected
 
+    @pytest.mark.parametrize("hq, hv, expected", [
+        (1, 1, ["fwd_d32_bf16_batch_nmask_sm90a_generic_b128x128w4"]),
+        (3, 3, ["fwd_d32_bf16_batch_nmask_sm90a_generic_b128x128w4"]),
+        (59, 59, ["fwd_d64_bf16_batch_nmask_sm90a_generic_b128x128w4"]),
+        (111, 59, ["fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"]),
+        (111, 111, ["fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"]),
+        (185, 127, ["fwd_d192x128_bf16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (255, 255, ["fwd_d256_bf16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (56, 56, ["fwd_d64_bf16_batch_nmask_sm90a_hopper_b192x128", "fwd_d64_bf16_batch_nmask_sm90a_generic_b128x128w4"]),
+    ])
+    def test_any_head_dim_gets_the_smallest_bucket_and_odd_ones_skip_hopper(self, hq, hv, expected):
+        # [head_dims] accepts 1..256; [fwd.hopper] head_dim_multiple = 8, so JIT builds no hopper instance for 59
+        assert entry("bf16", hq, hv).instance_names == expected
+
+    @pytest.mark.parametrize("api, arch", [("fwd", "sm_90a"), ("bwd", "sm_90a"), ("fwd", "sm_80"), ("fwd", "gfx942")])
+    def test_entries_within_covers_every_head_dim(self, api, arch):
+        """entries_within derives entries from a few representative head dims; every accepted (hq, hv) pair (here:
+        every hq against every hv of a spread) must derive one of them."""
+        specs = jit._catalogue_specs(api, arch)
+        names = {e.name for e in jit.entries_within(api, arch, specs)}
+        head_dims = catalogue_mod.load(catalogue_mod.backend_of_arch(arch)).head_dims
+        dims = range(head_dims.multiple, head_dims.max + 1, head_dims.multiple)
+        for hq in dims:
+            for hv in sorted({hq, 8, 56, 64, 120, 128, 200, 256, hq - head_dims.multiple} & set(dims)):
+                for masked in (False, True):
+                    e = jit.derive_entry(api, arch, "fp16", hq, hv, "batch", masked)
+                    assert e.name in names, (hq, hv, masked, e.name)
+
     def test_group_mode_and_other_arches(self):
         assert entry(mode="group").instance_names == ["fwd_d128_bf16_group_nmask_sm90a_hopper_b128x128",
                                                       "fwd_d128_bf16_group_nmask_sm90a_generic_b128x64w4"]

@@ -44,7 +44,7 @@ enum {
 // Limits of every call, forward and backward (beyond them a call returns MHAKIT_ERROR_INVALID_ARGS and says which):
 //   batch                  0 .. MHAKIT_MAX_BATCH      (the kernels give each sequence a row of a CUDA grid dimension)
 //   nhead_q                1 .. MHAKIT_MAX_NHEAD      (likewise each query head); nhead_k divides nhead_q
-//   hdim_q, hdim_v         multiples of 8 in [8, MHAKIT_MAX_HDIM]
+//   hdim_q, hdim_v         1 .. MHAKIT_MAX_HDIM on CUDA (ROCm: multiples of 8); the backend's catalogue [head_dims]
 //   seqlen_*, max_seqlen_* 0 .. INT32_MAX; group-mode offsets (seqstart_*) are int32, so a batch's total is too
 //   strides                >= 0, in elements; the head dimension is contiguous (stride 1)
 //   pointers               aligned to their element: 2 bytes for fp16/bf16 tensors, 4 for LSE (fp32) and seqstart

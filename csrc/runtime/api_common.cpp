@@ -31,10 +31,13 @@ float check_heads(int nhead_q, int nhead_k) {
 }
 
 float check_head_dims(int hdim_q, int hdim_v, const HeadDimRule& rule) {
-    for (int d : {hdim_q, hdim_v})
-        if (d < rule.multiple || d % rule.multiple != 0 || d > rule.max)
-            return fail(E, "hdim_q and hdim_v must be multiples of %d in [%d, %d] (got %d and %d)", rule.multiple,
-                        rule.multiple, rule.max, hdim_q, hdim_v);
+    for (int d : {hdim_q, hdim_v}) {
+        if (d >= rule.multiple && d % rule.multiple == 0 && d <= rule.max) continue;
+        if (rule.multiple == 1)
+            return fail(E, "hdim_q and hdim_v must be in [1, %d] (got %d and %d)", rule.max, hdim_q, hdim_v);
+        return fail(E, "hdim_q and hdim_v must be multiples of %d in [%d, %d] (got %d and %d)", rule.multiple,
+                    rule.multiple, rule.max, hdim_q, hdim_v);
+    }
     return 0.f;
 }
 

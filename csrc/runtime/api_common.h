@@ -52,6 +52,7 @@ inline bool wants_deterministic(const BwdParams& p) { return p.deterministic; }
 template <class Params>
 bool static_guards_hold(const KernelInstance<Params>& inst, const Params& p) {
     if (inst.equal_head_dims && p.hdim_q != p.hdim_v) return false;
+    if (p.hdim_q % inst.head_dim_multiple != 0 || p.hdim_v % inst.head_dim_multiple != 0) return false;
     if (!inst.deterministic && wants_deterministic(p)) return false;
     return tensors_aligned(p, kElemBytes, inst.align_bytes);
 }

@@ -17,7 +17,8 @@ struct BuiltArch {
     bool arch_specific;  // true: runs on exactly major.minor (sm_90a); false: on major.y for every y >= minor
 };
 
-// The head dims the API accepts, from the catalogue's [head_dims]: multiples of `multiple` in [multiple, max].
+// The head dims the API accepts, from the catalogue's [head_dims]: multiples of `multiple` in [multiple, max]
+// (multiple = 1: every head dim up to max).
 struct HeadDimRule {
     int multiple, max;
 };
@@ -35,6 +36,7 @@ struct KernelInstance {
     bool equal_head_dims;  // serves only hdim_q == hdim_v
     bool deterministic;    // serves deterministic backward calls
     int align_bytes;       // every tensor's base pointer and strides a multiple of this many bytes
+    int head_dim_multiple; // serves only hdim_q and hdim_v that are multiples of this
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)

@@ -29,7 +29,7 @@ struct FwdParams {
     int batch;
     int nhead_q;
     int nhead_k;    // nhead_q % nhead_k == 0; query head h reads kv head h / (nhead_q / nhead_k)
-    int hdim_q;     // real head dims (<= the instance's compiled bucket; multiples of 8)
+    int hdim_q;     // real head dims (<= the instance's compiled bucket; any value the catalogue's [head_dims] accepts)
     int hdim_v;
     int seqlen_q;   // batch mode
     int seqlen_k;   // batch mode

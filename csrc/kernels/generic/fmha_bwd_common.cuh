@@ -87,10 +87,11 @@ __device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
 struct BwdWs {
     float* dsum;  // [nhead_q][rows_q]            D = rowsum(dO o O)
     float* lse2;  // [nhead_q][rows_q]            LSE * log2(e); +inf for rows that saw no key (P = 0 there)
-    float* dq;    // [nhead_q][rows_q][hdim_q]    fp32 dQ accumulator (atomic mode only), unscaled; else nullptr
-    float* pk;    // [n_splits][nhead_k][rows_k][hdim_q]  fp32 dK partials (n_splits > 1 only), scaled
-    float* pv;    // [n_splits][nhead_k][rows_k][hdim_v]  fp32 dV partials (n_splits > 1 only)
+    float* dq;    // [nhead_q][rows_q][ld_q]      fp32 dQ accumulator (atomic mode only), unscaled; else nullptr
+    float* pk;    // [n_splits][nhead_k][rows_k][ld_q]  fp32 dK partials (n_splits > 1 only), scaled
+    float* pv;    // [n_splits][nhead_k][rows_k][ld_v]  fp32 dV partials (n_splits > 1 only)
     int64_t rows_q, rows_k;
+    int ld_q, ld_v;       // row lengths of those fp32 arrays: ws_cols(hdim_q), ws_cols(hdim_v)
     int n_splits;         // CTAs that share one (key block, kv head): the query heads of a group are split among them
     int heads_per_split;  // query heads summed by one CTA
 };
@@ -107,6 +108,11 @@ struct WsPlan {
 };
 
 inline size_t round_up_256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// Row length (floats) of an fp32 workspace array over a head dim: rounded up to whole 8-column chunks, so that the
+// row kernels read whole 32-byte chunks and the main kernel's column pairs (float2, red.v2) stay inside the row and
+// 8-byte aligned for every head dim, odd ones included. Columns past the head dim are never copied out.
+inline int ws_cols(int hdim) { return hdim > 0 ? (hdim + 7) & ~7 : 0; }
 
 // atomic_dq: dQ accumulated by fp32 reductions in the workspace (else computed by the separate dQ pass).
 inline WsPlan plan_workspace(const BwdParams& p, int block_n, bool group_mode, bool atomic_dq) {
@@ -136,13 +142,13 @@ inline WsPlan plan_workspace(const BwdParams& p, int block_n, bool group_mode, b
     w.off_lse2 = off;
     off = round_up_256(off + vec_q);
     w.off_dq = off;
-    if (atomic_dq) off = round_up_256(off + vec_q * static_cast<size_t>(p.hdim_q > 0 ? p.hdim_q : 0));
+    if (atomic_dq) off = round_up_256(off + vec_q * static_cast<size_t>(ws_cols(p.hdim_q)));
     w.off_pk = off;
     if (w.n_splits > 1) {
         const size_t part = static_cast<size_t>(w.n_splits) * static_cast<size_t>(hk * w.rows_k) * sizeof(float);
-        off = round_up_256(off + part * static_cast<size_t>(p.hdim_q));
+        off = round_up_256(off + part * static_cast<size_t>(ws_cols(p.hdim_q)));
         w.off_pv = off;
-        off = round_up_256(off + part * static_cast<size_t>(p.hdim_v));
+        off = round_up_256(off + part * static_cast<size_t>(ws_cols(p.hdim_v)));
     } else {
         w.off_pv = off;
     }
@@ -161,6 +167,8 @@ inline BwdWs make_ws(const BwdParams& p, const WsPlan& w, bool atomic_dq) {
     ws.pv = (any && w.n_splits > 1) ? reinterpret_cast<float*>(base + w.off_pv) : nullptr;
     ws.rows_q = w.rows_q;
     ws.rows_k = w.rows_k;
+    ws.ld_q = ws_cols(p.hdim_q);
+    ws.ld_v = ws_cols(p.hdim_v);
     ws.n_splits = w.n_splits;
     ws.heads_per_split = w.heads_per_split;
     return ws;
@@ -387,8 +395,9 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dot_kernel(const Bwd
         static_cast<const uint16_t*>(p.dout) + si.dout + h * p.do_head_stride + i * p.do_row_stride;
     const bool al_o = flags & kAlO, al_do = flags & kAlDO;
     float acc = 0.f;
-    for (int c = lane; c < (p.hdim_v >> 3); c += 32) {
-        const uint4 a = load8(o + c * 8, al_o), d = load8(dout + c * 8, al_do);
+    for (int c = lane; c < ((p.hdim_v + 7) >> 3); c += 32) {
+        const int rem = p.hdim_v - c * 8;  // the last chunk may be partial: zeros past the head dim
+        const uint4 a = load8(o + c * 8, rem, al_o), d = load8(dout + c * 8, rem, al_do);
         const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wd[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -408,8 +417,8 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dot_kernel(const Bwd
         ws.lse2[row] = (lse == -INFINITY) ? INFINITY : lse * 1.4426950408889634f;
     }
     if (ws.dq != nullptr) {
-        float4* z = reinterpret_cast<float4*>(ws.dq + row * p.hdim_q);
-        for (int c = lane; c < (p.hdim_q >> 2); c += 32) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        float4* z = reinterpret_cast<float4*>(ws.dq + row * ws.ld_q);
+        for (int c = lane; c < (ws.ld_q >> 2); c += 32) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
 
@@ -424,16 +433,16 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dq_convert_kernel(co
     const int i = blockIdx.x * kRowKernelWarps + warp, h = blockIdx.y, b = blockIdx.z;
     const BwdSeq si = bwd_seq(p, b);
     if (i >= si.seqlen_q) return;
-    const float* src = ws.dq + (static_cast<int64_t>(h) * ws.rows_q + si.row_q0 + i) * p.hdim_q;
+    const float* src = ws.dq + (static_cast<int64_t>(h) * ws.rows_q + si.row_q0 + i) * ws.ld_q;
     uint16_t* dst = static_cast<uint16_t*>(p.dq) + si.dq + h * p.dq_head_stride + i * p.dq_row_stride;
     const bool al = flags & kAlDQ;
     const float scale = p.scale;
-    for (int c = lane; c < (p.hdim_q >> 3); c += 32) {
+    for (int c = lane; c < (ws.ld_q >> 3); c += 32) {
         const float4 a = reinterpret_cast<const float4*>(src)[2 * c];
         const float4 bq = reinterpret_cast<const float4*>(src)[2 * c + 1];
         const uint4 v = make_uint4(Mma::pack(a.x * scale, a.y * scale), Mma::pack(a.z * scale, a.w * scale),
                                    Mma::pack(bq.x * scale, bq.y * scale), Mma::pack(bq.z * scale, bq.w * scale));
-        store8(dst + c * 8, v, al);
+        store8(dst + c * 8, v, p.hdim_q - c * 8, al);
     }
 }
 
@@ -453,16 +462,16 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dkv_reduce_kernel(co
     const int64_t row = static_cast<int64_t>(hk) * ws.rows_k + si.row_k0 + j;
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-        const int hd = which == 0 ? p.hdim_q : p.hdim_v;
+        const int hd = which == 0 ? p.hdim_q : p.hdim_v, ld = which == 0 ? ws.ld_q : ws.ld_v;
         const float* part = which == 0 ? ws.pk : ws.pv;
         uint16_t* dst = which == 0
                             ? static_cast<uint16_t*>(p.dk) + si.dk + hk * p.dk_head_stride + j * p.dk_row_stride
                             : static_cast<uint16_t*>(p.dv) + si.dv + hk * p.dv_head_stride + j * p.dv_row_stride;
         const bool al = flags & (which == 0 ? kAlDK : kAlDV);
-        for (int c = lane; c < (hd >> 3); c += 32) {
+        for (int c = lane; c < (ld >> 3); c += 32) {
             float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
             for (int sp = 0; sp < ws.n_splits; ++sp) {
-                const float4* src = reinterpret_cast<const float4*>(part + (sp * split_stride + row) * hd + c * 8);
+                const float4* src = reinterpret_cast<const float4*>(part + (sp * split_stride + row) * ld + c * 8);
                 const float4 x = src[0], y = src[1];
                 s[0] += x.x, s[1] += x.y, s[2] += x.z, s[3] += x.w;
                 s[4] += y.x, s[5] += y.y, s[6] += y.z, s[7] += y.w;
@@ -470,7 +479,7 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dkv_reduce_kernel(co
             store8(dst + c * 8,
                    make_uint4(Mma::pack(s[0], s[1]), Mma::pack(s[2], s[3]), Mma::pack(s[4], s[5]),
                               Mma::pack(s[6], s[7])),
-                   al);
+                   hd - c * 8, al);
         }
     }
 }

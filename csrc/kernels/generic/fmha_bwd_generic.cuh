@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int dm = warp % Cfg::kDqWM, dc = warp / Cfg::kDqWM;    // dQ layout
 
     const bool alQ = flags & kAlQ, alK = flags & kAlK, alV = flags & kAlV, alDO = flags & kAlDO;
-    const int q_chunks_valid = p.hdim_q >> 3, q_chunks_load = ((p.hdim_q + 15) >> 4) << 1;
-    const int v_chunks_valid = p.hdim_v >> 3, v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
+    const int q_chunks_load = ((p.hdim_q + 15) >> 4) << 1;
+    const int v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
     const int ksq = (p.hdim_q + 15) >> 4, ksv = (p.hdim_v + 15) >> 4;
     auto np_limit = [](int hd, int col0, int cols) {
         int v = (hd - col0 + 15) >> 4;
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                              static_cast<int64_t>(m0) * p.q_row_stride;
         load_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQbase + buf * Cfg::kElemsQ, gQ,
                                                                        p.q_row_stride, rows, q_chunks_load,
-                                                                       q_chunks_valid, alQ, tid);
+                                                                       p.hdim_q, alQ, tid);
         const int64_t row0 = static_cast<int64_t>(h) * ws.rows_q + si.row_q0 + m0;
         for (int r = tid; r < 2 * kBM; r += kThreads) {
             const int rr = r < kBM ? r : r - kBM;
@@ -234,13 +234,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const uint16_t* gdO = static_cast<const uint16_t*>(p.dout) + si.dout + h * p.do_head_stride +
                               static_cast<int64_t>(m0) * p.do_row_stride;
         load_tile<kBM, Cfg::kHdimV / 8, kSV, kThreads>(sdO, gdO, p.do_row_stride, rows,
-                                                                       v_chunks_load, v_chunks_valid, alDO, tid);
+                                                                       v_chunks_load, p.hdim_v, alDO, tid);
     };
 
     load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK, p.k_row_stride, keys_valid, q_chunks_load,
-                                                                   q_chunks_valid, alK, tid);
+                                                                   p.hdim_q, alK, tid);
     load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(sV, gV, p.v_row_stride, keys_valid, v_chunks_load,
-                                                                   v_chunks_valid, alV, tid);
+                                                                   p.hdim_v, alV, tid);
     if (n_iter > 0) {
         load_q(0, 0);
         load_do(0);
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             gemm_ss<kDtype, kDqMT, kDqNT, kBN / 16, true, true, kSP, kSQ>(acc_dq, sdS + dm * kDqRows,
                                                                          sK + dc * kDqCols, (keys_valid + 15) >> 4,
                                                                          dq_np);
-            float* gdq = ws.dq + (static_cast<int64_t>(h) * ws.rows_q + si.row_q0 + m0) * p.hdim_q;
+            float* gdq = ws.dq + (static_cast<int64_t>(h) * ws.rows_q + si.row_q0 + m0) * ws.ld_q;
 #pragma unroll
             for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                     for (int nt = 0; nt < kDqNT; ++nt) {
                         const int x = dc * kDqCols + nt * 8 + 2 * t4;
                         if (x < p.hdim_q)
-                            red_add2(gdq + static_cast<int64_t>(ql) * p.hdim_q + x, acc_dq[mt][nt][2 * hf],
+                            red_add2(gdq + static_cast<int64_t>(ql) * ws.ld_q + x, acc_dq[mt][nt][2 * hf],
                                      acc_dq[mt][nt][2 * hf + 1]);
                     }
                 }
@@ -363,15 +363,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                         static_cast<int64_t>(n0) * p.dk_row_stride;
         uint16_t* gdV = static_cast<uint16_t*>(p.dv) + si.dv + hk * p.dv_head_stride +
                         static_cast<int64_t>(n0) * p.dv_row_stride;
-        store_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gdK, p.dk_row_stride, keys_valid, q_chunks_valid,
+        store_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gdK, p.dk_row_stride, keys_valid, p.hdim_q,
                                                        flags & kAlDK, tid);
-        store_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(sV, gdV, p.dv_row_stride, keys_valid, v_chunks_valid,
+        store_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(sV, gdV, p.dv_row_stride, keys_valid, p.hdim_v,
                                                        flags & kAlDV, tid);
     } else {
         const int64_t row0 =
             (static_cast<int64_t>(split) * p.nhead_k + hk) * ws.rows_k + si.row_k0 + n0;
-        float* pk = ws.pk + row0 * p.hdim_q;
-        float* pv = ws.pv + row0 * p.hdim_v;
+        float* pk = ws.pk + row0 * ws.ld_q;
+        float* pv = ws.pv + row0 * ws.ld_v;
 #pragma unroll
         for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
@@ -382,14 +382,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                 for (int nt = 0; nt < kKNT; ++nt) {
                     const int x = wq * kKCols + nt * 8 + 2 * t4;
                     if (x < p.hdim_q)
-                        *reinterpret_cast<float2*>(pk + static_cast<int64_t>(kl) * p.hdim_q + x) =
+                        *reinterpret_cast<float2*>(pk + static_cast<int64_t>(kl) * ws.ld_q + x) =
                             make_float2(acc_dk[mt][nt][2 * hf] * scale, acc_dk[mt][nt][2 * hf + 1] * scale);
                 }
 #pragma unroll
                 for (int nt = 0; nt < kVNT; ++nt) {
                     const int x = wq * kVCols + nt * 8 + 2 * t4;
                     if (x < p.hdim_v)
-                        *reinterpret_cast<float2*>(pv + static_cast<int64_t>(kl) * p.hdim_v + x) =
+                        *reinterpret_cast<float2*>(pv + static_cast<int64_t>(kl) * ws.ld_v + x) =
                             make_float2(acc_dv[mt][nt][2 * hf], acc_dv[mt][nt][2 * hf + 1]);
                 }
             }
@@ -446,8 +446,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         }
 
     const bool alQ = flags & kAlQ, alK = flags & kAlK, alV = flags & kAlV, alDO = flags & kAlDO;
-    const int q_chunks_valid = p.hdim_q >> 3, q_chunks_load = ((p.hdim_q + 15) >> 4) << 1;
-    const int v_chunks_valid = p.hdim_v >> 3, v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
+    const int q_chunks_load = ((p.hdim_q + 15) >> 4) << 1;
+    const int v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
     const int ksq = (p.hdim_q + 15) >> 4, ksv = (p.hdim_v + 15) >> 4;
     const uint16_t* gK = static_cast<const uint16_t*>(p.k) + si.k + hk * p.k_head_stride;
     const uint16_t* gV = static_cast<const uint16_t*>(p.v) + si.v + hk * p.v_head_stride;
@@ -462,16 +462,16 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         const uint16_t* gdO = static_cast<const uint16_t*>(p.dout) + si.dout + h * p.do_head_stride +
                               static_cast<int64_t>(m0) * p.do_row_stride;
         load_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gQ, p.q_row_stride, rows_valid,
-                                                                       q_chunks_load, q_chunks_valid, alQ, tid);
+                                                                       q_chunks_load, p.hdim_q, alQ, tid);
         load_tile<kBM, Cfg::kHdimV / 8, kSV, kThreads>(sdO, gdO, p.do_row_stride, rows_valid,
-                                                                       v_chunks_load, v_chunks_valid, alDO, tid);
+                                                                       v_chunks_load, p.hdim_v, alDO, tid);
         const int n0 = n_begin * kBN;
         load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
             sKbase, gK + static_cast<int64_t>(n0) * p.k_row_stride, p.k_row_stride, min(kBN, sk - n0),
-            q_chunks_load, q_chunks_valid, alK, tid);
+            q_chunks_load, p.hdim_q, alK, tid);
         load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(
             sV, gV + static_cast<int64_t>(n0) * p.v_row_stride, p.v_row_stride, min(kBN, sk - n0), v_chunks_load,
-            v_chunks_valid, alV, tid);
+            p.hdim_v, alV, tid);
         ptx::cp_async_commit();
     }
 
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
             const int n1 = n0 + kBN;
             load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
                 sKbase + (kb ^ 1) * kBN * kSQ, gK + static_cast<int64_t>(n1) * p.k_row_stride, p.k_row_stride,
-                min(kBN, sk - n1), q_chunks_load, q_chunks_valid, alK, tid);
+                min(kBN, sk - n1), q_chunks_load, p.hdim_q, alK, tid);
         }
         ptx::cp_async_commit();
 
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
             const int n1 = n0 + kBN;
             load_tile<kBN, Cfg::kHdimV / 8, kSV, kThreads>(
                 sV, gV + static_cast<int64_t>(n1) * p.v_row_stride, p.v_row_stride, min(kBN, sk - n1),
-                v_chunks_load, v_chunks_valid, alV, tid);
+                v_chunks_load, p.hdim_v, alV, tid);
         }
         ptx::cp_async_commit();
 
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
                 const int n1 = n0 + kBN;
                 load_tile<kBN, Cfg::kHdimQ / 8, kSQ, kThreads>(
                     sKbase, gK + static_cast<int64_t>(n1) * p.k_row_stride, p.k_row_stride, min(kBN, sk - n1),
-                    q_chunks_load, q_chunks_valid, alK, tid);
+                    q_chunks_load, p.hdim_q, alK, tid);
             }
             ptx::cp_async_commit();
         }
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     __syncthreads();
     uint16_t* gdQ = static_cast<uint16_t*>(p.dq) + si.dq + h * p.dq_head_stride +
                     static_cast<int64_t>(m0) * p.dq_row_stride;
-    store_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gdQ, p.dq_row_stride, rows_valid, q_chunks_valid,
+    store_tile<kBM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gdQ, p.dq_row_stride, rows_valid, p.hdim_q,
                                                    flags & kAlDQ, tid);
 }
 

@@ -215,9 +215,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     const bool alQ = align_flags & kAlignQ, alK = align_flags & kAlignK, alV = align_flags & kAlignV;
     const bool alO = align_flags & kAlignO;
 
-    // Chunks of 8 elements that the mma loops read (rounded up to 16 columns) and that hold real data.
-    const int q_chunks_valid = p.hdim_q >> 3, q_chunks_load = ((p.hdim_q + 15) >> 4) << 1;
-    const int v_chunks_valid = p.hdim_v >> 3, v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
+    // Chunks of 8 elements that the mma loops read (rounded up to 16 columns); columns past the real head dims are
+    // zero-filled, so they add nothing to Q·Kᵀ and P·V.
+    const int q_chunks_load = ((p.hdim_q + 15) >> 4) << 1;
+    const int v_chunks_load = ((p.hdim_v + 15) >> 4) << 1;
     const bool q_full = p.hdim_q > Cfg::kHdimQ - 16, v_full = p.hdim_v > Cfg::kHdimV - 16;
 
     // Key tiles the block visits, those that need no element mask, and the visible keys of this thread's rows
@@ -247,10 +248,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
 
     if (!visit.empty()) {
         load_tile<kBlockM, Cfg::kHdimQ / 8, kSQ, kThreads>(sQ, gQ, p.q_row_stride, rows_valid, q_chunks_load,
-                                                           q_chunks_valid, alQ, tid);
+                                                           p.hdim_q, alQ, tid);
         const int n0 = visit.begin * kBlockN;
         load_tile<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK + n0 * p.k_row_stride, p.k_row_stride,
-                                                           min(kBlockN, sk - n0), q_chunks_load, q_chunks_valid, alK,
+                                                           min(kBlockN, sk - n0), q_chunks_load, p.hdim_q, alK,
                                                            tid);
         ptx::cp_async_commit();
     }
@@ -270,7 +271,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
         ptx::cp_async_wait<0>();
         __syncthreads();  // K (and Q) landed; every warp is done with the previous V
         load_tile<kBlockN, Cfg::kHdimV / 8, kSV, kThreads>(sV, gV + n0 * p.v_row_stride, p.v_row_stride,
-                                                           min(kBlockN, sk - n0), v_chunks_load, v_chunks_valid, alV,
+                                                           min(kBlockN, sk - n0), v_chunks_load, p.hdim_v, alV,
                                                            tid);
         ptx::cp_async_commit();
 
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
         if (n_block + 1 < visit.end) {
             const int n1 = n0 + kBlockN;
             load_tile<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(sK, gK + n1 * p.k_row_stride, p.k_row_stride,
-                                                               min(kBlockN, sk - n1), q_chunks_load, q_chunks_valid,
+                                                               min(kBlockN, sk - n1), q_chunks_load, p.hdim_q,
                                                                alK, tid);
             ptx::cp_async_commit();
         }
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, p.scale, warp_row0, p.hdim_v, lse, rows_valid);
     __syncthreads();
     uint16_t* gO = static_cast<uint16_t*>(p.o) + si.o_offset + h * p.o_head_stride + m0 * p.o_row_stride;
-    store_tile<kBlockM, Cfg::kHdimV / 8, kSV, kThreads>(sQ, gO, p.o_row_stride, rows_valid, v_chunks_valid, alO, tid);
+    store_tile<kBlockM, Cfg::kHdimV / 8, kSV, kThreads>(sQ, gO, p.o_row_stride, rows_valid, p.hdim_v, alO, tid);
 }
 
 }  // namespace detail
