@@ -52,6 +52,12 @@ MHAKIT_HOST_DEVICE MaskCoord clamp_mask_coord(MaskCoord c, int seqlen_q, int seq
     return c;
 }
 
+// The clamped coordinate of one sequence straight from the call's mask (none: the coordinate that excludes nothing).
+MHAKIT_HOST_DEVICE MaskCoord make_clamped_mask_coord(int mask_type, int left, int right, int seqlen_q, int seqlen_k) {
+    if (mask_type == 0) return MaskCoord{seqlen_q, seqlen_k};
+    return clamp_mask_coord(make_mask_coord(mask_type, left, right, seqlen_q, seqlen_k), seqlen_q, seqlen_k);
+}
+
 // First visible key of row i (may be < 0: clamp at the caller) and one past the last (already clamped to seqlen_k).
 MHAKIT_HOST_DEVICE int mask_key_begin(MaskCoord c, int i) { return i - c.y + 1; }
 MHAKIT_HOST_DEVICE int mask_key_end(MaskCoord c, int i, int seqlen_k) {

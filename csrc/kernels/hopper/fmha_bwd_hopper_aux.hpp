@@ -19,7 +19,7 @@
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_bwd_hopper_common.hpp"
-#include "hopper_types.hpp"  // detail::pack2
+#include "hopper_types.hpp"  // detail::pack2, seq_rows
 
 namespace mhakit::hopper::bwd {
 

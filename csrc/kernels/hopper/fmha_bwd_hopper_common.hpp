@@ -34,20 +34,6 @@ struct WorkspaceLayout {
     }
 };
 
-// ---- sequences ------------------------------------------------------------------------------------------------
-
-// The rows of sequence b in the tensors: its first row and its length. Batch mode (seqstart == nullptr): row 0 of
-// batch b's own slice (the caller adds the batch stride) and the call's length; group mode: seqstart[b] of the packed
-// tensor and seqstart[b + 1] - seqstart[b].
-struct SeqRows {
-    int first, len;
-};
-CUTLASS_DEVICE SeqRows seq_rows(const int32_t* seqstart, int b, int batch_len) {
-    if (seqstart == nullptr) return SeqRows{0, batch_len};
-    const int first = seqstart[b];
-    return SeqRows{first, seqstart[b + 1] - first};
-}
-
 // ---- PTX: 1-D bulk copies ----------------------------------------------------------------------------------
 
 // global -> shared, completion reported to an mbarrier as transaction bytes. bytes % 16 == 0, both 16B aligned.

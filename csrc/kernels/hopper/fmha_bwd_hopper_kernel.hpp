@@ -217,13 +217,11 @@ struct HopperBwdKernelImpl {
     };
     CUTLASS_DEVICE static Sequence sequence(Params const& params, int b) {
         if constexpr (kGroup) {
-            const bwd::SeqRows q = bwd::seq_rows(params.seqstart_q, b, 0);
-            const bwd::SeqRows k = bwd::seq_rows(params.seqstart_k, b, 0);
-            MaskCoord c{q.len, k.len};
-            if constexpr (kMasked)
-                c = clamp_mask_coord(make_mask_coord(params.mask_type, params.window_left, params.window_right, q.len,
-                                                     k.len),
-                                     q.len, k.len);
+            const SeqRows q = seq_rows(params.seqstart_q, b, 0), k = seq_rows(params.seqstart_k, b, 0);
+            const MaskCoord c =
+                kMasked ? make_clamped_mask_coord(params.mask_type, params.window_left, params.window_right, q.len,
+                                                  k.len)
+                        : MaskCoord{q.len, k.len};
             return Sequence{q.first, k.first, q.len, k.len, c.x, c.y};
         } else {
             return Sequence{0, 0, params.seqlen_q, params.seqlen_k, params.mask_x, params.mask_y};

@@ -13,9 +13,7 @@ namespace mhakit::hopper {
 // BwdParams. Group mode makes the same coordinate per sequence on the device.
 template <class Params>
 MaskCoord clamped_mask_coord(const Params& p) {
-    if (p.mask_type == 0) return MaskCoord{p.seqlen_q, p.seqlen_k};
-    return clamp_mask_coord(make_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k),
-                            p.seqlen_q, p.seqlen_k);
+    return make_clamped_mask_coord(p.mask_type, p.window_left, p.window_right, p.seqlen_q, p.seqlen_k);
 }
 
 // A stride that TMA sees must be positive and below 2^40 bytes (and a multiple of 16 bytes: the family's

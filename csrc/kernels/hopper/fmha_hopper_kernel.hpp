@@ -115,13 +115,12 @@ struct HopperFwdKernelImpl {
     };
     CUTLASS_DEVICE static Sequence sequence(Params const& params, int b) {
         if constexpr (kGroup) {
-            const int q0 = params.seqstart_q[b], k0 = params.seqstart_k[b];
-            const int sq = params.seqstart_q[b + 1] - q0, sk = params.seqstart_k[b + 1] - k0;
-            MaskCoord c{sq, sk};
-            if constexpr (kMasked)
-                c = clamp_mask_coord(make_mask_coord(params.mask_type, params.window_left, params.window_right, sq, sk),
-                                     sq, sk);
-            return Sequence{q0, k0, sq, sk, c};
+            const SeqRows q = seq_rows(params.seqstart_q, b, 0), k = seq_rows(params.seqstart_k, b, 0);
+            const MaskCoord c =
+                kMasked ? make_clamped_mask_coord(params.mask_type, params.window_left, params.window_right, q.len,
+                                                  k.len)
+                        : MaskCoord{q.len, k.len};
+            return Sequence{q.first, k.first, q.len, k.len, c};
         } else {
             return Sequence{0, 0, get<2>(params.problem), get<3>(params.problem),
                             MaskCoord{get<6>(params.problem), get<5>(params.problem)}};

@@ -32,10 +32,10 @@ struct ForwardMask {
     // The tiles of query block m_block. Empty only when the sequence has no key (sk = 0, group mode): the block then
     // loads nothing and writes O = 0, LSE = -inf.
     CUTLASS_HOST_DEVICE KeyTiles key_tiles(int m_block) const {
+        if (geom.sk == 0) return KeyTiles{TileRange{0, 0}, TileRange{0, 0}};
         const int r0 = m_block * kBlockM;
         const int r1 = (r0 + kBlockM < geom.sq ? r0 + kBlockM : geom.sq) - 1;
         KeyTiles t{geom.template key_tiles<kBlockN>(r0, r1), geom.template full_key_tiles<kBlockN>(r0, r1)};
-        if (geom.sk == 0) return KeyTiles{TileRange{0, 0}, TileRange{0, 0}};
         if (t.visit.empty()) {  // no row of this block sees any key: visit one (fully masked) tile
             const int n_tiles = (geom.sk + kBlockN - 1) / kBlockN;  // sk >= 1
             const int n = t.visit.begin < n_tiles ? t.visit.begin : n_tiles - 1;

@@ -38,6 +38,18 @@ using HopperProblemShape = cute::tuple<int, cute::tuple<int, int>, int, int, int
 using HopperStrideQ = cute::tuple<int64_t, cute::_1, cute::tuple<int64_t, cute::tuple<int64_t, int64_t>>>;
 using HopperStrideKV = cute::tuple<int64_t, cute::_1, cute::tuple<int64_t, cute::tuple<cute::_0, int64_t>>>;
 
+// The rows of sequence b in the tensors: its first row and its length. Batch mode (seqstart == nullptr): row 0 of
+// batch b's own slice (the caller adds the batch stride) and the call's length; group mode: seqstart[b] of the packed
+// tensor and seqstart[b + 1] - seqstart[b]. The forward, the backward and its light kernels all read them here.
+struct SeqRows {
+    int first, len;
+};
+CUTLASS_DEVICE SeqRows seq_rows(const int32_t* seqstart, int b, int batch_len) {
+    if (seqstart == nullptr) return SeqRows{0, batch_len};
+    const int first = seqstart[b];
+    return SeqRows{first, seqstart[b + 1] - first};
+}
+
 namespace detail {
 
 CUTLASS_DEVICE float exp2_approx(float x) {
