@@ -105,7 +105,7 @@ def test_instance_choice(lib):
 def test_the_catalogue_guards_of_a_family_steer_the_choice(lib):
     hopper, generic = "bwd_d128_bf16_batch_nmask_sm90a_hopper_b64x128", "bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4"
     assert lib.kernel_name(valid_args()) == hopper
-    assert lib.kernel_name(valid_args(deterministic=1)) == generic                # [bwd.hopper] deterministic = false
+    assert lib.kernel_name(valid_args(deterministic=1)) == hopper                 # [bwd.hopper] deterministic = true
     assert lib.kernel_name(valid_args(dk_ptr=FAKE + 8)) == generic                # align_bytes = 16
     assert lib.kernel_name(valid_args(nhead_stride_do=256 * 128 + 4)) == generic  # a stride off the 16 bytes
     assert lib.kernel_name(valid_args(hdim_q=128, hdim_v=120)) == generic         # equal_head_dims = true

@@ -41,7 +41,7 @@ class TestCatalogue:
     def test_family_guards_and_arch_records_are_catalogue_data(self):
         cat = catalogue.load("cuda")
         hopper, generic = cat.family("bwd", "hopper"), cat.family("bwd", "generic")
-        assert hopper.equal_head_dims and not hopper.deterministic and hopper.align_bytes == 16
+        assert hopper.equal_head_dims and hopper.deterministic and hopper.align_bytes == 16
         assert hopper.head_dim_multiple == 8 and generic.head_dim_multiple == 1  # generic serves every head dim
         assert not generic.equal_head_dims and generic.deterministic and "group" in generic.modes
         assert cat.arch_for_compute_capability(9, 0).name == "sm_90a" and cat.arch("sm_90a").arch_specific

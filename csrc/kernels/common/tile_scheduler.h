@@ -6,6 +6,9 @@
 // blocks in the forward and the dQ pass, key blocks in the backward's main pass); kHeaviestFirst reverses it, so
 // that the blocks with the most work (the last query blocks of a causal mask) start first and the grid's tail is
 // short. kBatchInY puts the batch on grid.y and the head on grid.z (the Hopper forward's order), else the reverse.
+// work(reverse) chooses the order at run time (the Hopper backward reverses its key blocks in deterministic mode,
+// where a CTA waits only for CTAs of higher key blocks: reversed, those have lower block indices and so were
+// dispatched earlier, which is what keeps the waits free of deadlock).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,9 +26,9 @@ struct SingleTileScheduler {
     }
 
 #if defined(__CUDACC__)
-    __device__ __forceinline__ static Work work() {
+    __device__ __forceinline__ static Work work(bool reverse = kHeaviestFirst) {
         Work w;
-        w.block = kHeaviestFirst ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+        w.block = reverse ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
         w.head = kBatchInY ? int(blockIdx.z) : int(blockIdx.y);
         w.batch = kBatchInY ? int(blockIdx.y) : int(blockIdx.z);
         return w;

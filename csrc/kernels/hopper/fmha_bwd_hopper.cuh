@@ -17,9 +17,9 @@
 // Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths,
 // empty ones included, packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /
 // total_k rows, which the caller must give (0 sends the call to the generic family).
-// GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head loops over its query heads). deterministic = false only
-// (dQ is accumulated with fp32 reductions in arbitrary order: the catalogue's `deterministic = false` makes the
-// runtime refuse deterministic calls). Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type
+// GQA / MQA (nhead_q % nhead_k == 0; the CTA of a kv head loops over its query heads). Deterministic or not, at run
+// time (p.deterministic): dQ tiles are accumulated by fp32 reductions, in arbitrary order or, when deterministic, in
+// a fixed order of key blocks (turn counters in the workspace; see the main kernel). Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type
 // 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see no key of a
 // block are skipped, keys that no query sees get dK = dV = 0.
 // Layout: q, k, v, o, do, dq, dk, dv 16-byte aligned with every row / head / batch stride a multiple of 8 elements
@@ -30,8 +30,8 @@
 // for hdim 256 (query split, dQ by vector atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
 // kBlockM in {64, 128}, kBlockN in {64, 128} with kHdim + kBlockM <= 192 when kBlockN = 128.
 //
-// Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM), times batch·nhead_q
-// (group mode: max_seqlen_q rows per sequence).
+// Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM) and 4 bytes per query
+// tile, times batch·nhead_q (group mode: max_seqlen_q rows per sequence).
 //
 // Build: nvcc -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -O3
 //        -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUTLASS/examples -I<repo>/csrc -I<repo>/csrc/include
@@ -151,6 +151,8 @@ struct BwdKernel {
         params.dq_acc = reinterpret_cast<float*>(wsb + ws.dq_off);
         params.sq_pad = ws.sq_pad;
         params.m_tiles = int(ws.sq_pad / kBlockM);
+        params.dq_turn = reinterpret_cast<int32_t*>(wsb + ws.sem_off);
+        params.deterministic = p.deterministic;
         params.dk = static_cast<Element*>(p.dk);
         params.dk_row = p.dk_row_stride;
         params.dk_head = p.dk_head_stride;
@@ -192,6 +194,7 @@ struct BwdKernel {
         pp.lse2 = reinterpret_cast<float*>(wsb + ws.lse_off);
         pp.dsum = reinterpret_cast<float*>(wsb + ws.dsum_off);
         pp.dq_acc = reinterpret_cast<float*>(wsb + ws.dq_off);
+        pp.dq_turn = reinterpret_cast<int32_t*>(wsb + ws.sem_off);
         pp.sq_pad = ws.sq_pad;
         pp.m_tiles = m_tiles;
         pp.nhead_q = p.nhead_q;

@@ -1,6 +1,7 @@
 // mhakit hopper family, backward pass — the two light kernels around the main one:
 //   preprocess: per query row, D = rowsum(dO ∘ O) (fp32), LSE·log2(e) (+inf for padding rows and for rows whose
-//               LSE is -inf, so that their P is exactly 0), and zeroing of the row tile's fp32 dQ accumulator;
+//               LSE is -inf, so that their P is exactly 0), and zeroing of the row tile's fp32 dQ accumulator and of
+//               its turn counter;
 //   convert:    dQ = scale · accumulator, from the main kernel's fragment order to the caller's dtype and strides.
 // One CTA of 256 threads per (query tile, query head, batch) for both; the tile height is the main kernel's BM. In
 // group mode (seqstart_q non-null) the tiles of a sequence start at its first packed row, and the CTAs of tiles past
@@ -37,6 +38,7 @@ struct PreprocessParams {
     float* lse2;
     float* dsum;
     float* dq_acc;
+    int32_t* dq_turn;  // [b][hq][m_tiles]: the deterministic mode's turn counters
     int64_t sq_pad;
     int m_tiles;
     int nhead_q, seqlen_q, hdim;
@@ -93,8 +95,9 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const 
         }
     }
 
-    float4* z = reinterpret_cast<float4*>(p.dq_acc + ((int64_t(b) * p.nhead_q + h) * p.m_tiles + m) *
-                                                         int64_t(kBlockM * kHdim));
+    const int64_t tile = (int64_t(b) * p.nhead_q + h) * p.m_tiles + m;
+    if (threadIdx.x == 0) p.dq_turn[tile] = 0;
+    float4* z = reinterpret_cast<float4*>(p.dq_acc + tile * int64_t(kBlockM * kHdim));
     #pragma unroll 4
     for (int i = int(threadIdx.x); i < kBlockM * kHdim / 4; i += 256) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }

@@ -16,9 +16,11 @@ namespace mhakit::hopper::bwd {
 //   lse2 [b][hq][sq_pad]            LSE * log2(e) (+inf for padding rows and rows whose LSE is -inf)
 //   dsum [b][hq][sq_pad]            D = rowsum(dO * O) (0 for padding rows)
 //   dq   [b][hq][m_tiles][BM * D]   fp32 dQ accumulator, each query tile in "fragment order" (see the main kernel)
+//   sem  [b][hq][m_tiles]           int32 turn counter of each dQ tile (deterministic mode: how many key blocks have
+//                                   added their part of the tile; zeroed by the preprocess kernel)
 // with sq_pad = m_tiles * BM. Every region starts on a 256-byte boundary.
 struct WorkspaceLayout {
-    size_t lse_off, dsum_off, dq_off, total;
+    size_t lse_off, dsum_off, dq_off, sem_off, total;
     int64_t sq_pad;
 
     CUTLASS_HOST_DEVICE static size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
@@ -30,7 +32,8 @@ struct WorkspaceLayout {
         lse_off = 0;
         dsum_off = align256(lse_off + rows * sizeof(float));
         dq_off = align256(dsum_off + rows * sizeof(float));
-        total = align256(dq_off + rows * size_t(hdim_bucket) * sizeof(float));
+        sem_off = align256(dq_off + rows * size_t(hdim_bucket) * sizeof(float));
+        total = align256(sem_off + size_t(batch) * size_t(nhead_q) * size_t(m_tiles) * sizeof(int32_t));
     }
 };
 
@@ -76,6 +79,27 @@ template <int N>
 CUTLASS_DEVICE void bulk_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// ---- PTX: the turn counters of deterministic dQ accumulation ----------------------------------------------
+//
+// A CTA waits until a dQ tile's counter says it is its turn (acquire: the earlier adders' writes are visible), adds
+// its part, waits for its own adds to complete, and passes the turn on (release). The order of turns is fixed by the
+// kernel, so every run adds the same fp32 values in the same order.
+
+CUTLASS_DEVICE void turn_wait(int32_t const* counter, int32_t turn) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    int32_t v;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    } while (v != turn);
+#endif
+}
+
+CUTLASS_DEVICE void turn_pass(int32_t* counter) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 #endif
 }
 

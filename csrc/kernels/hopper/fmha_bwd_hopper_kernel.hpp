@@ -31,6 +31,13 @@
 // seqlen_q carry LSE = +inf in the workspace, which makes their P (hence dS) exactly zero.
 // GQA: the CTA owns one kv head and loops over its query heads, accumulating dK/dV in registers (no atomics, no
 // extra workspace for dK/dV).
+// Deterministic mode (params.deterministic, a run-time choice): dK and dV are deterministic anyway (one CTA writes
+// each); each dQ tile is added to by the key blocks whose query range holds it, one run [lo, hi] of key blocks, in
+// the fixed order hi, hi - 1, .., lo: key block n waits until the tile's turn counter (workspace) reads hi - n, adds,
+// waits for its adds to complete and passes the turn on. Waiting only ever goes to higher key blocks; the grid runs
+// the key blocks in reverse in this mode, so those were dispatched earlier and are running or done (no deadlock),
+// and under a causal or window mask the higher key blocks, which start at later query tiles, also reach a tile
+// first, so the turns cost little waiting.
 // Group mode (kGroup): the TMA descriptors see the packed tensors as one batch of total rows; a CTA offsets its
 // tiles by its sequence's first rows (seqstart), makes the sequence's mask coordinate itself, and returns at once
 // when its key block lies past the sequence's keys (the grid is sized by max_seqlen_k). Query tiles that run past
@@ -204,6 +211,8 @@ struct HopperBwdKernelImpl {
         float* dq_acc;
         int64_t sq_pad;
         int m_tiles;
+        int32_t* dq_turn;    // workspace: turn counters [b][hq][m_tiles] (deterministic mode)
+        bool deterministic;  // dQ tiles added in a fixed order of key blocks
         Element* dk;
         int64_t dk_row, dk_head, dk_batch;
         Element* dv;
@@ -231,7 +240,7 @@ struct HopperBwdKernelImpl {
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
-        const auto work = Scheduler::work();
+        const auto work = Scheduler::work(/*reverse=*/params.deterministic);
         const int n_block = work.block, hk = work.head, b = work.batch;
         const Sequence seq = sequence(params, b);
         if (n_block * kBlockN >= seq.sk) return;  // group mode: past this sequence's last key (the whole CTA)
@@ -272,9 +281,7 @@ struct HopperBwdKernelImpl {
         __syncthreads();
 
         const Geometry geom = geometry(seq);
-        const int n0 = n_block * kBlockN;
-        const TileRange range =
-            geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < seq.sk ? n0 + kBlockN : seq.sk) - 1);
+        const TileRange range = query_range(geom, n_block);
         const int n_m = range.empty() ? 0 : range.end - range.begin;
         const int n_iters = n_m * params.group;
 
@@ -283,7 +290,7 @@ struct HopperBwdKernelImpl {
             if (warp_in_wg == 0) {
                 producer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters);
             } else if (warp_in_wg == 1) {
-                if constexpr (kDqViaSmem) dq_writer(params, st, hk, b, range.begin, n_m, n_iters);
+                if constexpr (kDqViaSmem) dq_writer(params, st, geom, n_block, hk, b, range.begin, n_m, n_iters);
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
@@ -295,6 +302,32 @@ struct HopperBwdKernelImpl {
     // x, y clamped (x in [-sq, sk], y in [-sk, sq]): on the host in batch mode, in sequence() in group mode.
     CUTLASS_DEVICE static Geometry geometry(Sequence const& seq) {
         return Geometry::from_coord(MaskCoord{seq.y, seq.x}, seq.sq, seq.sk);
+    }
+
+    // The query tiles that key block n (< the sequence's key blocks) visits.
+    CUTLASS_DEVICE static TileRange query_range(Geometry const& geom, int n) {
+        const int n0 = n * kBlockN;
+        return geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < geom.sk ? n0 + kBlockN : geom.sk) - 1);
+    }
+
+    // Deterministic mode: key block n's turn at query tile m (which its range holds). The key blocks whose ranges
+    // hold m are one run [lo, hi] (a range's begin grows with the key block, and the blocks that no query sees come
+    // last), and they take turns from hi down: the turn is hi - n, with hi found by bisection over [n, blocks).
+    CUTLASS_DEVICE static int dq_turn(Geometry const& geom, int n, int m) {
+        int lo = n, hi = (geom.sk + kBlockN - 1) / kBlockN - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            const TileRange r = query_range(geom, mid);
+            if (!r.empty() && r.begin <= m) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        return lo - n;
+    }
+    CUTLASS_DEVICE static int32_t* turn_counter(Params const& params, int b, int h, int m) {
+        return params.dq_turn + (int64_t(b) * params.nhead_q + h) * params.m_tiles + m;
     }
 
     // ------------------------------------------------------------------------------------------------------------
@@ -370,8 +403,8 @@ struct HopperBwdKernelImpl {
     }
 
     // ------------------------------------------------------------------------------------------------------------
-    CUTLASS_DEVICE void dq_writer(Params const& params, SharedStorage& st, int hk, int b, int m_begin, int n_m,
-                                  int n_iters) {
+    CUTLASS_DEVICE void dq_writer(Params const& params, SharedStorage& st, Geometry const& geom, int n_block, int hk,
+                                  int b, int m_begin, int n_m, int n_iters) {
         using cutlass::arch::NamedBarrier;
         const bool leader = cute::elect_one_sync();
         constexpr uint32_t kWgBytes = uint32_t(kDqFrag) * 128u * 4u;
@@ -382,6 +415,8 @@ struct HopperBwdKernelImpl {
             const int h = hk * params.group + h_in;
             float* tile = params.dq_acc +
                           ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
+            // deterministic: wait for this key block's turn while the consumers still compute the tile
+            if (params.deterministic && leader) bwd::turn_wait(turn_counter(params, b, h, m), dq_turn(geom, n_block, m));
             CUTLASS_PRAGMA_UNROLL
             for (int w = 0; w < NumMmaWG; ++w) {
                 NamedBarrier::sync(128 + 32, kBarDqFull + w);
@@ -390,7 +425,14 @@ struct HopperBwdKernelImpl {
                     bwd::bulk_commit();
                 }
             }
-            if (leader) bwd::bulk_wait_read<0>();
+            if (leader) {
+                if (params.deterministic) {
+                    bwd::bulk_wait<0>();  // the adds are complete (not only read) before the turn passes on
+                    bwd::turn_pass(turn_counter(params, b, h, m));
+                } else {
+                    bwd::bulk_wait_read<0>();
+                }
+            }
             __syncwarp();
             if (it + 1 < n_iters) {
                 CUTLASS_PRAGMA_UNROLL
@@ -612,10 +654,19 @@ struct HopperBwdKernelImpl {
                     float* tile = params.dq_acc +
                                   ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
                     float4* dst = reinterpret_cast<float4*>(tile + wg * kDqFrag * 128) + t;
+                    if (params.deterministic) {  // both warpgroups add in this key block's turn
+                        if (tid == 0) bwd::turn_wait(turn_counter(params, b, h, m), dq_turn(geom, n_block, m));
+                        NamedBarrier::sync(NumMmaThreads, kBarDS);
+                    }
                     CUTLASS_PRAGMA_UNROLL
                     for (int v = 0; v < kDqFrag / 4; ++v) {
                         atomicAdd(dst + v * 128,
                                   make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1), acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
+                    }
+                    if (params.deterministic) {
+                        __threadfence();
+                        NamedBarrier::sync(NumMmaThreads, kBarDS);
+                        if (tid == 0) bwd::turn_pass(turn_counter(params, b, h, m));
                     }
                 }
             }
