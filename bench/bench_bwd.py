@@ -43,7 +43,8 @@ import torch  # noqa: E402  (torch lives in bench/ only, never in mhakit/)
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from bench_fwd import DTYPES, PEERS, add_grid_arguments, check_grid_arguments, fmt, time_launches  # noqa: E402
+from bench_fwd import (DTYPES, PEERS, add_grid_arguments, check_grid_arguments, fmt, hdim_label,  # noqa: E402
+                       time_launches)
 from mhakit import _capi  # noqa: E402
 from mhakit.reference import flops_bwd, tolerances_bwd  # noqa: E402
 
@@ -97,21 +98,22 @@ def ck_check(grads, ref, rtol, atol):
     return ok, worst
 
 
-def run_case(fwd_lib, bwd_lib, dtype_name: str, hdim: int, seqlen: int, causal: bool, opts) -> dict:
+def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: bool, opts) -> dict:
     dt = DTYPES[dtype_name]
+    hdim, hdim_v = hdims
     batch, heads = opts.tokens // seqlen, opts.hidden // hdim
     scale = 1.0 / math.sqrt(hdim)
-    flops = flops_bwd(batch, heads, seqlen, seqlen, hdim, hdim, causal)
-    row = {"dtype": dtype_name, "hdim": hdim, "seqlen": seqlen, "batch": batch, "heads": heads,
+    flops = flops_bwd(batch, heads, seqlen, seqlen, hdim, hdim_v, causal)
+    row = {"dtype": dtype_name, "hdim": hdim_label(hdim, hdim_v), "seqlen": seqlen, "batch": batch, "heads": heads,
            "causal": causal, "flops": flops, "deterministic": opts.deterministic, "kernel": None,
            "verified": None, "max_abs_err": None, "notes": []}
 
     gen = torch.Generator(device="cuda").manual_seed(opts.seed)
-    shape = (batch, heads, seqlen, hdim)
-    q, k, v, do = (torch.randn(shape, device="cuda", dtype=dt, generator=gen) for _ in range(4))
-    o = torch.zeros(shape, device="cuda", dtype=dt)
+    shape, shape_v = (batch, heads, seqlen, hdim), (batch, heads, seqlen, hdim_v)
+    q, k, v, do = (torch.randn(sh, device="cuda", dtype=dt, generator=gen) for sh in (shape, shape, shape_v, shape_v))
+    o = torch.zeros(shape_v, device="cuda", dtype=dt)
     lse = torch.empty((batch, heads, seqlen), device="cuda", dtype=torch.float32)
-    dq, dk, dv = (torch.empty(shape, device="cuda", dtype=dt) for _ in range(3))
+    dq, dk, dv = (torch.empty(sh, device="cuda", dtype=dt) for sh in (shape, shape, shape_v))
     stream = torch.cuda.current_stream().cuda_stream
     cfg = _capi.make_stream_config(stream)
     mask = dict(mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
@@ -124,7 +126,7 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdim: int, seqlen: int, causal: 
     fargs = _capi.make_fwd_args(
         dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
         lse_ptr=lse.data_ptr(), lse_strides=(lse.stride(0), lse.stride(1)), batch=batch, seqlen_q=seqlen,
-        seqlen_k=seqlen, nhead_q=heads, nhead_k=heads, hdim_q=hdim, hdim_v=hdim, q_strides=bhs(q),
+        seqlen_k=seqlen, nhead_q=heads, nhead_k=heads, hdim_q=hdim, hdim_v=hdim_v, q_strides=bhs(q),
         k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o), scale=scale, **mask)
     ret = fwd_lib.mha_fwd_raw(fargs, cfg)
     torch.cuda.synchronize()
@@ -135,7 +137,7 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdim: int, seqlen: int, causal: 
             dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
             lse_ptr=lse.data_ptr(), do_ptr=do.data_ptr(), dq_ptr=dq.data_ptr(), dk_ptr=dk.data_ptr(),
             dv_ptr=dv.data_ptr(), batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads,
-            hdim_q=hdim, hdim_v=hdim, q_strides=bhs(q), k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o),
+            hdim_q=hdim, hdim_v=hdim_v, q_strides=bhs(q), k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o),
             do_strides=bhs(do), dq_strides=bhs(dq), dk_strides=bhs(dk), dv_strides=bhs(dv),
             lse_strides=(lse.stride(0), lse.stride(1)), deterministic=opts.deterministic, scale=scale, **mask)
         try:
@@ -176,7 +178,7 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdim: int, seqlen: int, causal: 
     # over the first sequence and REF_HEADS heads (heads are independent, so the slice is exact).
     if ours_ok:
         ref = fp32_reference_grads(q, k, v, do, causal, scale)
-        rtol, atol = tolerances_bwd(dtype_name, hdim, hdim)
+        rtol, atol = tolerances_bwd(dtype_name, hdim, hdim_v)
         ok, worst = ck_check((dq, dk, dv), ref, rtol, atol)
         row["max_abs_err"], row["verified"], row["reference"] = worst, ok, "fp32"
         for name, grads in peer_grads.items():
@@ -260,7 +262,7 @@ def main(argv=None) -> int:
             row = run_case(fwd_lib, bwd_lib, dtype_name, hdim, seqlen, causal, opts)
             rows.append(row)
             status = ("ok" if row["verified"] else "FAIL" if row["verified"] is False else "unchecked")
-            print(f"# {dtype_name} d={hdim} s={seqlen} causal={int(causal)}: check {status} "
+            print(f"# {dtype_name} d={row['hdim']} s={seqlen} causal={int(causal)}: check {status} "
                   f"(max abs err vs {row.get('reference', '-')}: mhakit {fmt(row['max_abs_err'], '.2e')}, "
                   f"cuDNN {fmt(row.get('cudnn_max_abs_err'), '.2e')}, FA2 {fmt(row.get('fa2_max_abs_err'), '.2e')}); "
                   f"mhakit {fmt(row['mhakit_tflops'])} cuDNN {fmt(row['cudnn_tflops'])} "

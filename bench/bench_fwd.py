@@ -47,8 +47,9 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments bench_fwd.py and bench_bwd.py share: dtypes, the shape grid, timing, peers, output."""
     p.add_argument("--dtype", default="bf16", help="comma list of bf16, fp16 (default bf16)")
     p.add_argument("--shape", action="append", default=None, metavar="HDIM,SEQLEN,CAUSAL",
-                   help="run only this case (causal: 0/1); may be repeated")
-    p.add_argument("--hdims", default="64,128,256", help="comma list (default 64,128,256)")
+                   help="run only this case (causal: 0/1; HDIM may be QxV, e.g. 192x128); may be repeated")
+    p.add_argument("--hdims", default="64,128,256",
+                   help="comma list; QxV for hdim_q != hdim_v, e.g. 192x128 (default 64,128,256)")
     p.add_argument("--seqlens", default="1024,4096,16384", help="comma list (default 1024,4096,16384)")
     p.add_argument("--tokens", type=int, default=16384, help="total tokens: batch = tokens / seqlen (16384)")
     p.add_argument("--hidden", type=int, default=2048, help="hidden size: heads = hidden / hdim (2048)")
@@ -57,6 +58,17 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default="cudnn,fa2", help="comma list of SDPA backends to run: cudnn, fa2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+
+
+def head_dims_of(token: str) -> tuple[int, int]:
+    """(hdim_q, hdim_v) of a grid token: "128" or "192x128"."""
+    hq, _, hv = token.strip().partition("x")
+    return int(hq), int(hv or hq)
+
+
+def hdim_label(hq: int, hv: int):
+    """The table's and JSON's hdim: the head dim, or "QxV" when they differ."""
+    return hq if hq == hv else f"{hq}x{hv}"
 
 
 def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -69,24 +81,26 @@ def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -
     for x in args.peer_list:
         if x not in PEERS:
             p.error(f"--peers: unknown {x!r}; use cudnn and/or fa2")
-    if args.shape:
-        cases = []
-        for s in args.shape:
-            try:
-                hd, sl, ca = (int(t) for t in s.split(","))
-            except ValueError:
-                p.error(f"--shape {s!r}: expected HDIM,SEQLEN,CAUSAL, e.g. 128,4096,1")
-            cases.append((hd, sl, bool(ca)))
-    else:
-        # row order: hdim, then seqlen, then causal no/yes (as the FlashAttention-3 paper's tables)
-        cases = [(int(hd), int(sl), ca) for hd in args.hdims.split(",") for sl in args.seqlens.split(",")
-                 for ca in (False, True)]
+    try:
+        if args.shape:
+            cases = []
+            for s in args.shape:
+                hd, sl, ca = s.split(",")
+                cases.append((head_dims_of(hd), int(sl), bool(int(ca))))
+        else:
+            # row order: hdim, then seqlen, then causal no/yes (as the FlashAttention-3 paper's tables)
+            cases = [(head_dims_of(hd), int(sl), ca) for hd in args.hdims.split(",")
+                     for sl in args.seqlens.split(",") for ca in (False, True)]
+    except ValueError:
+        p.error("--shape HDIM,SEQLEN,CAUSAL (e.g. 128,4096,1 or 192x128,4096,0) and --hdims (e.g. 64,192x128) "
+                "take integers")
     head_dims = _codegen.submodule("catalogue").load("cuda").head_dims  # the API's rule: catalogue data
-    for hd, sl, _ in cases:
-        if not head_dims.accepts(hd):
-            p.error(f"hdim {hd} is not supported; head dims must be {head_dims.describe()}")
-        if sl <= 0 or args.tokens % sl or args.hidden % hd:
-            p.error(f"hdim {hd} / seqlen {sl} must divide hidden {args.hidden} / tokens {args.tokens}")
+    for (hq, hv), sl, _ in cases:
+        for hd in (hq, hv):
+            if not head_dims.accepts(hd):
+                p.error(f"hdim {hd} is not supported; head dims must be {head_dims.describe()}")
+        if sl <= 0 or args.tokens % sl or args.hidden % hq:
+            p.error(f"hdim {hq} / seqlen {sl} must divide hidden {args.hidden} / tokens {args.tokens}")
     args.cases = cases
     if args.repeat < 1 or args.warmup < 0:
         p.error("--repeat must be >= 1 and --warmup >= 0")
@@ -125,18 +139,19 @@ def sdpa(backend, q, k, v, causal: bool, scale: float):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
-def run_case(lib, dtype_name: str, hdim: int, seqlen: int, causal: bool, opts) -> dict:
+def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: bool, opts) -> dict:
     dt = DTYPES[dtype_name]
+    hdim, hdim_v = hdims
     batch, heads = opts.tokens // seqlen, opts.hidden // hdim
     scale = 1.0 / math.sqrt(hdim)
-    flops = flops_fwd(batch, heads, seqlen, seqlen, hdim, hdim, causal)
-    row = {"dtype": dtype_name, "hdim": hdim, "seqlen": seqlen, "batch": batch, "heads": heads,
+    flops = flops_fwd(batch, heads, seqlen, seqlen, hdim, hdim_v, causal)
+    row = {"dtype": dtype_name, "hdim": hdim_label(hdim, hdim_v), "seqlen": seqlen, "batch": batch, "heads": heads,
            "causal": causal, "flops": flops, "kernel": None, "verified": None, "max_abs_err": None, "notes": []}
 
     gen = torch.Generator(device="cuda").manual_seed(opts.seed)
-    shape = (batch, heads, seqlen, hdim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dt, generator=gen) for _ in range(3))
-    o = torch.zeros(shape, device="cuda", dtype=dt)
+    shape, shape_v = (batch, heads, seqlen, hdim), (batch, heads, seqlen, hdim_v)
+    q, k, v = (torch.randn(sh, device="cuda", dtype=dt, generator=gen) for sh in (shape, shape, shape_v))
+    o = torch.zeros(shape_v, device="cuda", dtype=dt)
     lse = torch.empty((batch, heads, seqlen), device="cuda", dtype=torch.float32) if opts.lse else None
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -147,7 +162,7 @@ def run_case(lib, dtype_name: str, hdim: int, seqlen: int, causal: bool, opts) -
         dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
         lse_ptr=None if lse is None else lse.data_ptr(), lse_strides=(0, 0) if lse is None else (lse.stride(0),
                                                                                                   lse.stride(1)),
-        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads, hdim_q=hdim, hdim_v=hdim,
+        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads, hdim_q=hdim, hdim_v=hdim_v,
         q_strides=bhs(q), k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o), scale=scale,
         mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
         window_right=0 if causal else -1)
@@ -270,7 +285,7 @@ def main(argv=None) -> int:
             row = run_case(lib, dtype_name, hdim, seqlen, causal, opts)
             rows.append(row)
             status = ("ok" if row["verified"] else "FAIL" if row["verified"] is False else "unchecked")
-            print(f"# {dtype_name} d={hdim} s={seqlen} causal={int(causal)}: check {status} "
+            print(f"# {dtype_name} d={row['hdim']} s={seqlen} causal={int(causal)}: check {status} "
                   f"(max abs err {fmt(row['max_abs_err'], '.2e')} vs {row.get('reference', '-')}); "
                   f"mhakit {fmt(row['mhakit_tflops'])} cuDNN {fmt(row['cudnn_tflops'])} "
                   f"FA2 {fmt(row['fa2_tflops'])} TFLOPS" + "".join(f"; {n}" for n in row["notes"]),

@@ -68,7 +68,7 @@ class TestRules:
         assert rules.violations(make_spec()) == []
 
     @pytest.mark.parametrize("kwargs, reason", [
-        (dict(family="hopper", hq=192, hv=128), "hdim_q == hdim_v"),
+        (dict(family="hopper", hq=192, hv=128, api="bwd"), "hdim_q == hdim_v"),  # the forward serves (192, 128)
         (dict(family="hopper", arch="sm_80"), "sm_90a"),
         (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=0), "hdim_q=0 is not an accepted head dim: head dims must be in [1, 256]"),
@@ -97,10 +97,10 @@ class TestProfiles:
     def test_counts(self):
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x 2 modes x 2 masks in the
-        # default profile; `all` adds the Hopper 96 and 192 buckets (fwd) and 96 (bwd)
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 24
+        # default profile, and (192, 128) in the forward; `all` adds the Hopper 96 and 192 buckets (fwd) and 96 (bwd)
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 32
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 24
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 40 + 40
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 40 + 48
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 40 + 32
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40
 
@@ -134,7 +134,7 @@ class TestRendering:
         assert "/*masked=*/true, 64, 64, 4>" in generic
         spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
         hopper = render.render_instance(spec)
-        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, /*group_mode=*/false, /*masked=*/true,\n                                  128, 64>" in hopper
+        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, 256, /*group_mode=*/false, /*masked=*/true,\n                                 128, 64>" in hopper
         assert f"bool {spec.name}_supports(" in hopper and f"dev::Error {spec.name}_run(" in hopper
 
     def test_dispatch_lists_every_instance_with_its_traits(self):
@@ -146,8 +146,8 @@ class TestRendering:
         for s in specs:
             assert f'{{"{s.name}", MHAKIT_DTYPE_BF16, 128, 128, /*group_mode=*/false' in text
         hopper = [s for s in specs if s.algorithm.family == "hopper"]
-        assert hopper and all(s.guards.equal_head_dims and s.guards.align_bytes == 16 for s in hopper)
-        assert text.count("/*equal_head_dims=*/true,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
+        assert hopper and all(not s.guards.equal_head_dims and s.guards.align_bytes == 16 for s in hopper)
+        assert text.count("/*equal_head_dims=*/false,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
         assert text.count("/*head_dim_multiple=*/8,") == len(hopper)
         assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper)
         sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)

@@ -49,6 +49,17 @@ BATCH_CASES = [
 ]
 
 
+# hdim_q != hdim_v on the Hopper forward: (192, 128) on its own instance (V tiles in the ring slots of K tiles),
+# padded in either dim (176 x 120), and unequal dims inside one bucket (64 x 128, 128 x 64 on the d128 instance).
+UNEQUAL_HOPPER_CASES = [
+    ("bf16", 2, 8, 2, 1000, 777, 192, 128, "bshd", 0, "0", True),
+    ("fp16", 1, 4, 4, 513, 1100, 192, 128, "bhsd", 0, "b", True),
+    ("bf16", 1, 4, 1, 300, 333, 176, 120, "bshd", 0, "t:100,7", True),
+    ("fp16", 2, 2, 2, 257, 300, 64, 128, "bhsd", 0, "t", True),
+    ("bf16", 1, 4, 2, 200, 513, 128, 64, "bshd", 0, "0", True),
+]
+
+
 # Head dims that are not multiples of 8 (issue 13): contiguous rows of odd byte length (element-wise path), and rows
 # padded to a 16-byte multiple (pad 5 for 59, 1 for 111 / 255: the 16-byte path with a partial last chunk).
 ODD_BATCH_CASES = [
@@ -66,6 +77,12 @@ ODD_BATCH_CASES = [
 @pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_batch_mode_matches_reference(lib, case):
     check_batch_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", UNEQUAL_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_unequal_head_dims_on_hopper(lib, case):
+    name = check_batch_mode(lib, case)
+    assert "_hopper_" in name, name  # [fwd.hopper] equal_head_dims = false
 
 
 @pytest.mark.parametrize("case", ODD_BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -107,7 +124,7 @@ GROUP_CASES = [
     # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, head_major, mask, family (the runtime's choice, checked)
     ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, False, "0", "hopper"),
     ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, True, "t", "hopper"),
-    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, False, "b", "generic"),
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, False, "b", "hopper"),  # the (192, 128) instance
     ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, False, "t:16,3", "hopper"),  # d32 on the d64 instance
     ("bf16", 2, 2, [90, 17], [0, 33], 256, 256, True, "b:4,35", "hopper"),
     # Hopper group mode: tiles that cross into the next sequence, empty sequences on both sides, every mask kind

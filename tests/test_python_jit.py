@@ -80,10 +80,11 @@ class TestDerive:
     @pytest.mark.parametrize("hq, hv, expected", [
         (24, 24, ["fwd_d64_fp16_batch_nmask_sm90a_hopper_b192x128", "fwd_d32_fp16_batch_nmask_sm90a_generic_b128x128w4"]),
         (96, 96, ["fwd_d96_fp16_batch_nmask_sm90a_hopper_b128x128", "fwd_d128_fp16_batch_nmask_sm90a_generic_b128x64w4"]),
-        (160, 128, ["fwd_d192x128_fp16_batch_nmask_sm90a_generic_b64x64w4"]),  # d != dv: no hopper
-        (160, 160, ["fwd_d192_fp16_batch_nmask_sm90a_hopper_b128x112",
+        (160, 128, ["fwd_d192x128_fp16_batch_nmask_sm90a_hopper_b128x96",  # d != dv: the (192, 128) instances
+                    "fwd_d192x128_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (160, 160, ["fwd_d192_fp16_batch_nmask_sm90a_hopper_b128x96",
                     "fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
-        (16, 256, ["fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (16, 256, ["fwd_d256_fp16_batch_nmask_sm90a_hopper_b128x64", "fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
     ])
     def test_tightest_bucket_per_family(self, hq, hv, expected):
         assert entry("fp16", hq, hv).instance_names == expected
@@ -137,7 +138,7 @@ class TestDerive:
         assert names == ["fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        assert len(default) == 72 and len({e.name for e in default}) == 72
+        assert len(default) == 80 and len({e.name for e in default}) == 80
 
     def test_arch_for_compute_capability(self):
         f = toolchain_mod.arch_for_compute_capability

@@ -310,22 +310,25 @@ struct HopperBwdKernelImpl {
         return geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < geom.sk ? n0 + kBlockN : geom.sk) - 1);
     }
 
-    // Deterministic mode: key block n's turn at query tile m (which its range holds). The key blocks whose ranges
-    // hold m are one run [lo, hi] (a range's begin grows with the key block, and the blocks that no query sees come
-    // last), and they take turns from hi down: the turn is hi - n, with hi found by bisection over [n, blocks).
-    CUTLASS_DEVICE static int dq_turn(Geometry const& geom, int n, int m) {
-        int lo = n, hi = (geom.sk + kBlockN - 1) / kBlockN - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            const TileRange r = query_range(geom, mid);
-            if (!r.empty() && r.begin <= m) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
+    // Deterministic mode: key block n's turn at each query tile it visits, tile after tile. The key blocks whose
+    // ranges hold tile m are one run [lo, hi] (a range's begin grows with the key block, and the blocks that no query
+    // sees come last) taking turns from hi down, so n's turn is hi - n; hi grows with m, so one running hi serves a
+    // query head's ascending tiles (a few integer steps per tile, off the tensor cores' path).
+    struct DqTurns {
+        Geometry const& geom;
+        int n, blocks, hi;
+        CUTLASS_DEVICE DqTurns(Geometry const& g, int n_block)
+            : geom(g), n(n_block), blocks((g.sk + kBlockN - 1) / kBlockN), hi(n_block) {}
+        CUTLASS_DEVICE void restart() { hi = n; }  // the next query head: its tiles start over
+        CUTLASS_DEVICE int turn(int m) {
+            while (hi + 1 < blocks) {
+                const TileRange r = query_range(geom, hi + 1);
+                if (r.empty() || r.begin > m) break;
+                ++hi;
             }
+            return hi - n;
         }
-        return lo - n;
-    }
+    };
     CUTLASS_DEVICE static int32_t* turn_counter(Params const& params, int b, int h, int m) {
         return params.dq_turn + (int64_t(b) * params.nhead_q + h) * params.m_tiles + m;
     }
@@ -408,6 +411,7 @@ struct HopperBwdKernelImpl {
         using cutlass::arch::NamedBarrier;
         const bool leader = cute::elect_one_sync();
         constexpr uint32_t kWgBytes = uint32_t(kDqFrag) * 128u * 4u;
+        DqTurns turns(geom, n_block);
         int h_in = 0;
         int m = m_begin;
         CUTLASS_PRAGMA_NO_UNROLL
@@ -416,7 +420,7 @@ struct HopperBwdKernelImpl {
             float* tile = params.dq_acc +
                           ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
             // deterministic: wait for this key block's turn while the consumers still compute the tile
-            if (params.deterministic && leader) bwd::turn_wait(turn_counter(params, b, h, m), dq_turn(geom, n_block, m));
+            if (params.deterministic && leader) bwd::turn_wait(turn_counter(params, b, h, m), turns.turn(m));
             CUTLASS_PRAGMA_UNROLL
             for (int w = 0; w < NumMmaWG; ++w) {
                 NamedBarrier::sync(128 + 32, kBarDqFull + w);
@@ -441,6 +445,7 @@ struct HopperBwdKernelImpl {
             if (++m == m_begin + n_m) {
                 m = m_begin;
                 ++h_in;
+                turns.restart();
             }
         }
         if (leader) bwd::bulk_wait<0>();
@@ -510,6 +515,7 @@ struct HopperBwdKernelImpl {
         int h_in = 0;
         int m = m_begin;
         int ds_stage = 0;
+        DqTurns turns(geom, n_block);  // deterministic, query split: thread 0 keeps the turns
 
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
@@ -655,7 +661,7 @@ struct HopperBwdKernelImpl {
                                   ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
                     float4* dst = reinterpret_cast<float4*>(tile + wg * kDqFrag * 128) + t;
                     if (params.deterministic) {  // both warpgroups add in this key block's turn
-                        if (tid == 0) bwd::turn_wait(turn_counter(params, b, h, m), dq_turn(geom, n_block, m));
+                        if (tid == 0) bwd::turn_wait(turn_counter(params, b, h, m), turns.turn(m));
                         NamedBarrier::sync(NumMmaThreads, kBarDS);
                     }
                     CUTLASS_PRAGMA_UNROLL
@@ -683,6 +689,7 @@ struct HopperBwdKernelImpl {
             if (++m == m_begin + n_m) {
                 m = m_begin;
                 ++h_in;
+                turns.restart();
             }
         }
 

@@ -1,15 +1,15 @@
 // mhakit hopper family — forward FMHA on sm_90a (wgmma + TMA + warp specialization), batch and group mode.
 //
-//   template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+//   template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 //   struct mhakit::hopper::FwdKernel {
 //       static bool supports(const FwdParams& p);                       // runtime guard, launches nothing
 //       static cudaError_t run(const FwdParams& p, cudaStream_t stream); // asynchronous, no allocation, no sync
 //   };
 //
-// Serves: fp16 / bf16 (chosen by kDtype; FwdParams carries no dtype, so the dispatcher must match it); hdim_q ==
-// hdim_v, a multiple of 8 and <= kHdim (kHdim a multiple of 32 in [64, 256]: the catalogue builds 64, 96, 128, 192
-// and 256; smaller head dims are zero-padded by TMA); GQA /
-// MQA (nhead_q % nhead_k == 0); LSE (fp32, natural log) when p.lse.
+// Serves: fp16 / bf16 (chosen by kDtype; FwdParams carries no dtype, so the dispatcher must match it); hdim_q <=
+// kHdim and hdim_v <= kHdimV, multiples of 8 (kHdim a multiple of 32 in [64, 256], kHdimV one in [64, kHdim]: the
+// catalogue builds 64, 96, 128, 192 and 256 with kHdimV = kHdim, and (192, 128); smaller head dims are zero-padded
+// by TMA); GQA / MQA (nhead_q % nhead_k == 0); LSE (fp32, natural log) when p.lse.
 // Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths
 // (empty ones included) packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /
 // total_k rows, which the caller must give (FwdParams::total_q / total_k; 0 = unknown and the call goes to the
@@ -45,16 +45,16 @@
 
 namespace mhakit::hopper {
 
-template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct FwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = HopperFwdKernelImpl<Element, kHdim, kGroup, kMasked, kBlockM, kBlockN>;
+    using Impl = HopperFwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
     // The run-time guard beyond what the runtime already checked: the validator (head dims, heads, mask type), the
-    // instance's traits (dtype, mode, head-dim bucket) and the family's static guards from the catalogue (equal head
-    // dims, 16-byte alignment).
+    // instance's traits (dtype, mode, head-dim buckets) and the family's static guards from the catalogue (16-byte
+    // alignment, head dims multiples of 8).
     static bool supports(const FwdParams& p) {
         if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
         if (kGroup != (p.seqstart_q != nullptr)) return false;
@@ -107,6 +107,21 @@ struct FwdKernel {
         params.mainloop.scale_softmax = p.scale;  // the collective assumes 1/sqrt(d); we take the caller's scale
         params.mainloop.scale_softmax_log2 = p.scale_log2;
         params.mainloop.rp_dropout = 1.f;
+        // V (and O) have their own head dim: the Q/K collective's V descriptor serves when it is the same.
+        params.hdim_v = p.hdim_v;
+        auto v_descriptor = [&] {
+            HopperProblemShape problem_v = problem;
+            get<4>(problem_v) = p.hdim_v;
+            typename Impl::MainloopV::Arguments vargs{static_cast<Element const*>(p.q), dQ,
+                                                      static_cast<Element const*>(p.k), dK,
+                                                      static_cast<Element const*>(p.v), dV};
+            return Impl::MainloopV::to_underlying_arguments(problem_v, vargs, nullptr).tma_load_v;
+        };
+        if constexpr (Impl::kSplitDims) {
+            params.tma_load_v = v_descriptor();
+        } else {
+            params.tma_load_v = p.hdim_v == p.hdim_q ? params.mainloop.tma_load_v : v_descriptor();
+        }
         params.o = static_cast<Element*>(p.o);
         params.o_row = p.o_row_stride;
         params.o_head = p.o_head_stride;

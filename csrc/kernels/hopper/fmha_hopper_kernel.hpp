@@ -38,17 +38,20 @@ namespace mhakit::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <class Element_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct HopperFwdKernelImpl {
     using Element = Element_;
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "kBlockN: a multiple of 16, at most 256");
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
+    static_assert(kHdimV % 32 == 0 && kHdimV >= 64 && kHdimV <= kHdim,
+                  "V head-dim bucket: a multiple of 32 in [64, kHdim] (a ring slot is sized by the K tile)");
 
     static constexpr int NumMmaWG = kBlockM / 64;
     static constexpr int kSmemLimit = 232448;  // sm_90 opt-in maximum of dynamic shared memory per block
     static constexpr int kQBytes = kBlockM * kHdim * int(sizeof(Element));
-    static constexpr int kStageBytes = kBlockN * kHdim * int(sizeof(Element));
+    static constexpr int kStageBytes = kBlockN * kHdim * int(sizeof(Element));  // a ring slot: one K or V tile
+    static constexpr int kVBytes = kBlockN * kHdimV * int(sizeof(Element));
     static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes) / kStageBytes;
     static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
     static_assert(kStages >= 2, "tile too large for shared memory");
@@ -58,18 +61,38 @@ struct HopperFwdKernelImpl {
     using Mask = ForwardMask<kMasked, kBlockM, kBlockN>;
     using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHdim>>;
     struct UnusedFusion {};  // the collective's fusion hook; this kernel masks with Mask instead
-    using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
-        Element, float, float, TileShape, HopperStrideQ, HopperStrideKV, HopperStrideKV, UnusedFusion,
+    template <int kD>
+    using MainloopFor = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+        Element, float, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kD>>, HopperStrideQ, HopperStrideKV,
+        HopperStrideKV, UnusedFusion,
         cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups, Int<NumMmaWG>>,
         cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, Int<kStages>>>;
+    // Q, K, the Q·Kᵀ product and the pipelines from the collective of head dim kHdim; V and the P·V product from the
+    // one of head dim kHdimV (the same type when the head dims are equal).
+    using Mainloop = MainloopFor<kHdim>;
+    using MainloopV = MainloopFor<kHdimV>;
+    static constexpr bool kSplitDims = kHdimV != kHdim;
 
-    using TileShapeQK = typename Mainloop::TileShapeQK;  // (64, kBlockN, kHdim)
-    using TileShapePV = typename Mainloop::TileShapePV;  // (64, kHdim, kBlockN)
+    using TileShapeQK = typename Mainloop::TileShapeQK;   // (64, kBlockN, kHdim)
+    using TileShapePV = typename MainloopV::TileShapePV;  // (64, kHdimV, kBlockN)
     using TiledMmaQK = typename Mainloop::TiledMmaQK;
-    using TiledMmaPV = typename Mainloop::TiledMmaPV;
+    using TiledMmaPV = typename MainloopV::TiledMmaPV;
     using SmemLayoutQ = typename Mainloop::SmemLayoutQ;
     using SmemLayoutK = typename Mainloop::SmemLayoutK;
-    using SmemLayoutV = typename Mainloop::SmemLayoutV;
+    // V tiles live in the ring slots of K tiles: one V stage's layout, with the slot size as the stage stride (the
+    // slots are 1024-byte multiples, so the swizzle pattern of each stage is unchanged).
+    // (The swizzle and the smem-pointer flag stay as the collective made them, so TMA and wgmma see a GMMA layout.)
+    using SmemLayoutVRing = typename MainloopV::SmemLayoutV;  // (kHdimV, kBlockN, kStages), stage stride kHdimV·kBlockN
+    using SmemLayoutV = std::conditional_t<
+        kSplitDims,
+        decltype(composition(SmemLayoutVRing{}.layout_a(), SmemLayoutVRing{}.offset(),
+                             append(take<0, 2>(SmemLayoutVRing{}.layout_b()),
+                                    Layout<Int<kStages>, Int<kBlockN * kHdim>>{}))),
+        typename Mainloop::SmemLayoutV>;
+    static_assert(!kSplitDims || (kStageBytes % 1024 == 0), "ring slots must keep the swizzle period");
+    using LoadV = cutlass::fmha::collective::CollectiveLoadTma<cutlass::fmha::collective::LoadKind::kV,
+                                                               typename Mainloop::MainloopPipeline, Element,
+                                                               SmemLayoutV, typename MainloopV::TMA_V>;
     using PipelineKV = typename Mainloop::MainloopPipeline;
     using PipelineQ = typename Mainloop::MainloopPipelineQ;
     using StateKV = typename Mainloop::PipelineState;
@@ -86,8 +109,15 @@ struct HopperFwdKernelImpl {
     static constexpr uint32_t kBarSched = 0;
     static constexpr uint32_t kBarEpi = NumMmaWG;
 
+    struct MainloopStorage {
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> smem_q;
+        union {
+            cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> smem_k;
+            cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> smem_v;
+        };
+    };
     struct SharedStorage {
-        typename Mainloop::SharedStorage mainloop;
+        MainloopStorage mainloop;
         alignas(16) typename PipelineKV::SharedStorage pipe_kv;
         alignas(16) typename PipelineQ::SharedStorage pipe_q;
     };
@@ -99,6 +129,8 @@ struct HopperFwdKernelImpl {
         // total_k, d, -, -), the packed tensors as one batch; the sequences come from seqstart_q / seqstart_k.
         HopperProblemShape problem;
         typename Mainloop::Params mainloop;
+        typename MainloopV::TMA_V tma_load_v;  // V's descriptor (head dim hdim_v)
+        int hdim_v;
         Element* o;
         int64_t o_row, o_head, o_batch;
         float* lse;
@@ -142,7 +174,10 @@ struct HopperFwdKernelImpl {
         const int warp_in_wg = warp_idx % 4;
         const int lane_predicate = cute::elect_one_sync();
 
-        if (warp_idx == 0 && lane_predicate) Mainloop::prefetch_tma_descriptors(params.mainloop);
+        if (warp_idx == 0 && lane_predicate) {
+            Mainloop::prefetch_tma_descriptors(params.mainloop);
+            if constexpr (kSplitDims) cute::prefetch_tma_descriptor(params.tma_load_v.get_tma_descriptor());
+        }
 
         const bool producer_warp = (wg_idx == 0 && warp_in_wg == 0);
 
@@ -151,7 +186,7 @@ struct HopperFwdKernelImpl {
         pq.is_leader = producer_warp && lane_predicate;
         pq.num_consumers = 128;
         typename PipelineKV::Params pkv;
-        pkv.transaction_bytes = Mainloop::kInnerLoadBytes;
+        pkv.transaction_bytes = kVBytes;  // K tiles, larger when kHdimV < kHdim, expect the rest themselves
         pkv.is_leader = producer_warp && lane_predicate;
         pkv.num_consumers = NumMmaWG * 128;
         if (producer_warp) {
@@ -194,7 +229,6 @@ struct HopperFwdKernelImpl {
                                  Work const& work, Sequence const& seq, TileRange const& visit) {
         using LoadQ = typename Mainloop::LoadQ;
         using LoadK = typename Mainloop::LoadK;
-        using LoadV = typename Mainloop::LoadV;
         using IO = FwdTileIO<TileShapeQK, TileShapePV>;
         const int lane_predicate = cute::elect_one_sync();
         StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
@@ -207,21 +241,35 @@ struct HopperFwdKernelImpl {
         auto st_q = IO::q(mp.tma_load_q, params.problem, bh, seq.q0, sm.smem_q.data(), SmemLayoutQ{});
         LoadK load_k{mp.tma_load_k, pipe_kv, sm.smem_k};
         auto st_k = IO::k(mp.tma_load_k, params.problem, bh, seq.k0, sm.smem_k.data(), SmemLayoutK{});
-        LoadV load_v{mp.tma_load_v, pipe_kv, sm.smem_v};
-        auto st_v = IO::v(mp.tma_load_v, params.problem, bh, seq.k0, sm.smem_v.data(), SmemLayoutV{});
+        LoadV load_v{params.tma_load_v, pipe_kv, sm.smem_v};
+        auto problem_v = replace<4>(params.problem, params.hdim_v);
+        auto st_v = IO::v(params.tma_load_v, problem_v, bh, seq.k0, sm.smem_v.data(), SmemLayoutV{});
 
         TileIter q_it{work.block * NumMmaWG};
         int q_count = NumMmaWG;
         TileIter kv_it{visit.begin};
         int kv_count = 2 * (visit.end - visit.begin);
 
+        // The ring's barriers expect a V tile's bytes; a larger K tile (kHdim > kHdimV) expects the rest itself.
+        auto step_k = [&] {
+            if constexpr (kSplitDims) {
+                if (lane_predicate == 1 && kv_count > 0) {
+                    pipe_kv.producer_acquire(wkv);
+                    cutlass::arch::ClusterTransactionBarrier::expect_transaction(
+                        pipe_kv.producer_get_barrier(wkv), uint32_t(kStageBytes - kVBytes));
+                }
+                load_k.template step<false, true, false>(kv_it, st_k, wkv, lane_predicate, kv_count);
+            } else {
+                load_k.template step<false>(kv_it, st_k, wkv, lane_predicate, kv_count);
+            }
+        };
         load_q.step(q_it, st_q, wq, lane_predicate, q_count);                     // Q of warpgroup 0
-        load_k.template step<false>(kv_it, st_k, wkv, lane_predicate, kv_count);  // first K
+        step_k();                                                                 // first K
         while (q_count > 0) load_q.step(q_it, st_q, wq, lane_predicate, q_count);
         load_v.template step<true>(kv_it, st_v, wkv, lane_predicate, kv_count);   // first V
         CUTLASS_PRAGMA_NO_UNROLL
         while (kv_count > 0) {
-            load_k.template step<false>(kv_it, st_k, wkv, lane_predicate, kv_count);
+            step_k();
             load_v.template step<true>(kv_it, st_v, wkv, lane_predicate, kv_count);
         }
     }
@@ -358,11 +406,12 @@ struct HopperFwdKernelImpl {
         const int64_t h = work.head;
         const int64_t o_seq = kGroup ? int64_t(seq.q0) * params.o_row : int64_t(work.batch) * params.o_batch;
         const int64_t lse_seq = kGroup ? int64_t(seq.q0) : int64_t(work.batch) * params.lse_batch;
-        const FwdEpilogue<Element, kHdim> epi{
+        const FwdEpilogue<Element, kHdimV> epi{
             params.lse != nullptr ? params.lse + lse_seq + h * params.lse_head : nullptr,
-            params.o + o_seq + h * params.o_head, params.o_row, seq.sq, get<4>(params.problem), row0};
+            params.o + o_seq + h * params.o_head, params.o_row, seq.sq, params.hdim_v, row0};
         epi.store_lse(lse, c_mn);
-        Tensor sO = sQ(_, _, rq.index());  // (64, kHdim), swizzled: this warpgroup's Q buffer, free now
+        // (64, kHdimV), swizzled: the first columns of this warpgroup's Q buffer, free now
+        Tensor sO = local_tile(sQ(_, _, rq.index()), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
         epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
     }
 };
