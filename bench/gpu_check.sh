@@ -92,6 +92,8 @@ bwd -prec=fp16 -mode=1 -b=2 -h=4 -h_k=1 -s=200,57 -s_k=251,90 -d=111 -mask=1 -ip
 bwd -prec=bf16 -b=1 -h=2 -s=130 -s_k=200 -d=255 -mask=b:4,35 -deterministic=1
 bwd -prec=fp16 -mode=1 -b=3 -h=4 -h_k=2 -s=300,0,129 -s_k=257,64,500 -d=64 -mask=t:50,20 -deterministic=1
 bwd -prec=bf16 -b=1 -h=2 -s=300 -s_k=400 -d=256 -mask=b -deterministic=1
+bwd -prec=fp16 -b=1 -h=4 -h_k=2 -s=300 -s_k=257 -d=192 -mask=t -deterministic=1
+fwd -prec=bf16 -b=2 -h=4 -h_k=1 -s=300 -s_k=517 -d=64 -d_v=128 -mask=t -lse=1
 CASES
     note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
 fi

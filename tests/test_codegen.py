@@ -97,11 +97,11 @@ class TestProfiles:
     def test_counts(self):
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x 2 modes x 2 masks in the
-        # default profile, and (192, 128) in the forward; `all` adds the Hopper 96 and 192 buckets (fwd) and 96 (bwd)
+        # default profile, and (192, 128) in the forward; `all` adds the Hopper 96 and 192 buckets
         assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 32
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 24
         assert len(profiles.select("fwd", "sm_90a", "all").specs) == 40 + 48
-        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 40 + 32
+        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 40 + 40
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40
 
     def test_v3_keeps_only_the_hopper_family(self):

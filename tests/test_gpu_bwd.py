@@ -95,12 +95,29 @@ DETERMINISTIC_HOPPER_CASES = [
     ("bf16", 1, 6, 3, 777, 900, 256, 256, "bhsd", "bhsd", 0, "1", True),
     ("fp16", 1, 4, 1, 512, 640, 256, 256, "bshd", "bshd", 0, "0", True),
     ("bf16", 1, 4, 2, 800, 600, 64, 64, "bshd", "bhsd", 0, "g:200,9", True),
+    ("fp16", 1, 4, 2, 600, 700, 192, 192, "bshd", "bshd", 0, "b", True),
+]
+
+
+# The Hopper 192 backward (`all` profile; query split with 64B-swizzled tiles), and 160 padded onto it.
+HOPPER_192_CASES = [
+    ("bf16", 2, 4, 2, 300, 517, 192, 192, "bshd", "bshd", 0, "0", False),
+    ("fp16", 1, 4, 4, 700, 650, 192, 192, "bhsd", "bhsd", 0, "t", False),
+    ("bf16", 1, 6, 3, 257, 1000, 160, 160, "bshd", "bhsd", 0, "t:128,30", False),
 ]
 
 
 @pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_batch_mode_gradients_match_reference(lib, case):
     check_batch_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", HOPPER_192_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_hopper_192_backward(lib, case):
+    if os.environ.get("MHAKIT_TEST_PROFILE", "default") != "all":
+        pytest.skip("the Hopper 192 backward is built by the `all` profile")
+    name = check_batch_mode(lib, case)
+    assert "_hopper_" in name, name
 
 
 @pytest.mark.parametrize("case", DETERMINISTIC_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))

@@ -12,8 +12,8 @@
 // into the workspace (fmha_bwd_hopper_kernel.hpp); (3) convert — dQ = scale·accumulator into dq's dtype/strides.
 //
 // Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q == hdim_v, a
-// multiple of 8, <= kHdim (kHdim in {64, 96, 128, 256}; smaller head dims are zero-padded by TMA; 192 does not
-// build: the query split's per-warpgroup head-dim half, 96, is no canonical MN-major GMMA operand).
+// multiple of 8, <= kHdim (kHdim in {64, 96, 128, 192, 256}; smaller head dims are zero-padded by TMA; 96 and 192
+// use 64B-swizzled tiles: 192's query-split half, 96, is a canonical MN-major GMMA operand only with that swizzle).
 // Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths,
 // empty ones included, packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /
 // total_k rows, which the caller must give (0 sends the call to the generic family).

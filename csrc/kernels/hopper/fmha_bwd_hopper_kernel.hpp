@@ -124,10 +124,12 @@ struct HopperBwdKernelImpl {
     static constexpr int kStagesDO = (kFixedBytes + 4 * kQBytes <= kSmemLimit) ? 2 : 1;
     static_assert(kFixedBytes + (kStagesQ + kStagesDO) * kQBytes <= kSmemLimit, "tile too large for shared memory");
 
-    // 8 rows x 128 bytes with the 128B swizzle where the head dim allows it (a multiple of 64 elements), else 8 x 64
-    // bytes with the 64B swizzle (head dim 96).
-    using SmemAtom = std::conditional_t<kHdim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-                                        GMMA::Layout_K_SW64_Atom<Element>>;
+    // 8 rows x 128 bytes with the 128B swizzle where the head dim allows it, else 8 x 64 bytes with the 64B swizzle:
+    // the head dim must be a multiple of 64 elements, and under the query split so must each warpgroup's half of it
+    // (the N extent of its MN-major Qᵀ / dOᵀ operand): head dim 96, and 192 (halves of 96), take the 64B swizzle.
+    static constexpr bool kSw128 = kHdim % 64 == 0 && (kKeySplit || (kHdim / kWgQ) % 64 == 0);
+    using SmemAtom =
+        std::conditional_t<kSw128, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesQ>{})));
     using SmemLayoutDO = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesDO>{})));
     // (d, queries) views of Q / dO, the B operand (MN-major) of dK / dV
