@@ -108,7 +108,7 @@ def test_the_catalogue_guards_of_a_family_steer_the_choice(lib):
     assert lib.kernel_name(valid_args(deterministic=1)) == hopper                 # [bwd.hopper] deterministic = true
     assert lib.kernel_name(valid_args(dk_ptr=FAKE + 8)) == generic                # align_bytes = 16
     assert lib.kernel_name(valid_args(nhead_stride_do=256 * 128 + 4)) == generic  # a stride off the 16 bytes
-    assert lib.kernel_name(valid_args(hdim_q=128, hdim_v=120)) == generic         # equal_head_dims = true
+    assert lib.kernel_name(valid_args(hdim_q=128, hdim_v=120)) == hopper          # equal_head_dims = false
     for d in (1, 59, 111, 127):                                                   # head_dim_multiple = 8
         assert lib.kernel_name(valid_args(hdim_q=d, hdim_v=d)) == generic, lib.last_error()
     assert lib.kernel_name(valid_args(hdim_q=120, hdim_v=120)) == hopper

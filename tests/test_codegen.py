@@ -41,7 +41,7 @@ class TestCatalogue:
     def test_family_guards_and_arch_records_are_catalogue_data(self):
         cat = catalogue.load("cuda")
         hopper, generic = cat.family("bwd", "hopper"), cat.family("bwd", "generic")
-        assert hopper.equal_head_dims and hopper.deterministic and hopper.align_bytes == 16
+        assert not hopper.equal_head_dims and hopper.deterministic and hopper.align_bytes == 16
         assert hopper.head_dim_multiple == 8 and generic.head_dim_multiple == 1  # generic serves every head dim
         assert not generic.equal_head_dims and generic.deterministic and "group" in generic.modes
         assert cat.arch_for_compute_capability(9, 0).name == "sm_90a" and cat.arch("sm_90a").arch_specific
@@ -68,7 +68,6 @@ class TestRules:
         assert rules.violations(make_spec()) == []
 
     @pytest.mark.parametrize("kwargs, reason", [
-        (dict(family="hopper", hq=192, hv=128, api="bwd"), "hdim_q == hdim_v"),  # the forward serves (192, 128)
         (dict(family="hopper", arch="sm_80"), "sm_90a"),
         (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=0), "hdim_q=0 is not an accepted head dim: head dims must be in [1, 256]"),
@@ -97,11 +96,11 @@ class TestProfiles:
     def test_counts(self):
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x 2 modes x 2 masks in the
-        # default profile, and (192, 128) in the forward; `all` adds the Hopper 96 and 192 buckets
+        # default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets
         assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 32
-        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 24
+        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 32
         assert len(profiles.select("fwd", "sm_90a", "all").specs) == 40 + 48
-        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 40 + 40
+        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 40 + 48
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40
 
     def test_v3_keeps_only_the_hopper_family(self):

@@ -99,6 +99,17 @@ DETERMINISTIC_HOPPER_CASES = [
 ]
 
 
+# hdim_q != hdim_v on the Hopper backward: the (192, 128) instance (query split; default profile), padded pairs on
+# it, and unequal dims inside one bucket (64 x 128 and 128 x 64 on the d128 instance, key split), deterministic too.
+UNEQUAL_HOPPER_CASES = [
+    ("bf16", 2, 8, 2, 700, 513, 192, 128, "bshd", "bshd", 0, "0", False),
+    ("fp16", 1, 4, 4, 300, 1000, 192, 128, "bhsd", "bshd", 0, "b", False),
+    ("bf16", 1, 4, 1, 257, 300, 176, 120, "bshd", "bshd", 0, "t:100,7", True),
+    ("fp16", 2, 2, 2, 257, 300, 64, 128, "bhsd", "bhsd", 0, "t", False),
+    ("bf16", 1, 4, 2, 200, 513, 128, 64, "bshd", "bshd", 0, "0", True),
+]
+
+
 # The Hopper 192 backward (`all` profile; query split with 64B-swizzled tiles), and 160 padded onto it.
 HOPPER_192_CASES = [
     ("bf16", 2, 4, 2, 300, 517, 192, 192, "bshd", "bshd", 0, "0", False),
@@ -110,6 +121,12 @@ HOPPER_192_CASES = [
 @pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_batch_mode_gradients_match_reference(lib, case):
     check_batch_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", UNEQUAL_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_unequal_head_dims_on_hopper(lib, case):
+    name = check_batch_mode(lib, case)
+    assert "_hopper_" in name, name  # [bwd.hopper] equal_head_dims = false
 
 
 @pytest.mark.parametrize("case", HOPPER_192_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -182,7 +199,7 @@ GROUP_CASES = [
     # dtype, hq, hk, seqlens_q, seqlens_k, d, dv, mask, deterministic, family (the runtime's choice, checked)
     ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 128, 128, "0", False, "hopper"),
     ("fp16", 2, 2, [65, 1, 129], [65, 200, 40], 64, 64, "t", True, "hopper"),  # deterministic dQ turns, per sequence
-    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, "b", False, "generic"),
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, "b", False, "hopper"),  # the (192, 128) instance
     ("fp16", 2, 1, [50, 120], [120, 50], 32, 32, "t:16,3", False, "hopper"),  # d32 on the Hopper d64 instance
     # Hopper group mode: tiles crossing into the next sequence, empty sequences on both sides, every mask kind, GQA
     ("bf16", 8, 2, [300, 1, 0, 129, 517], [257, 64, 9, 0, 1000], 128, 128, "b", False, "hopper"),

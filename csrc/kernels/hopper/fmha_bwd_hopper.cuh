@@ -1,6 +1,6 @@
 // mhakit hopper family — backward FMHA on sm_90a (TMA + wgmma + warp specialization), batch and group mode.
 //
-//   template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+//   template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 //   struct mhakit::hopper::BwdKernel {
 //       static bool supports(const BwdParams& p);           // runtime guard, pure host arithmetic
 //       static size_t workspace_bytes(const BwdParams& p);  // pure host arithmetic
@@ -57,10 +57,10 @@
 
 namespace mhakit::hopper {
 
-template <mhakit_dtype kDtype, int kHdim, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct BwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = HopperBwdKernelImpl<Element, kHdim, kGroup, kMasked, kBlockM, kBlockN>;
+    using Impl = HopperBwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -109,10 +109,10 @@ struct BwdKernel {
         // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
         auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
         const int nb = tma_batch(p);
-        auto tma_for = [&](const void* ptr, int seqlen, int nhead, int64_t row, int64_t head, int64_t batch,
+        auto tma_for = [&](const void* ptr, int seqlen, int hdim, int nhead, int64_t row, int64_t head, int64_t batch,
                            auto slayout) {
             Tensor t = make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                                   make_shape(seqlen, p.hdim_q, nhead, nb),
+                                   make_shape(seqlen, hdim, nhead, nb),
                                    make_stride(fix(row, seqlen), _1{}, fix(head, nhead), fix(batch, nb)));
             return make_tma_copy(SM90_TMA_LOAD{}, t, slayout);
         };
@@ -121,14 +121,14 @@ struct BwdKernel {
         char* wsb = static_cast<char*>(p.workspace);
 
         typename Impl::Params params{};
-        params.tma_q = tma_for(p.q, sq, p.nhead_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+        params.tma_q = tma_for(p.q, sq, p.hdim_q, p.nhead_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
                                typename Impl::SmemLayoutQ1{});
-        params.tma_do = tma_for(p.dout, sq, p.nhead_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride,
-                                typename Impl::SmemLayoutDO1{});
-        params.tma_k = tma_for(p.k, sk, p.nhead_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+        params.tma_do = tma_for(p.dout, sq, p.hdim_v, p.nhead_q, p.do_row_stride, p.do_head_stride,
+                                p.do_batch_stride, typename Impl::SmemLayoutDO1{});
+        params.tma_k = tma_for(p.k, sk, p.hdim_q, p.nhead_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
                                typename Impl::SmemLayoutK{});
-        params.tma_v = tma_for(p.v, sk, p.nhead_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
-                               typename Impl::SmemLayoutK{});
+        params.tma_v = tma_for(p.v, sk, p.hdim_v, p.nhead_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                               typename Impl::SmemLayoutV{});
         params.batch = p.batch;
         params.nhead_q = p.nhead_q;
         params.nhead_k = p.nhead_k;
@@ -137,6 +137,7 @@ struct BwdKernel {
         params.seqlen_k = sk;
         params.tma_batch = nb;
         params.hdim = p.hdim_q;
+        params.hdim_v = p.hdim_v;
         params.mask_x = mc.x;
         params.mask_y = mc.y;
         params.seqstart_q = p.seqstart_q;
@@ -199,8 +200,8 @@ struct BwdKernel {
         pp.m_tiles = m_tiles;
         pp.nhead_q = p.nhead_q;
         pp.seqlen_q = p.seqlen_q;
-        pp.hdim = p.hdim_q;
-        bwd::preprocess_kernel<Element, kHdim, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
+        pp.hdim_v = p.hdim_v;
+        bwd::preprocess_kernel<Element, kHdim, kHdimV, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
 

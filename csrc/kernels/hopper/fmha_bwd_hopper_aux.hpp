@@ -41,7 +41,7 @@ struct PreprocessParams {
     int32_t* dq_turn;  // [b][hq][m_tiles]: the deterministic mode's turn counters
     int64_t sq_pad;
     int m_tiles;
-    int nhead_q, seqlen_q, hdim;
+    int nhead_q, seqlen_q, hdim_v;  // D = rowsum(dO∘O) runs over hdim_v
 };
 
 template <class Element>
@@ -54,10 +54,10 @@ CUTLASS_DEVICE float dot8(uint4 a, uint4 b) {
     return acc;
 }
 
-template <class Element, int kHdim, int kBlockM>
+template <class Element, int kHdim, int kHdimV, int kBlockM>
 __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const p) {
-    // threads per row, 16 bytes each: the power of two that covers the head dim (lanes past it read nothing)
-    constexpr int T = kHdim <= 64 ? 8 : (kHdim <= 128 ? 16 : 32);
+    // threads per row, 16 bytes each: the power of two that covers O's head dim (lanes past it read nothing)
+    constexpr int T = kHdimV <= 64 ? 8 : (kHdimV <= 128 ? 16 : 32);
     constexpr int kRowsPerPass = 256 / T;
     static_assert(kBlockM % kRowsPerPass == 0);
     const auto work = RowTileScheduler::work();
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const 
     for (int r = int(threadIdx.x) / T; r < kBlockM; r += kRowsPerPass) {
         const int row = m * kBlockM + r;
         float acc = 0.f;
-        if (row < seq.len && col < p.hdim) {
+        if (row < seq.len && col < p.hdim_v) {
             const uint4 a = *reinterpret_cast<uint4 const*>(o + int64_t(row) * p.o_row + col);
             const uint4 c = *reinterpret_cast<uint4 const*>(g + int64_t(row) * p.do_row + col);
             acc = dot8<Element>(a, c);

@@ -71,15 +71,17 @@ using namespace cute;
 using BwdGmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;     // (seqlen, d, head, batch)
 using BwdGmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;  // elements
 
-template <class Element_, int kHdim_, bool kGroup_, bool kMasked_, int kBlockM_, int kBlockN_>
+template <class Element_, int kHdim_, int kHdimV_, bool kGroup_, bool kMasked_, int kBlockM_, int kBlockN_>
 struct HopperBwdKernelImpl {
     using Element = Element_;
     static constexpr bool kGroup = kGroup_;
-    static constexpr int kHdim = kHdim_;
+    static constexpr int kHdim = kHdim_;    // Q, K, dQ, dK
+    static constexpr int kHdimV = kHdimV_;  // V, O, dO, dV
     static constexpr bool kMasked = kMasked_;
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
+    static_assert(kHdimV % 32 == 0 && kHdimV >= 64 && kHdimV <= 256, "V head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
     static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 128 (key split) or 64 (query split)");
 
@@ -94,9 +96,11 @@ struct HopperBwdKernelImpl {
     static constexpr int kWgM_dQ = kBlockM / 64;    // warpgroups along the query dim of dQ
     static constexpr bool kDqViaSmem = kKeySplit;  // query split: no shared memory left for a dQ tile
     static_assert(!kKeySplit || kHdim + kBlockM <= 192, "key split: dK + dV + Sᵀ + dPᵀ must fit 240 registers");
+    static_assert(!kKeySplit || kHdimV == kHdim, "key split: one head dim (unequal ones take the query split)");
 
     // ---- tiled MMAs ----
-    using TileSdP = Shape<_64, Int<kBlockM / kWgQ>, Int<kHdim>>;  // (keys, queries, d) per warpgroup
+    // (keys, queries, d) per warpgroup; the same MMA serves dPᵀ = V·dOᵀ, whose reduction runs over kHdimV instead
+    using TileSdP = Shape<_64, Int<kBlockM / kWgQ>, Int<kHdim>>;
     using TiledMmaSdP = decltype(make_tiled_mma(
         GMMA::ss_op_selector<Element, Element, float, TileSdP, GMMA::Major::K, GMMA::Major::K>(),
         Layout<Shape<Int<kWgN>, Int<kWgQ>, _1>>{}));
@@ -105,6 +109,13 @@ struct HopperBwdKernelImpl {
         kKeySplit, decltype(GMMA::rs_op_selector<Element, Element, float, TileKV, GMMA::Major::K, GMMA::Major::MN>()),
         decltype(GMMA::ss_op_selector<Element, Element, float, TileKV, GMMA::Major::K, GMMA::Major::MN>())>;
     using TiledMmadKV = decltype(make_tiled_mma(MmaKVOp{}, Layout<Shape<Int<kWgN>, Int<kWgQ>, _1>>{}));
+    // dV += Pᵀ·dO: the dK product's MMA when the head dims are equal, else one with N over kHdimV (query split only)
+    using TileV = Shape<_64, Int<kHdimV / kWgQ>, Int<kBlockM>>;
+    using TiledMmadV = std::conditional_t<
+        kHdimV == kHdim, TiledMmadKV,
+        decltype(make_tiled_mma(
+            GMMA::ss_op_selector<Element, Element, float, TileV, GMMA::Major::K, GMMA::Major::MN>(),
+            Layout<Shape<Int<kWgN>, Int<kWgQ>, _1>>{}))>;
     using TileQ = Shape<_64, Int<kHdim * kWgM_dQ / 2>, Int<kBlockN>>;  // (queries, d, keys) per warpgroup
     using TiledMmadQ = decltype(make_tiled_mma(
         GMMA::ss_op_selector<Element, Element, float, TileQ, GMMA::Major::MN, GMMA::Major::MN>(),
@@ -115,31 +126,36 @@ struct HopperBwdKernelImpl {
     // ---- shared memory ----
     static constexpr int kSmemLimit = 232448;
     static constexpr int kQBytes = kBlockM * kHdim * int(sizeof(Element));
+    static constexpr int kDOBytes = kBlockM * kHdimV * int(sizeof(Element));
     static constexpr int kKBytes = kBlockN * kHdim * int(sizeof(Element));
+    static constexpr int kVBytes = kBlockN * kHdimV * int(sizeof(Element));
     static constexpr int kPdSBytes = 2 * kBlockN * kBlockM * int(sizeof(Element));  // double-buffered
     static constexpr int kDqSmemBytes = kDqViaSmem ? kBlockM * kHdim * 4 : 0;
     static constexpr int kFixedBytes =
-        2 * kKBytes + (kKeySplit ? 1 : 2) * kPdSBytes + kDqSmemBytes + 2048 /* rows, barriers, slack */;
+        kKBytes + kVBytes + (kKeySplit ? 1 : 2) * kPdSBytes + kDqSmemBytes + 2048 /* rows, barriers, slack */;
     static constexpr int kStagesQ = 2;
-    static constexpr int kStagesDO = (kFixedBytes + 4 * kQBytes <= kSmemLimit) ? 2 : 1;
-    static_assert(kFixedBytes + (kStagesQ + kStagesDO) * kQBytes <= kSmemLimit, "tile too large for shared memory");
+    static constexpr int kStagesDO = (kFixedBytes + 2 * kQBytes + 2 * kDOBytes <= kSmemLimit) ? 2 : 1;
+    static_assert(kFixedBytes + kStagesQ * kQBytes + kStagesDO * kDOBytes <= kSmemLimit,
+                  "tile too large for shared memory");
 
     // 8 rows x 128 bytes with the 128B swizzle where the head dim allows it, else 8 x 64 bytes with the 64B swizzle:
     // the head dim must be a multiple of 64 elements, and under the query split so must each warpgroup's half of it
     // (the N extent of its MN-major Qᵀ / dOᵀ operand): head dim 96, and 192 (halves of 96), take the 64B swizzle.
-    static constexpr bool kSw128 = kHdim % 64 == 0 && (kKeySplit || (kHdim / kWgQ) % 64 == 0);
+    static constexpr bool kSw128 = kHdim % 64 == 0 && kHdimV % 64 == 0 &&
+                                   (kKeySplit || ((kHdim / kWgQ) % 64 == 0 && (kHdimV / kWgQ) % 64 == 0));
     using SmemAtom =
         std::conditional_t<kSw128, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesQ>{})));
-    using SmemLayoutDO = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesDO>{})));
+    using SmemLayoutDO = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdimV>{}, Int<kStagesDO>{})));
     // (d, queries) views of Q / dO, the B operand (MN-major) of dK / dV
     using SmemLayoutQt = decltype(composition(
         SmemLayoutQ{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockM>{}, Int<kStagesQ>{}),
                                    make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHdim>{}))));
     using SmemLayoutDOt = decltype(composition(
-        SmemLayoutDO{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockM>{}, Int<kStagesDO>{}),
-                                    make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHdim>{}))));
+        SmemLayoutDO{}, make_layout(make_shape(Int<kHdimV>{}, Int<kBlockM>{}, Int<kStagesDO>{}),
+                                    make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHdimV>{}))));
     using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kHdim>{})));
+    using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kHdimV>{})));
     using SmemLayoutKt = decltype(composition(
         SmemLayoutK{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockN>{}), make_stride(Int<kBlockN>{}, _1{}))));
     // Pᵀ / dSᵀ: (keys, queries, 2) with queries contiguous; dS: its (queries, keys, 2) view for the dQ product.
@@ -158,7 +174,7 @@ struct HopperBwdKernelImpl {
 
     struct SharedStorage {
         cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> smem_k;
-        cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> smem_v;
+        cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> smem_v;
         cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> smem_q;
         cute::array_aligned<Element, cosize_v<SmemLayoutDO>, 1024> smem_do;
         cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>, 1024> smem_ds;
@@ -184,6 +200,7 @@ struct HopperBwdKernelImpl {
     using TmaQ = TmaFor<SmemLayoutQ1>;
     using TmaDO = TmaFor<SmemLayoutDO1>;
     using TmaK = TmaFor<SmemLayoutK>;
+    using TmaV = TmaFor<SmemLayoutV>;
 
     static constexpr int MaxThreadsPerBlock = 128 + NumMmaThreads;
     static constexpr int MinBlocksPerMultiprocessor = 1;
@@ -199,10 +216,10 @@ struct HopperBwdKernelImpl {
         TmaQ tma_q;
         TmaDO tma_do;
         TmaK tma_k;
-        TmaK tma_v;
+        TmaV tma_v;
         int batch, nhead_q, nhead_k, group;
         // As the TMA descriptors see the tensors: group mode: the packed row counts, in one batch (tma_batch 1).
-        int seqlen_q, seqlen_k, tma_batch, hdim;
+        int seqlen_q, seqlen_k, tma_batch, hdim, hdim_v;
         int mask_x, mask_y;  // batch mode (clamped on the host)
         const int32_t* seqstart_q;  // group mode: [batch + 1] row offsets into the packed tensors
         const int32_t* seqstart_k;
@@ -267,7 +284,7 @@ struct HopperBwdKernelImpl {
         pq.is_leader = producer_warp && lane_predicate;
         pq.num_consumers = NumMmaThreads;
         typename PipelineDO::Params pdo;
-        pdo.transaction_bytes = kQBytes + kBlockM * 4;
+        pdo.transaction_bytes = kDOBytes + kBlockM * 4;
         pdo.is_leader = producer_warp && lane_predicate;
         pdo.num_consumers = NumMmaThreads;
         if (producer_warp) {
@@ -344,34 +361,36 @@ struct HopperBwdKernelImpl {
         // (rows, d, head, batch) as TMA sees them; this sequence starts at row q0 / k0 of batch tb.
         const int tb = kGroup ? 0 : b;
         auto qshape = make_shape(params.seqlen_q, params.hdim, params.nhead_q, params.tma_batch);
+        auto doshape = make_shape(params.seqlen_q, params.hdim_v, params.nhead_q, params.tma_batch);
         auto kshape = make_shape(params.seqlen_k, params.hdim, params.nhead_k, params.tma_batch);
+        auto vshape = make_shape(params.seqlen_k, params.hdim_v, params.nhead_k, params.tma_batch);
         Tensor mQ = domain_offset(make_coord(seq.q0, _0{}, _0{}, _0{}), params.tma_q.get_tma_tensor(qshape));
-        Tensor mDO = domain_offset(make_coord(seq.q0, _0{}, _0{}, _0{}), params.tma_do.get_tma_tensor(qshape));
+        Tensor mDO = domain_offset(make_coord(seq.q0, _0{}, _0{}, _0{}), params.tma_do.get_tma_tensor(doshape));
         Tensor mK = domain_offset(make_coord(seq.k0, _0{}, _0{}, _0{}), params.tma_k.get_tma_tensor(kshape));
-        Tensor mV = domain_offset(make_coord(seq.k0, _0{}, _0{}, _0{}), params.tma_v.get_tma_tensor(kshape));
+        Tensor mV = domain_offset(make_coord(seq.k0, _0{}, _0{}, _0{}), params.tma_v.get_tma_tensor(vshape));
 
         Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
         Tensor sDO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDO{});
         Tensor sK = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutK{});
-        Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutK{});
+        Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutV{});
 
         // K, V: one barrier, both tiles
         {
-            using TileKD = Shape<Int<kBlockN>, Int<kHdim>>;
-            Tensor gK = local_tile(mK(_, _, hk, tb), TileKD{}, make_coord(n_block, _0{}));
-            Tensor gV = local_tile(mV(_, _, hk, tb), TileKD{}, make_coord(n_block, _0{}));
+            Tensor gK = local_tile(mK(_, _, hk, tb), Shape<Int<kBlockN>, Int<kHdim>>{}, make_coord(n_block, _0{}));
+            Tensor gV = local_tile(mV(_, _, hk, tb), Shape<Int<kBlockN>, Int<kHdimV>>{}, make_coord(n_block, _0{}));
             Tensor sK1 = make_tensor(sK.data(), make_layout(sK.layout(), Layout<_1>{}));
             Tensor sV1 = make_tensor(sV.data(), make_layout(sV.layout(), Layout<_1>{}));
             Tensor gK1 = make_tensor(gK.data(), make_layout(gK.layout(), Layout<_1>{}));
             Tensor gV1 = make_tensor(gV.data(), make_layout(gV.layout(), Layout<_1>{}));
             auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK1), group_modes<0, 2>(gK1));
             auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV1), group_modes<0, 2>(gV1));
-            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&st.bar_kv, 2 * kKBytes);
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&st.bar_kv, kKBytes + kVBytes);
             copy(params.tma_k.with(st.bar_kv), tKg, tKs);
             copy(params.tma_v.with(st.bar_kv), tVg, tVs);
         }
 
         using TileQD = Shape<Int<kBlockM>, Int<kHdim>>;
+        using TileDOD = Shape<Int<kBlockM>, Int<kHdimV>>;
         StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
         StateDO wdo = cutlass::make_producer_start_state<PipelineDO>();
         int h_in = 0;
@@ -391,7 +410,7 @@ struct HopperBwdKernelImpl {
                 ++wq;
             }
             {
-                Tensor gDO = local_tile(mDO(_, _, h, tb), TileQD{}, make_coord(m, _0{}));
+                Tensor gDO = local_tile(mDO(_, _, h, tb), TileDOD{}, make_coord(m, _0{}));
                 Tensor gDO1 = make_tensor(gDO.data(), make_layout(gDO.layout(), Layout<_1>{}));
                 auto [tDg, tDs] = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO), group_modes<0, 2>(gDO1));
                 pipe_do.producer_acquire(wdo);
@@ -470,9 +489,11 @@ struct HopperBwdKernelImpl {
 
         TiledMmaSdP mma_sdp;
         TiledMmadKV mma_dkv;
+        TiledMmadV mma_dv;
         TiledMmadQ mma_dq;
         auto thr_sdp = mma_sdp.get_thread_slice(tid);
         auto thr_dkv = mma_dkv.get_thread_slice(tid);
+        auto thr_dv = mma_dv.get_thread_slice(tid);
         auto thr_dq = mma_dq.get_thread_slice(tid);
 
         Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
@@ -481,7 +502,7 @@ struct HopperBwdKernelImpl {
         Tensor sDOt = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDOt{});
         Tensor sK = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutK{});
         Tensor sKt = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutKt{});
-        Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutK{});
+        Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutV{});
         Tensor sDSt = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdSt{});
         Tensor sDS = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdS{});
 
@@ -489,7 +510,7 @@ struct HopperBwdKernelImpl {
         Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);    // (MMA, N, K, stages)
         Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
         Tensor tdPrDO = thr_sdp.partition_fragment_B(sDO);
-        Tensor tdVrDO = thr_dkv.partition_fragment_B(sDOt);  // (MMA, N, K, stages)
+        Tensor tdVrDO = thr_dv.partition_fragment_B(sDOt);   // (MMA, N, K, stages)
         Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
         Tensor tdQrDS = thr_dq.partition_fragment_A(sDS);    // (MMA, M, K, 2)
         Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
@@ -497,7 +518,7 @@ struct HopperBwdKernelImpl {
         Tensor tSsDSt = thr_sdp.partition_C(sDSt);  // (MMA, M, N, 2): where this thread's dSᵀ values go
 
         Tensor acc_dK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHdim>>{});
-        Tensor acc_dV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHdim>>{});
+        Tensor acc_dV = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<kHdimV>>{});
         clear(acc_dK);
         clear(acc_dV);
 
@@ -624,7 +645,7 @@ struct HopperBwdKernelImpl {
                 NamedBarrier::sync(NumMmaThreads, kBarDS);
 
                 Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
-                Tensor tdVrP = thr_dkv.partition_fragment_A(sPt);    // (MMA, M, K, 2)
+                Tensor tdVrP = thr_dv.partition_fragment_A(sPt);     // (MMA, M, K, 2)
                 Tensor tdKrDS = thr_dkv.partition_fragment_A(sDSt);  // (MMA, M, K, 2)
 
                 warpgroup_fence_operand(acc_dQ);
@@ -633,8 +654,8 @@ struct HopperBwdKernelImpl {
                 warpgroup_commit_batch();
                 warpgroup_fence_operand(acc_dV);
                 warpgroup_arrive();
-                mma_dkv.accumulate_ = GMMA::ScaleOut::One;
-                cute::gemm(mma_dkv, tdVrP(_, _, _, ds_stage), tdVrDO(_, _, _, rdo.index()), acc_dV);
+                mma_dv.accumulate_ = GMMA::ScaleOut::One;
+                cute::gemm(mma_dv, tdVrP(_, _, _, ds_stage), tdVrDO(_, _, _, rdo.index()), acc_dV);
                 warpgroup_commit_batch();
                 warpgroup_fence_operand(acc_dK);
                 warpgroup_arrive();
@@ -698,11 +719,11 @@ struct HopperBwdKernelImpl {
         // ---- dK (scaled), dV: registers -> global ----
         const int64_t dk_seq = kGroup ? int64_t(seq.k0) * params.dk_row : int64_t(b) * params.dk_batch;
         const int64_t dv_seq = kGroup ? int64_t(seq.k0) * params.dv_row : int64_t(b) * params.dv_batch;
-        const BwdEpilogue<Element, kBlockN, kHdim> epi{params.dk + dk_seq + hk * params.dk_head,
-                                                      params.dv + dv_seq + hk * params.dv_head,
-                                                      params.dk_row, params.dv_row, n0, sk, params.hdim,
-                                                      params.scale};
-        epi.store_dkdv(acc_dK, acc_dV, thr_dkv);
+        const BwdEpilogue<Element, kBlockN> epi{n0, sk};
+        epi.template store<kHdim>(params.dk + dk_seq + hk * params.dk_head, params.dk_row, params.hdim, params.scale,
+                                  acc_dK, thr_dkv);
+        epi.template store<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, 1.f, acc_dV,
+                                   thr_dv);
     }
 };
 

@@ -65,31 +65,26 @@ struct FwdEpilogue {
 
 namespace mhakit::hopper {
 
-// The backward's epilogue: the dK (times scale) and dV accumulators of one key block (kBlockN keys x kHdim,
-// partitioned by thr_dkv) straight from registers to global memory, 4-byte stores predicated on the real keys and
-// head dim.
-template <class Element, int kBlockN, int kHdim>
+// The backward's epilogue: a key block's dK (times scale) or dV accumulator (kBlockN keys x kCols, partitioned by
+// thr) straight from registers to global memory, 4-byte stores predicated on the real keys and head dim.
+template <class Element, int kBlockN>
 struct BwdEpilogue {
-    Element* dk;  // (key 0 of the block's sequence, column 0) of this kv head
-    Element* dv;
-    int64_t dk_row, dv_row;
-    int n0, seqlen_k, hdim;
-    float scale;
+    int n0, seqlen_k;  // the block's first key, the sequence's keys
 
-    template <class TensorAcc, class ThrMma>
-    CUTLASS_DEVICE void store_dkdv(TensorAcc const& acc_dK, TensorAcc const& acc_dV, ThrMma const& thr_dkv) const {
+    // dst: (key 0 of the block's sequence, column 0) of this kv head.
+    template <int kCols, class TensorAcc, class ThrMma>
+    CUTLASS_DEVICE void store(Element* dst, int64_t row_stride, int cols, float scale, TensorAcc const& acc,
+                              ThrMma const& thr) const {
         using namespace cute;
-        Tensor cKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHdim>>{}));
+        Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kCols>>{}));
+        static_assert(decltype(size(c))::value == decltype(size(acc))::value);
         CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < decltype(size(acc_dK))::value / 2; ++k) {
-            const int row = get<0>(cKV(2 * k));
-            const int col = get<1>(cKV(2 * k));
-            const int key = n0 + row;
-            if (key < seqlen_k && col < hdim) {
-                *reinterpret_cast<uint32_t*>(dk + int64_t(key) * dk_row + col) =
-                    detail::pack2<Element>(acc_dK(2 * k) * scale, acc_dK(2 * k + 1) * scale);
-                *reinterpret_cast<uint32_t*>(dv + int64_t(key) * dv_row + col) =
-                    detail::pack2<Element>(acc_dV(2 * k), acc_dV(2 * k + 1));
+        for (int k = 0; k < decltype(size(acc))::value / 2; ++k) {
+            const int key = n0 + get<0>(c(2 * k));
+            const int col = get<1>(c(2 * k));
+            if (key < seqlen_k && col < cols) {
+                *reinterpret_cast<uint32_t*>(dst + int64_t(key) * row_stride + col) =
+                    detail::pack2<Element>(acc(2 * k) * scale, acc(2 * k + 1) * scale);
             }
         }
     }
