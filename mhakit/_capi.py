@@ -99,6 +99,14 @@ class MhakitFwdArgs(ctypes.Structure):
         ("mask_type", ctypes.c_int),
         ("window_size_left", ctypes.c_int),
         ("window_size_right", ctypes.c_int),
+        ("logits_soft_cap", ctypes.c_float),
+        ("bias_type", ctypes.c_int),
+        ("bias_fp32", ctypes.c_int),
+        ("bias_ptr", ctypes.c_void_p),
+        ("stride_bias", ctypes.c_int64),
+        ("nhead_stride_bias", ctypes.c_int64),
+        ("batch_stride_bias", ctypes.c_int64),
+        ("sink_ptr", ctypes.c_void_p),
     ]
 
     def __repr__(self) -> str:
@@ -165,6 +173,19 @@ class MhakitBwdArgs(ctypes.Structure):
         ("mask_type", ctypes.c_int),
         ("window_size_left", ctypes.c_int),
         ("window_size_right", ctypes.c_int),
+        ("logits_soft_cap", ctypes.c_float),
+        ("bias_type", ctypes.c_int),
+        ("bias_fp32", ctypes.c_int),
+        ("bias_ptr", ctypes.c_void_p),
+        ("stride_bias", ctypes.c_int64),
+        ("nhead_stride_bias", ctypes.c_int64),
+        ("batch_stride_bias", ctypes.c_int64),
+        ("sink_ptr", ctypes.c_void_p),
+        ("dbias_ptr", ctypes.c_void_p),
+        ("stride_dbias", ctypes.c_int64),
+        ("nhead_stride_dbias", ctypes.c_int64),
+        ("batch_stride_dbias", ctypes.c_int64),
+        ("dsink_ptr", ctypes.c_void_p),
     ]
 
     def __repr__(self) -> str:

@@ -100,5 +100,25 @@ done
 done
 done
 
+# Score modifiers (generic family): aiter's bias grid with dbias for the elementwise kinds, ALiBi, soft-cap, sinks
+# (d sink checked), combinations, GQA, group mode, an odd head dim and a deterministic run.
+for prec in $PRECS; do
+for mode in 0 1; do
+for hdim in 59 64 128; do
+    p=(-prec="$prec" -d="$hdim" -mode="$mode")
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -bias=e -dbias=1
+    run "${p[@]}" -b=2 -h=2 -s=216 -s_k=153 -mask=2 -bias=e:2 -dbias=1
+    run "${p[@]}" -b=1 -h=4 -h_k=1 -s=200 -s_k=251 -mask=t:64,10 -bias=e:1 -dbias=1
+    run "${p[@]}" -b=2 -h=3 -h_k=1 -s=244 -s_k=199 -mask=b:4,35 -bias=a
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -bias=a:1 -mask=1
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -logits_soft_cap=30
+    run "${p[@]}" -b=2 -h=2 -s=216 -s_k=153 -mask=2 -logits_soft_cap=10 -bias=a
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -s_k=200 -sink=1
+    run "${p[@]}" -b=1 -h=2 -s=130 -s_k=77 -mask=b:4,35 -sink=1 -logits_soft_cap=20 -bias=e:1 -dbias=1
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=2 -sink=1 -bias=e -dbias=1 -deterministic=1
+done
+done
+done
+
 run_all
 smoke_finish

@@ -17,7 +17,7 @@ usage() {
 usage: smoke_test_fwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and lse=1 only (190 runs instead of 704)
+  -q        quick subset: fp16 and lse=1 only (310 runs instead of 944)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -89,6 +89,27 @@ for perm in 0 1; do
     run "${p[@]}" -b=2 -h=2 -h_k=1 -d=1 -s=64 -s_k=80 -mask=t:16,8
     run "${p[@]}" -b=2 -h=1 -d=3 -d_v=3 -s=33 -s_k=65 -lse=1
     run "${p[@]}" -b=1 -h=2 -d=255 -s=130 -s_k=129 -mask=b:4,35 -lse=1
+done
+done
+done
+
+# Score modifiers (generic family): aiter's bias grid (elementwise e, e:1, e:2; ALiBi a, a:1) over masks, GQA and
+# group mode, plus soft-cap, sinks (an empty K gives LSE = sink) and combinations, at an odd head dim too.
+for prec in $PRECS; do
+for mode in 1 0; do
+for hdim in 59 64 128; do
+for bias in e e:1 e:2 a a:1; do
+    p=(-prec="$prec" -mode="$mode" -d="$hdim" -bias="$bias" -lse=1)
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -s=100 -s_k=77
+    run "${p[@]}" -b=2 -h=3 -s=200 -s_k=520 -mask=t:128,30
+    run "${p[@]}" -b=1 -h=2 -h_k=1 -s=257 -s_k=130 -mask=b
+done
+    p=(-prec="$prec" -mode="$mode" -d="$hdim" -lse=1)
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -s=100 -s_k=77 -logits_soft_cap=30
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=300 -mask=2 -logits_soft_cap=10 -bias=a
+    run "${p[@]}" -b=2 -h=4 -h_k=2 -s=129 -s_k=200 -sink=1
+    run "${p[@]}" -b=1 -h=2 -s=64 -s_k=80 -mask=t:16,8 -sink=1 -logits_soft_cap=20 -bias=e:1
+    run "${p[@]}" -b=1 -h=2 -h_k=1 -s=33 -s_k=0 -mask=2 -sink=1
 done
 done
 done

@@ -20,6 +20,10 @@
 //                            reductions): dQ computed without atomics by a second pass parallel over query blocks
 //                            (recomputes S and dP: about 7/5 of the FLOPs, bitwise reproducible);
 //      bwd_dkv_reduce_kernel sum of the per-split dK/dV partials in split order (GQA/MQA when split).
+//   4. bwd_dsink_kernel      d sink per query head (attention sinks), a fixed-order sum over the rows.
+// Score modifiers (a uniform branch on p.mods.any): P is recomputed from the modified logits, dS goes through the
+// soft-cap's derivative before dK / dQ, dbias receives dS of the logits (the dot stage zeroes it first, so that
+// elements no CTA visits read 0).
 // Every stage is deterministic except the fp32 dQ reductions (non-deterministic mode, d <= 64 buckets only).
 //
 // Loads: cp.async 16-byte chunks (zero-filled past sequence ends and past the real head dims) when the tensor's base
@@ -251,6 +255,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     zero_acc(acc_dk);
     zero_acc(acc_dv);
     const float scale_log2 = p.scale_log2;
+    const bool mods = p.mods.any;
 
     for (int it = 0; it < n_iter; ++it) {
         const int h = h_begin + it / nm;
@@ -273,8 +278,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         gemm_ss<kDtype, kSdpMT, kSdpNT, Cfg::kHdimV / 16, false, false, kSV, kSV>(
             dpt, sV + wk * kSdpRows * kSV, sdO + wq * kSdpCols * kSV, ksv, kSdpNT / 2);
 
-        // ---- P^T, dS^T (fp32) ----
+        // ---- P^T, dS^T (fp32); with score modifiers P comes from the logits, dS^T (for dK, dQ) goes through the
+        // soft-cap's derivative, and dbias receives dS^T of the logits ----
         const bool need_mask = !geom.template tile_full<kBN>(m0, min(m0 + kBM, sq) - 1, n0);
+        const RowMods rmods = mods ? row_mods(p.mods, b, h, sq, sk) : RowMods{};
+        char* dbias = mods && p.dbias != nullptr ? dbias_block(p, b, h) : nullptr;
 #pragma unroll
         for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
@@ -285,14 +293,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const float l = (e & 1) ? lse2.y : lse2.x, d = (e & 1) ? dsum.y : dsum.x;
-                    float pv = ptx::ex2(fmaf(st[mt][nt][e], scale_log2, -l));
-                    if (need_mask) {
-                        const int j = n0 + wk * kSdpRows + mt * 16 + g + 8 * (e >> 1);
-                        const int i = m0 + ql + (e & 1);
-                        if (!geom.visible(i, j)) pv = 0.f;
-                    }
+                    const int j = n0 + wk * kSdpRows + mt * 16 + g + 8 * (e >> 1);
+                    const int i = m0 + ql + (e & 1);
+                    float dcap = 1.f;
+                    const float x = mods ? logit_at<kDtype>(rmods, st[mt][nt][e], i, j, &dcap) * kLog2e
+                                         : st[mt][nt][e] * scale_log2;
+                    float pv = ptx::ex2(x - l);
+                    if (need_mask && !geom.visible(i, j)) pv = 0.f;
                     st[mt][nt][e] = pv;
-                    dpt[mt][nt][e] = pv * (dpt[mt][nt][e] - d);
+                    const float ds = pv * (dpt[mt][nt][e] - d);
+                    if (dbias != nullptr && i < sq && j < sk) store_dbias<kDtype>(p, dbias, i, j, ds);
+                    dpt[mt][nt][e] = ds * dcap;
                 }
             }
 
@@ -455,6 +466,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     float acc_dq[kMT][kQT][4];
     zero_acc(acc_dq);
     const float scale_log2 = p.scale_log2;
+    const bool mods = p.mods.any;
+    const RowMods rmods = mods ? row_mods(p.mods, b, h, sq, sk) : RowMods{};
 
     if (n_begin < n_end) {
         const uint16_t* gQ = static_cast<const uint16_t*>(p.q) + si.q + h * p.q_head_stride +
@@ -513,13 +526,14 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int hf = e >> 1;
-                    float pv = ptx::ex2(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][hf]));
-                    if (need_mask) {
-                        const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
-                        const int i = m0 + row0 + mt * 16 + g + 8 * hf;
-                        if (!geom.visible(i, j)) pv = 0.f;
-                    }
-                    s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]);
+                    const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
+                    const int i = m0 + row0 + mt * 16 + g + 8 * hf;
+                    float dcap = 1.f;
+                    const float x = mods ? logit_at<kDtype>(rmods, s[mt][nt][e], i, j, &dcap) * kLog2e
+                                         : s[mt][nt][e] * scale_log2;
+                    float pv = ptx::ex2(x - lse2[mt][hf]);
+                    if (need_mask && !geom.visible(i, j)) pv = 0.f;
+                    s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]) * dcap;
                 }
         uint32_t dsf[kMT][kNT / 2][4];
         acc_to_a<kDtype, kMT, kNT>(dsf, s);
@@ -615,6 +629,10 @@ struct BwdKernelImpl {
                 const dim3 grid((max_sq + kRowKernelWarps - 1) / kRowKernelWarps, p.nhead_q, p.batch);
                 bwd_dq_convert_kernel<kDtype><<<grid, row_block, 0, stream>>>(p, ws, flags);
             }
+            if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        }
+        if (p.dsink != nullptr) {
+            bwd_dsink_kernel<kDtype><<<p.nhead_q, kDsinkThreads, 0, stream>>>(p, ws);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sk > 0 && ws.n_splits > 1) {

@@ -4,6 +4,8 @@
 // owning kBlockM / kNumWarps rows (a multiple of 16). Per key tile of kBlockN keys:
 //   S = Q·Kᵀ      mma.sync m16n8k16 (fp16/bf16 in, fp32 out); Q and K fragments come from shared memory by ldmatrix
 //                 (Q is kept in registers for the whole CTA when the register budget allows it);
+//   modifiers     soft-cap, bias / ALiBi (generic_score_mod.cuh) turn q·k into logits when the call sets any
+//                 (a uniform branch; the softmax then runs with scale 1), and a sink starts each row's softmax;
 //   mask          only on tiles that straddle the sequence end or a row's window edge (per-row key bounds);
 //   softmax       online, fp32, exp2 with scale·log2(e) folded into one FMA; rows that see nothing stay at -inf
 //                 without producing NaN;
@@ -33,6 +35,7 @@
 #include "../common/tile_scheduler.h"
 #include "generic_epilogue.cuh"
 #include "generic_ptx.cuh"
+#include "generic_score_mod.cuh"
 #include "generic_softmax.cuh"
 #include "generic_tile_io.cuh"
 
@@ -244,6 +247,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
     OnlineSoftmax<kMT> softmax;
+    // Score modifiers: logits in place of q·k (softmax scale 1), and a sink as a key every row has seen.
+    const bool mods = p.mods.any;
+    const RowMods rmods = mods ? row_mods(p.mods, b, h, sq, sk) : RowMods{};
+    if (mods) softmax.start_with_sink(sink_logit(p.mods, h));
+    const float softmax_scale = mods ? 1.f : p.scale, softmax_scale_log2 = mods ? kLog2e : p.scale_log2;
     uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
 
     if (!visit.empty()) {
@@ -298,10 +306,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
             gemm_qk<Cfg, true>(s, q_frag, sQ_a, sK_b, p.hdim_q);
         else
             gemm_qk<Cfg, false>(s, q_frag, sQ_a, sK_b, p.hdim_q);
+        if (mods) apply_score_mods<Cfg::kDtype, kMT, kNT>(s, rmods, m0 + warp_row0, n0);
         if (!full.contains(n_block)) mask_s<Cfg>(s, row_lo, row_hi, n0);
 
         // ---- online softmax, P as A fragments ----
-        softmax.update(s, acc_o, p.scale_log2);
+        softmax.update(s, acc_o, softmax_scale_log2);
         uint32_t p_frag[kMT][kKV][4];
         pack_p<Cfg>(p_frag, s);
 
@@ -325,7 +334,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     // ---- epilogue: normalise, LSE, stage O in shared memory (the Q tile), store ----
     __syncthreads();  // every warp is done reading Q / K / V
     float* lse = p.lse != nullptr ? p.lse + si.lse_offset + h * p.lse_head_stride + m0 : nullptr;
-    stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, p.scale, warp_row0, p.hdim_v, lse, rows_valid);
+    stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, softmax_scale, warp_row0, p.hdim_v, lse, rows_valid);
     __syncthreads();
     uint16_t* gO = static_cast<uint16_t*>(p.o) + si.o_offset + h * p.o_head_stride + m0 * p.o_row_stride;
     store_tile<kBlockM, Cfg::kHdimV / 8, kSV, kThreads>(sQ, gO, p.o_row_stride, rows_valid, p.hdim_v, alO, tid);

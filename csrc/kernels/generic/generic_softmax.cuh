@@ -26,6 +26,21 @@ struct OnlineSoftmax {
             }
     }
 
+    // A sink logit (logit units: call update() with scale·log2e = log2e) counts as a key every row has seen whose
+    // value is zero: the running max starts at it and the sum at exp(0) = 1, held by one of the row's four threads
+    // (finalize() sums them). -inf: no sink, nothing changes.
+    __device__ __forceinline__ void start_with_sink(float sink) {
+        if (sink == -INFINITY) return;
+        const bool holder = (threadIdx.x & 3) == 0;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                row_max[mt][hf] = sink;
+                row_sum[mt][hf] = holder ? 1.f : 0.f;
+            }
+    }
+
     // S of one key tile (masked) -> P; O *= exp2((old max - new max)·scale·log2e) row by row.
     template <int kNT, int kOT>
     __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&acc_o)[kMT][kOT][4], float scale_log2) {

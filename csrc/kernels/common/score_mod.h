@@ -1,0 +1,112 @@
+// The score modifiers every kernel family that serves them applies, and the host references mirror: logits soft-cap,
+// elementwise bias, ALiBi, attention sinks (csrc/include/mha_fwd.h says what they mean). One place states the
+// arithmetic; the kernels call it per element, the host references per row.
+//
+// With any modifier set a kernel works in logit units: L = modified(scale·q·k) replaces q·k before the mask and the
+// softmax, whose scale is then 1 (ScoreMods::softmax_scale).
+#pragma once
+
+#include <stdint.h>
+
+#include "mask.h"  // MHAKIT_HOST_DEVICE
+
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+#include <cmath>
+#endif
+
+namespace mhakit {
+
+struct ScoreMods {
+    bool any;             // any modifier set: the kernels take the logit path below
+    float scale;          // the softmax scale (q·k -> logit)
+    float softcap;        // > 0: L = softcap · tanh(scale·q·k / softcap)
+    float softcap_arg;    // scale / softcap: q·k -> the tanh argument
+    int bias_type;        // mhakit_bias_type
+    bool bias_fp32;       // elementwise: fp32 values (else the data type, 16-bit)
+    const void* bias;     // elementwise values or ALiBi slopes
+    int64_t bias_row_stride, bias_head_stride, bias_batch_stride;  // elements
+    const float* sink;    // [nhead_q] sink logits, or nullptr
+};
+
+// The ALiBi term of query i and key j of a sequence of seqlen_q queries and seqlen_k keys (bottom-right aligned).
+MHAKIT_HOST_DEVICE float alibi_term(float slope, int i, int j, int seqlen_q, int seqlen_k) {
+    const int d = i + (seqlen_k - seqlen_q) - j;
+    return -slope * static_cast<float>(d < 0 ? -d : d);
+}
+
+// What the modifiers need of one (sequence b, query head h): the sequence's lengths, its ALiBi slope, and the start
+// of its elementwise-bias block. Positions i, j count from the sequence's start.
+struct RowMods {
+    float scale, softcap, softcap_arg;
+    int bias_type;
+    bool bias_fp32;
+    const char* bias;  // (b, h, 0, 0) of the elementwise bias, in bytes
+    int64_t bias_row_bytes;
+    float slope;
+    int seqlen_q, seqlen_k;
+};
+
+MHAKIT_HOST_DEVICE RowMods row_mods(const ScoreMods& m, int b, int h, int seqlen_q, int seqlen_k) {
+    RowMods r;
+    r.scale = m.scale;
+    r.softcap = m.softcap;
+    r.softcap_arg = m.softcap_arg;
+    r.bias_type = m.bias_type;
+    r.bias_fp32 = m.bias_fp32;
+    r.seqlen_q = seqlen_q;
+    r.seqlen_k = seqlen_k;
+    r.slope = 0.f;
+    r.bias = nullptr;
+    r.bias_row_bytes = 0;
+    const int64_t off = static_cast<int64_t>(b) * m.bias_batch_stride + static_cast<int64_t>(h) * m.bias_head_stride;
+    if (m.bias_type == 2) r.slope = static_cast<const float*>(m.bias)[off];
+    if (m.bias_type == 1) {
+        const int64_t elem = m.bias_fp32 ? 4 : 2;
+        r.bias = static_cast<const char*>(m.bias) + off * elem;
+        r.bias_row_bytes = m.bias_row_stride * elem;
+    }
+    return r;
+}
+
+// tanh on the device as 1 − 2 / (e^(2x) + 1) from ex2.approx and rcp.approx (absolute error about 1e-7, against
+// about 5e-4 relative of tanh.approx.f32, which a cap of 30-50 would turn into logit errors of 1e-2).
+MHAKIT_HOST_DEVICE float fast_tanh(float x) {
+#if defined(__CUDA_ARCH__)
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * 2.8853900817779268f));  // 2·log2(e)
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.f));                  // rcp(inf) = 0
+    return fmaf(-2.f, r, 1.f);
+#else
+    return std::tanh(x);
+#endif
+}
+
+// The logit of query i and key j from the raw q·k (both inside the sequence). *dcap (when given) receives the
+// derivative of the soft-capped logit with respect to scale·q·k (1 − tanh², or 1 without a soft-cap), which the
+// backward multiplies dS by. bias16 converts a 16-bit bias element of the data type to float.
+template <class Bias16>
+MHAKIT_HOST_DEVICE float modified_logit(const RowMods& r, float qk, int i, int j, Bias16 bias16, float* dcap = nullptr) {
+    float l;
+    if (r.softcap > 0.f) {
+        const float t = fast_tanh(qk * r.softcap_arg);
+        l = r.softcap * t;
+        if (dcap) *dcap = 1.f - t * t;
+    } else {
+        l = qk * r.scale;
+        if (dcap) *dcap = 1.f;
+    }
+    if (r.bias_type == 2) {
+        l += alibi_term(r.slope, i, j, r.seqlen_q, r.seqlen_k);
+    } else if (r.bias_type == 1) {
+        const char* row = r.bias + static_cast<int64_t>(i) * r.bias_row_bytes;
+        l += r.bias_fp32 ? reinterpret_cast<const float*>(row)[j] : bias16(reinterpret_cast<const uint16_t*>(row)[j]);
+    }
+    return l;
+}
+
+// The sink logit of query head h, or -inf without one (exp(-inf) adds nothing to the denominator).
+MHAKIT_HOST_DEVICE float sink_logit(const ScoreMods& m, int h) {
+    return m.sink != nullptr ? m.sink[h] : -__builtin_huge_valf();
+}
+
+}  // namespace mhakit
