@@ -189,7 +189,8 @@ ScoreMods host_score_mods(const Args& a, float scale) {
     m.bias_row_stride = a.stride_bias, m.bias_head_stride = a.nhead_stride_bias;
     m.bias_batch_stride = a.batch_stride_bias;
     m.sink = a.sink_ptr;
-    m.any = m.softcap > 0.f || m.bias != nullptr || m.sink != nullptr;
+    m.per_element = m.softcap > 0.f || m.bias != nullptr;
+    m.any = m.per_element || m.sink != nullptr;
     return m;
 }
 

@@ -135,7 +135,8 @@ ScoreMods make_score_mods(const ModArgs& m, float scale) {
     s.bias_row_stride = m.stride_bias, s.bias_head_stride = m.nhead_stride_bias;
     s.bias_batch_stride = m.batch_stride_bias;
     s.sink = m.sink_ptr;
-    s.any = s.softcap > 0.f || s.bias != nullptr || s.sink != nullptr;
+    s.per_element = s.softcap > 0.f || s.bias != nullptr;
+    s.any = s.per_element || s.sink != nullptr;
     return s;
 }
 

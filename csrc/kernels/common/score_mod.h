@@ -2,11 +2,14 @@
 // elementwise bias, ALiBi, attention sinks (csrc/include/mha_fwd.h says what they mean). One place states the
 // arithmetic; the kernels call it per element, the host references per row.
 //
-// With any modifier set a kernel works in logit units: L = modified(scale·q·k) replaces q·k before the mask and the
-// softmax, whose scale is then 1 (ScoreMods::softmax_scale).
+// With a soft-cap or a bias (ScoreMods::per_element) a kernel works in logit units: L = modified(scale·q·k) replaces
+// q·k before the mask and the softmax, whose scale is then 1. A sink alone changes only the softmax's start (and the
+// backward's d sink), so such calls keep the plain per-element path.
 #pragma once
 
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "mask.h"  // MHAKIT_HOST_DEVICE
 
@@ -17,7 +20,8 @@
 namespace mhakit {
 
 struct ScoreMods {
-    bool any;             // any modifier set: the kernels take the logit path below
+    bool any;             // any modifier set (the catalogue's score_mods guard applies)
+    bool per_element;     // soft-cap or bias / ALiBi: the kernels take the logit path below (a sink alone does not)
     float scale;          // the softmax scale (q·k -> logit)
     float softcap;        // > 0: L = softcap · tanh(scale·q·k / softcap)
     float softcap_arg;    // scale / softcap: q·k -> the tanh argument
@@ -81,13 +85,15 @@ MHAKIT_HOST_DEVICE float fast_tanh(float x) {
 #endif
 }
 
-// The logit of query i and key j from the raw q·k (both inside the sequence). *dcap (when given) receives the
-// derivative of the soft-capped logit with respect to scale·q·k (1 − tanh², or 1 without a soft-cap), which the
-// backward multiplies dS by. bias16 converts a 16-bit bias element of the data type to float.
-template <class Bias16>
-MHAKIT_HOST_DEVICE float modified_logit(const RowMods& r, float qk, int i, int j, Bias16 bias16, float* dcap = nullptr) {
+// The logit of query i and key j from the raw q·k (both inside the sequence), for a soft-cap (kSoftcap) and a bias
+// kind (kBias, mhakit_bias_type) known at compile time: the kernels dispatch once per tile to the variant the call
+// needs, so the per-element code has no branches. *dcap (when given) receives the derivative of the soft-capped
+// logit with respect to scale·q·k (1 − tanh², or 1 without a soft-cap), which the backward multiplies dS by.
+// bias16 converts a 16-bit bias element of the data type to float.
+template <bool kSoftcap, int kBias, class Bias16>
+MHAKIT_HOST_DEVICE float modified_logit_t(const RowMods& r, float qk, int i, int j, Bias16 bias16, float* dcap) {
     float l;
-    if (r.softcap > 0.f) {
+    if constexpr (kSoftcap) {
         const float t = fast_tanh(qk * r.softcap_arg);
         l = r.softcap * t;
         if (dcap) *dcap = 1.f - t * t;
@@ -95,12 +101,41 @@ MHAKIT_HOST_DEVICE float modified_logit(const RowMods& r, float qk, int i, int j
         l = qk * r.scale;
         if (dcap) *dcap = 1.f;
     }
-    if (r.bias_type == 2) {
+    if constexpr (kBias == 2) {
         l += alibi_term(r.slope, i, j, r.seqlen_q, r.seqlen_k);
-    } else if (r.bias_type == 1) {
+    } else if constexpr (kBias == 1) {
         const char* row = r.bias + static_cast<int64_t>(i) * r.bias_row_bytes;
         l += r.bias_fp32 ? reinterpret_cast<const float*>(row)[j] : bias16(reinterpret_cast<const uint16_t*>(row)[j]);
     }
+    return l;
+}
+
+// Calls f(std::integral_constant<bool, soft-cap>{}, std::integral_constant<int, bias kind>{}) for r's modifiers.
+template <class F>
+MHAKIT_HOST_DEVICE void with_mod_kind(const RowMods& r, F&& f) {
+    using T = std::integral_constant<bool, true>;
+    using N = std::integral_constant<bool, false>;
+    using B0 = std::integral_constant<int, 0>;
+    using B1 = std::integral_constant<int, 1>;
+    using B2 = std::integral_constant<int, 2>;
+    if (r.softcap > 0.f) {
+        if (r.bias_type == 2) f(T{}, B2{});
+        else if (r.bias_type == 1) f(T{}, B1{});
+        else f(T{}, B0{});
+    } else {
+        if (r.bias_type == 2) f(N{}, B2{});
+        else if (r.bias_type == 1) f(N{}, B1{});
+        else f(N{}, B0{});
+    }
+}
+
+// The same with the modifiers known at run time (the host references).
+template <class Bias16>
+MHAKIT_HOST_DEVICE float modified_logit(const RowMods& r, float qk, int i, int j, Bias16 bias16, float* dcap = nullptr) {
+    float l = 0.f;
+    with_mod_kind(r, [&](auto cap, auto bias) {
+        l = modified_logit_t<decltype(cap)::value, decltype(bias)::value>(r, qk, i, j, bias16, dcap);
+    });
     return l;
 }
 

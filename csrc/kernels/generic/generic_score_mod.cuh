@@ -1,7 +1,7 @@
 // mhakit generic family — the score modifiers (csrc/kernels/common/score_mod.h) on the fp32 S fragments of
 // mma.sync m16n8k16 (a thread holds rows g, g + 8 and columns 2·t4, 2·t4 + 1 of each 16 x 8 tile), and the
 // element conversion both directions use. Every kernel takes the modifier path through a uniform run-time branch
-// (ScoreMods::any), so calls without modifiers run the plain code.
+// (ScoreMods::per_element), so calls without them run the plain code.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,32 +27,36 @@ __device__ __forceinline__ float to_float(uint16_t v) {
     }
 }
 
-// The modified logit of query i, key j from the raw q·k (positions inside the sequence; others keep scale·q·k and
-// are masked by the caller). dcap as in modified_logit().
-template <mhakit_dtype kDtype>
+// The modified logit of query i, key j from the raw q·k, for the variant <kSoftcap, kBias> (score_mod.h); with an
+// elementwise bias, positions past the sequence keep scale·q·k (no element to read there; the caller masks them).
+template <mhakit_dtype kDtype, bool kSoftcap, int kBias>
 __device__ __forceinline__ float logit_at(const RowMods& r, float qk, int i, int j, float* dcap = nullptr) {
-    if (i >= r.seqlen_q || j >= r.seqlen_k || j < 0) {
-        if (dcap) *dcap = 1.f;
-        return qk * r.scale;
+    if constexpr (kBias == 1) {
+        if (i >= r.seqlen_q || j >= r.seqlen_k) {
+            if (dcap) *dcap = 1.f;
+            return qk * r.scale;
+        }
     }
-    return modified_logit(r, qk, i, j, [](uint16_t v) { return to_float<kDtype>(v); }, dcap);
+    return modified_logit_t<kSoftcap, kBias>(r, qk, i, j, [](uint16_t v) { return to_float<kDtype>(v); }, dcap);
 }
 
-// S (raw q·k) -> logits, in place, for a thread's fragments of kMT x kNT tiles. Rows: row0 + mt·16 + g + 8·hf;
-// columns: col0 + nt·8 + 2·t4 + (e & 1). kTransposed: the fragment holds Sᵀ (rows are keys, columns queries).
-template <mhakit_dtype kDtype, int kMT, int kNT, bool kTransposed = false>
+// S (raw q·k) -> logits, in place, for a thread's fragments of kMT x kNT tiles (rows row0 + mt·16 + g + 8·hf,
+// columns col0 + nt·8 + 2·t4 + (e & 1)); one branch per tile picks the variant.
+template <mhakit_dtype kDtype, int kMT, int kNT>
 __device__ __forceinline__ void apply_score_mods(float (&s)[kMT][kNT][4], const RowMods& r, int row0, int col0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    with_mod_kind(r, [&](auto cap, auto bias) {
+        constexpr bool kCap = decltype(cap)::value;
+        constexpr int kBias = decltype(bias)::value;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
+            for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int a = row0 + mt * 16 + g + 8 * (e >> 1), c = col0 + nt * 8 + 2 * t4 + (e & 1);
-                s[mt][nt][e] = kTransposed ? logit_at<kDtype>(r, s[mt][nt][e], c, a)
-                                           : logit_at<kDtype>(r, s[mt][nt][e], a, c);
-            }
+                for (int e = 0; e < 4; ++e)
+                    s[mt][nt][e] = logit_at<kDtype, kCap, kBias>(r, s[mt][nt][e], row0 + mt * 16 + g + 8 * (e >> 1),
+                                                                  col0 + nt * 8 + 2 * t4 + (e & 1));
+    });
 }
 
 #endif  // __CUDACC__

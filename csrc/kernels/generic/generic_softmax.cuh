@@ -26,21 +26,6 @@ struct OnlineSoftmax {
             }
     }
 
-    // A sink logit (logit units: call update() with scale·log2e = log2e) counts as a key every row has seen whose
-    // value is zero: the running max starts at it and the sum at exp(0) = 1, held by one of the row's four threads
-    // (finalize() sums them). -inf: no sink, nothing changes.
-    __device__ __forceinline__ void start_with_sink(float sink) {
-        if (sink == -INFINITY) return;
-        const bool holder = (threadIdx.x & 3) == 0;
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                row_max[mt][hf] = sink;
-                row_sum[mt][hf] = holder ? 1.f : 0.f;
-            }
-    }
-
     // S of one key tile (masked) -> P; O *= exp2((old max - new max)·scale·log2e) row by row.
     template <int kNT, int kOT>
     __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&acc_o)[kMT][kOT][4], float scale_log2) {
@@ -77,7 +62,10 @@ struct OnlineSoftmax {
     }
 
     // Row (mt, hf): 1 / row sum (0 for rows that saw nothing) and the natural-log LSE (-inf for those rows).
-    __device__ __forceinline__ void finalize(float scale, float (&inv)[kMT][2], float (&lse)[kMT][2]) const {
+    // sink (natural-log units, -inf: none) joins the denominator as exp(sink): a key of value zero every row sees,
+    // merged here so that the key loop stays the plain one; a row that saw nothing then gets LSE = sink.
+    __device__ __forceinline__ void finalize(float scale, float (&inv)[kMT][2], float (&lse)[kMT][2],
+                                             float sink = -INFINITY) const {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -86,8 +74,17 @@ struct OnlineSoftmax {
                 l += __shfl_xor_sync(0xffffffffu, l, 1);
                 l += __shfl_xor_sync(0xffffffffu, l, 2);
                 const bool seen = l > 0.f;
-                inv[mt][hf] = seen ? 1.f / l : 0.f;
-                lse[mt][hf] = seen ? row_max[mt][hf] * scale + logf(l) : -INFINITY;
+                if (sink == -INFINITY) {
+                    inv[mt][hf] = seen ? 1.f / l : 0.f;
+                    lse[mt][hf] = seen ? row_max[mt][hf] * scale + logf(l) : -INFINITY;
+                } else {
+                    const float m = seen ? row_max[mt][hf] * scale : -INFINITY;
+                    const float mm = fmaxf(m, sink);
+                    const float a = seen ? expf(m - mm) : 0.f;
+                    const float total = l * a + expf(sink - mm);
+                    inv[mt][hf] = a / total;
+                    lse[mt][hf] = mm + logf(total);
+                }
             }
     }
 };
