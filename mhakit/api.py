@@ -560,13 +560,19 @@ def _score_mods(call: "_Call", storage: str, batch: int, hq: int, rows_q: int, r
                       stride_bias=st[2], nhead_stride_bias=st[1], batch_stride_bias=st[0])
         views.append(bv)
     if sink is not None:
-        kv = call.view(sink, "sink")
-        if kv.dtype.name != "float32" or tuple(kv.shape) != (hq,) or (hq > 1 and kv.strides[0] != 1):
-            raise ValueError(f"sink must be a contiguous float32 array of shape ({hq},), got {kv.dtype.name} "
-                             f"{tuple(kv.shape)}")
+        kv = _per_head_f32(call, sink, "sink", hq)
         fields["sink_ptr"] = kv.ptr
         views.append(kv)
     return fields, views
+
+
+def _per_head_f32(call: "_Call", obj: Any, name: str, hq: int) -> ArrayView:
+    """The view of a contiguous float32 [h_q] array (sink logits, their gradient), or ValueError."""
+    view = call.view(obj, name)
+    if view.dtype.name != "float32" or tuple(view.shape) != (hq,) or (hq > 1 and view.strides[0] != 1):
+        raise ValueError(f"{name} must be a contiguous float32 array of shape ({hq},), got {view.dtype.name} "
+                         f"{tuple(view.shape)}")
+    return view
 
 
 def _mod_grads(call: "_Call", fields: dict, storage: str, batch: int, hq: int, rows_q: int, rows_k: int,
@@ -588,10 +594,7 @@ def _mod_grads(call: "_Call", fields: dict, storage: str, batch: int, hq: int, r
     if dsink is not None:
         if "sink_ptr" not in fields:
             raise ValueError("dsink is given but there is no sink (sink=) to differentiate")
-        sv = call.view(dsink, "dsink")
-        if sv.dtype.name != "float32" or tuple(sv.shape) != (hq,) or (hq > 1 and sv.strides[0] != 1):
-            raise ValueError(f"dsink must be a contiguous float32 array of shape ({hq},), got {sv.dtype.name} "
-                             f"{tuple(sv.shape)}")
+        sv = _per_head_f32(call, dsink, "dsink", hq)
         out["dsink_ptr"] = sv.ptr
         views.append(sv)
     return out, views

@@ -5,7 +5,6 @@ dK, dV, dbias, dsink). Inputs uniform in [-1, 1) rounded to fp16/bf16; the backw
 library's forward, and the reference's D uses that O. Kernels are built on first use into MHAKIT_TEST_CACHE_DIR."""
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
@@ -20,12 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 cp = pytest.importorskip("cupy")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    path = os.environ.get("MHAKIT_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("mhakit_cache"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MHAKIT_CACHE_DIR", path)
-        yield path
+from test_python_gpu import kernel_cache  # noqa: E402,F401  (autouse: MHAKIT_CACHE_DIR for the module)
 
 
 def dev(values: np.ndarray, dtype: str):

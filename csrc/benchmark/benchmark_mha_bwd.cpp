@@ -90,19 +90,14 @@ void register_args(mhakit::bench::ArgParser& ap) {
              "1: ask for bitwise reproducible dq/dk/dv (mha_bwd_args.deterministic)\n"
              "with -v=1 the backward then runs twice and the results must be bitwise equal")
         .add("kname", "0", "if set to 1 will print kernel name")
-        .add("bias", "n",
-             "n or 0, no bias\n"
-             "e(lementwise) or 1, elementwise bias with 1*1*s*s. e:1, 1*h*s*s. e:2, b*h*s*s\n"
-             "a(libi) or 2, alibi with 1*h. a:1, b*h")
         .add("dbias", "0", "1: output the bias gradient (elementwise bias only), b*h*s*s, checked against the reference")
-        .add("logits_soft_cap", "0", "logits soft-cap cap*tanh(s/cap); 0: off")
-        .add("sink", "0", "1: a learned sink logit per head (gpt-oss); d sink is checked against the reference")
         .add("init", "1",
              "init method of q, k, v, do. 0: random int in [-2, 2], 1: random float in [-1, 1), 2: trig float\n"
              "(the forward's ui, ni, uf, nf, tf are accepted too)")
         .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
         .add("warmup", "10", "number of iterations before benchmark the kernel")
         .add("repeat", "10", "number of iterations to benchmark the kernel");
+    mhakit::bench::add_score_mod_args(ap);  // with -sink=1 the backward checks d sink too
     ap.set_epilog(
         "output: <ms> is the mean time of one mha_bwd call (every backward stage, not the forward);\n"
         "  TFlops = FLOPs / 1e9 / ms with FLOPs = 2.5 x the forward's (FlashAttention convention):\n"
@@ -211,13 +206,9 @@ int run(int argc, char** argv) {
     bench::InitMethod init;
     if (!bench::parse_init_bwd(ap.str("init"), &init, &err)) usage_error(err);
     bench::ScoreModInputs mods;
-    bool sink = false, want_dbias = false;
-    if (!bench::parse_bias(ap.str("bias"), &mods.bias, &err) || !ap.get_float("logits_soft_cap", &mods.soft_cap, &err) ||
-        !ap.get_bool("sink", &sink, &err) || !ap.get_bool("dbias", &want_dbias, &err))
-        usage_error(err);
-    if (!(mods.soft_cap >= 0.f)) usage_error("-logits_soft_cap must be >= 0");
+    bool want_dbias = false;
+    if (!mods.parse(ap, &err) || !ap.get_bool("dbias", &want_dbias, &err)) usage_error(err);
     if (want_dbias && mods.bias.type != MHAKIT_BIAS_ELEMENTWISE) usage_error("-dbias=1 needs -bias=e (elementwise)");
-    mods.sink = sink;
 
     if (seed == 0) {
         seed = std::random_device{}();

@@ -72,12 +72,6 @@ void register_args(mhakit::bench::ArgParser& ap) {
              "'xb:window_size', xformer style masking from bottom-r, window_size negative is causal, positive is swa\n"
              "'g:y,x', generic attention mask coordinate with y/x size (only debug purpose for now)")
         .add("lse", "0", "0 not store lse, 1 store lse")
-        .add("bias", "n",
-             "n or 0, no bias\n"
-             "e(lementwise) or 1, elementwise bias with 1*1*s*s. e:1, 1*h*s*s. e:2, b*h*s*s\n"
-             "a(libi) or 2, alibi with 1*h. a:1, b*h")
-        .add("logits_soft_cap", "0", "logits soft-cap cap*tanh(s/cap); 0: off")
-        .add("sink", "0", "1: a learned sink logit per head added to the softmax denominator (gpt-oss)")
         .add("kname", "0", "if set to 1 will print kernel name")
         .add("init", "uf",
              "init method. ui or 0, uniform random int, ni, normalized random int\n"
@@ -85,6 +79,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
         .add("warmup", "10", "number of iterations before benchmark the kernel")
         .add("repeat", "10", "number of iterations to benchmark the kernel");
+    mhakit::bench::add_score_mod_args(ap);
 
     const auto int_is = [](int want) {
         return [want](const std::string& s) {
@@ -186,12 +181,7 @@ int run(int argc, char** argv) {
     bench::InitMethod init;
     if (!bench::parse_init(ap.str("init"), &init, &err)) usage_error(err);
     bench::ScoreModInputs mods;
-    bool sink = false;
-    if (!bench::parse_bias(ap.str("bias"), &mods.bias, &err) || !ap.get_float("logits_soft_cap", &mods.soft_cap, &err) ||
-        !ap.get_bool("sink", &sink, &err))
-        usage_error(err);
-    if (!(mods.soft_cap >= 0.f)) usage_error("-logits_soft_cap must be >= 0");
-    mods.sink = sink;
+    if (!mods.parse(ap, &err)) usage_error(err);
 
     if (seed == 0) {
         seed = std::random_device{}();

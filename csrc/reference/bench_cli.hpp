@@ -556,6 +556,16 @@ inline bool parse_bias(const std::string& s, BiasSpec* out, std::string* err) {
     return true;
 }
 
+// -bias, -logits_soft_cap and -sink, registered and read the same way by both benchmarks.
+inline void add_score_mod_args(ArgParser& ap) {
+    ap.add("bias", "n",
+           "n or 0, no bias\n"
+           "e(lementwise) or 1, elementwise bias with 1*1*s*s. e:1, 1*h*s*s. e:2, b*h*s*s\n"
+           "a(libi) or 2, alibi with 1*h. a:1, b*h")
+        .add("logits_soft_cap", "0", "logits soft-cap cap*tanh(s/cap); 0: off")
+        .add("sink", "0", "1: a learned sink logit per head added to the softmax denominator (gpt-oss)");
+}
+
 // The host side of the modifiers of one benchmark run: values, and the strides of the argument structs.
 // Elementwise bias: [b|1, h|1, max_s_q, max_s_k] in the data type (each sequence's block at its batch index, also in
 // group mode); ALiBi slopes: 2^(-8(h+1)/nhead) (FlashAttention's), times 1 + b/batch for [b, h]; sink logits: in
@@ -613,6 +623,16 @@ struct ScoreModInputs {
         a.nhead_stride_bias = nhead_stride_bias;
         a.batch_stride_bias = batch_stride_bias;
         a.sink_ptr = sink ? sink_ptr : nullptr;
+    }
+    // The modifiers of the command line (add_score_mod_args); false with *err set on a bad value.
+    bool parse(const ArgParser& ap, std::string* err) {
+        bool with_sink = false;
+        if (!parse_bias(ap.str("bias"), &bias, err) || !ap.get_float("logits_soft_cap", &soft_cap, err) ||
+            !ap.get_bool("sink", &with_sink, err))
+            return false;
+        if (!(soft_cap >= 0.f) || !std::isfinite(soft_cap)) return *err = "-logits_soft_cap must be a number >= 0", false;
+        sink = with_sink;
+        return true;
     }
     const void* host_bias() const {
         return bias.type == MHAKIT_BIAS_ELEMENTWISE ? static_cast<const void*>(bias16.data())

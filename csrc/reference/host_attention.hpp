@@ -176,24 +176,6 @@ struct HostRowMods {
     }
 };
 
-// The ScoreMods the runtime would build from a's modifier fields (host pointers), or any == false.
-template <class Args>
-ScoreMods host_score_mods(const Args& a, float scale) {
-    ScoreMods m{};
-    m.scale = scale;
-    m.softcap = a.logits_soft_cap > 0.f ? a.logits_soft_cap : 0.f;
-    m.softcap_arg = m.softcap > 0.f ? scale / m.softcap : 0.f;
-    m.bias_type = a.bias_ptr != nullptr ? a.bias_type : MHAKIT_BIAS_NONE;
-    m.bias_fp32 = a.bias_type == MHAKIT_BIAS_ALIBI || a.bias_fp32;
-    m.bias = m.bias_type != MHAKIT_BIAS_NONE ? a.bias_ptr : nullptr;
-    m.bias_row_stride = a.stride_bias, m.bias_head_stride = a.nhead_stride_bias;
-    m.bias_batch_stride = a.batch_stride_bias;
-    m.sink = a.sink_ptr;
-    m.per_element = m.softcap > 0.f || m.bias != nullptr;
-    m.any = m.per_element || m.sink != nullptr;
-    return m;
-}
-
 inline HostRowMods host_row_mods(const ScoreMods& m, mhakit_dtype dt, int b, int h, int seqlen_q, int seqlen_k) {
     return HostRowMods{row_mods(m, b, h, seqlen_q, seqlen_k), dt, sink_logit(m, h)};
 }
@@ -322,7 +304,7 @@ inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse
     const int dq = a.hdim_q, dv = a.hdim_v;
     const int group = a.nhead_q / a.nhead_k;
     const int rb = opt.row_block > 0 ? opt.row_block : 32;
-    const ScoreMods mods = host_score_mods(a, a.scale_s);
+    const ScoreMods mods = score_mods_of(a, a.scale_s);
 
     std::vector<float> kt, vf;
     for (int b = 0; b < a.batch; ++b) {

@@ -175,7 +175,7 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
     const int rb = opt.row_block > 0 ? opt.row_block : 16;
     const int kblk = opt.key_block > 0 ? opt.key_block : 16;
     const float scale = a.scale;
-    const ScoreMods mods = host_score_mods(a, scale);
+    const ScoreMods mods = score_mods_of(a, scale);
     std::vector<double> dsink_acc(size_t(a.nhead_q), 0.0);
     std::vector<float> dsink_rows;
 

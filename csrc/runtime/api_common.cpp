@@ -124,22 +124,6 @@ float check_score_mods(const ModArgs& m) {
     return check_alignment({{"sink_ptr", m.sink_ptr}}, 4, "the fp32 sink logits");
 }
 
-ScoreMods make_score_mods(const ModArgs& m, float scale) {
-    ScoreMods s{};
-    s.scale = scale;
-    s.softcap = m.logits_soft_cap > 0.f ? m.logits_soft_cap : 0.f;
-    s.softcap_arg = s.softcap > 0.f ? scale / s.softcap : 0.f;
-    s.bias_type = m.bias_type;
-    s.bias_fp32 = m.bias_type == MHAKIT_BIAS_ALIBI || (m.bias_type == MHAKIT_BIAS_ELEMENTWISE && m.bias_fp32);
-    s.bias = m.bias_type != MHAKIT_BIAS_NONE ? m.bias_ptr : nullptr;
-    s.bias_row_stride = m.stride_bias, s.bias_head_stride = m.nhead_stride_bias;
-    s.bias_batch_stride = m.batch_stride_bias;
-    s.sink = m.sink_ptr;
-    s.per_element = s.softcap > 0.f || s.bias != nullptr;
-    s.any = s.per_element || s.sink != nullptr;
-    return s;
-}
-
 int clamp_window(int w) { return w < -kWindowBound ? -kWindowBound : (w > kWindowBound ? kWindowBound : w); }
 
 float device_failure(dev::Error err, const char* what) {

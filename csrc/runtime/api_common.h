@@ -47,8 +47,7 @@ ModArgs mod_args(const Args& a) {
     return {a.logits_soft_cap, a.bias_type,         a.bias_fp32,         a.bias_ptr,
             a.stride_bias,     a.nhead_stride_bias, a.batch_stride_bias, a.sink_ptr};
 }
-float check_score_mods(const ModArgs& m);
-ScoreMods make_score_mods(const ModArgs& m, float scale);
+float check_score_mods(const ModArgs& m);  // the kernels' ScoreMods come from score_mods_of() (score_mod.h)
 
 // Window sizes beyond any sequence length select the same keys as this bound; clamping keeps the kernels' mask
 // arithmetic (sums of lengths and window sizes) inside int32.

@@ -119,7 +119,7 @@ BwdParams to_params(const mhakit_bwd_args& a) {
     p.window_left = clamp_window(a.window_size_left);
     p.window_right = clamp_window(a.window_size_right);
     p.deterministic = a.deterministic != 0;
-    p.mods = make_score_mods(mod_args(a), a.scale);
+    p.mods = score_mods_of(a, a.scale);
     p.dbias = a.bias_type == MHAKIT_BIAS_ELEMENTWISE ? a.dbias_ptr : nullptr;
     p.dbias_row_stride = a.stride_dbias, p.dbias_head_stride = a.nhead_stride_dbias;
     p.dbias_batch_stride = a.batch_stride_dbias;

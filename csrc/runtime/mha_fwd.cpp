@@ -84,7 +84,7 @@ FwdParams to_params(const mhakit_fwd_args& a) {
     p.mask_type = a.mask_type;
     p.window_left = clamp_window(a.window_size_left);
     p.window_right = clamp_window(a.window_size_right);
-    p.mods = make_score_mods(mod_args(a), a.scale_s);
+    p.mods = score_mods_of(a, a.scale_s);
     return p;
 }
 

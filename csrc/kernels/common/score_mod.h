@@ -32,6 +32,25 @@ struct ScoreMods {
     const float* sink;    // [nhead_q] sink logits, or nullptr
 };
 
+// The ScoreMods of an argument struct's modifier fields (mhakit_fwd_args or mhakit_bwd_args: the same names), for
+// the runtime (device pointers) and the host references (host pointers) alike; the validator has checked them.
+template <class Args>
+inline ScoreMods score_mods_of(const Args& a, float scale) {
+    ScoreMods m{};
+    m.scale = scale;
+    m.softcap = a.logits_soft_cap > 0.f ? a.logits_soft_cap : 0.f;
+    m.softcap_arg = m.softcap > 0.f ? scale / m.softcap : 0.f;
+    m.bias_type = a.bias_ptr != nullptr ? a.bias_type : 0;
+    m.bias_fp32 = m.bias_type == 2 || (m.bias_type == 1 && a.bias_fp32 != 0);  // ALiBi slopes are fp32
+    m.bias = m.bias_type != 0 ? a.bias_ptr : nullptr;
+    m.bias_row_stride = a.stride_bias, m.bias_head_stride = a.nhead_stride_bias;
+    m.bias_batch_stride = a.batch_stride_bias;
+    m.sink = a.sink_ptr;
+    m.per_element = m.softcap > 0.f || m.bias != nullptr;
+    m.any = m.per_element || m.sink != nullptr;
+    return m;
+}
+
 // The ALiBi term of query i and key j of a sequence of seqlen_q queries and seqlen_k keys (bottom-right aligned).
 MHAKIT_HOST_DEVICE float alibi_term(float slope, int i, int j, int seqlen_q, int seqlen_k) {
     const int d = i + (seqlen_k - seqlen_q) - j;

@@ -31,6 +31,7 @@ using generic::detail::aligned16;
 using generic::detail::cp_async_4;
 using generic::detail::kLog2e;
 using generic::detail::logit_at;
+using generic::detail::with_mods;
 using generic::detail::to_float;
 using generic::detail::load8;
 using generic::detail::load_tile;

@@ -320,10 +320,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                     }
                 }
         };
-        if constexpr (kMods)
-            with_mod_kind(rmods, p_ds);
-        else
-            p_ds(std::false_type{}, std::integral_constant<int, 0>{});
+        with_mods<kMods>(rmods, p_ds);
 
         // ---- dV += P^T dO; then dO of the next block streams in during dK += dS^T Q and dQ ----
         if constexpr (kPInRegs) {
@@ -558,10 +555,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
                         s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]) * dcap;
                     }
         };
-        if constexpr (kMods)
-            with_mod_kind(rmods, p_ds);
-        else
-            p_ds(std::false_type{}, std::integral_constant<int, 0>{});
+        with_mods<kMods>(rmods, p_ds);
         uint32_t dsf[kMT][kNT / 2][4];
         acc_to_a<kDtype, kMT, kNT>(dsf, s);
         gemm_rs<kDtype, kMT, kQT, kBN / 16, true, kSQ>(acc_dq, dsf, sK, ksq);

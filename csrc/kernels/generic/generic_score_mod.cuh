@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "../../include/mha_common.h"
 #include "../common/score_mod.h"
 
@@ -38,6 +40,16 @@ __device__ __forceinline__ float logit_at(const RowMods& r, float qk, int i, int
         }
     }
     return modified_logit_t<kSoftcap, kBias>(r, qk, i, j, [](uint16_t v) { return to_float<kDtype>(v); }, dcap);
+}
+
+// f(soft-cap tag, bias-kind tag) for the call's modifiers in a kMods kernel (with_mod_kind), f(false, none) in the
+// plain one: the element loops of the P / dS stages are written once for both.
+template <bool kMods, class F>
+__device__ __forceinline__ void with_mods(const RowMods& r, F&& f) {
+    if constexpr (kMods)
+        with_mod_kind(r, f);
+    else
+        f(std::false_type{}, std::integral_constant<int, 0>{});
 }
 
 // S (raw q·k) -> logits, in place, for a thread's fragments of kMT x kNT tiles (rows row0 + mt·16 + g + 8·hf,
