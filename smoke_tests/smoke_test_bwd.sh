@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # mhakit backward smoke test: aiter's / CK's smoke_test_bwd.sh grid, restricted to what mhakit supports
-# (no bias, no dbias, no dropout):
+# (no dropout):
 #   prec {fp16, bf16} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x mode {0, 1}, six shapes each
 #   (GQA, s != s_k, causal top-left / bottom-right, sliding windows t:128,30 and b:4,35), 192 runs;
 # then deterministic runs (-deterministic=1; with -v=1 the benchmark also runs the backward twice and requires
 # bitwise-identical dQ / dK / dV): prec x mode x hdim x three of the shapes, 48 runs; then group mode with
 # per-sequence lengths: prec x perm x hdim {64, 128, 256} x three shapes, 36 runs; then head dims that are not
-# multiples of 8 (1, 59, 111, 255, d != d_v among them, two deterministic shapes): prec x perm x mode x 8, 64 runs.
+# multiples of 8 (1, 59, 111, 255, d != d_v among them, two deterministic shapes): prec x perm x mode x 8, 64 runs;
+# then the score modifiers (elementwise bias with dbias, ALiBi, soft-cap, sinks with d sink, combined, one
+# deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
@@ -18,7 +20,7 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (97 runs instead of 340)
+  -q        quick subset: fp16 and iperm=operm=1 only (157 runs instead of 460)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # mhakit forward smoke test: aiter's smoke_test_fwd.sh grid, restricted to what mhakit supports
-# (no bias, no dropout, no split-kv / paged kv-cache, row-major V):
+# (no dropout, no split-kv / paged kv-cache, row-major V):
 #   prec {fp16, bf16} x mode {1, 0} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x lse {0, 1},
 #   nine shapes each (GQA, d != d_v, causal top-left / bottom-right, sliding windows, empty K, s_q = 1); then group
 #   mode with per-sequence lengths: prec x perm {0, 1} x hdim {64, 128, 256} x lse {0, 1}, three shapes each;
 #   then head dims that are not multiples of 8 (1, 3, 59, 111, 255, d != d_v among them): prec x mode x perm, seven
-#   shapes each (GQA, masks, LSE). They run on the generic family's smallest bucket that holds them.
+#   shapes each (GQA, masks, LSE). They run on the generic family's smallest bucket that holds them. Then the score
+#   modifiers (generic family): prec x mode x hdim {59, 64, 128} x (aiter's bias kinds e, e:1, e:2, a, a:1 on three
+#   shapes, plus five soft-cap / sink / combined shapes), 240 runs.
 # Every run validates against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_fwd in the current directory.
