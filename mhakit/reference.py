@@ -343,14 +343,16 @@ def _check_seqstarts(cu, total: int, name: str) -> np.ndarray:
 
 def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,
                          mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1,
-                         return_lse: bool = False, compute_dtype=np.float64, out_dtype=np.float32):
+                         return_lse: bool = False, compute_dtype=np.float64, out_dtype=np.float32,
+                         softcap: Optional[float] = None, alibi_slopes=None, bias=None, sink=None):
     """Group-mode (variable length) forward over packed arrays.
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v]; cu_seqlens_q / cu_seqlens_k: batch + 1
     cumulative offsets (sequence b owns rows [cu[b], cu[b+1])). Masks use each sequence's own lengths.
     Returns O float32 [total_q, h_q, d_v] and, with ``return_lse``, LSE float32 [h_q, total_q] (the layout of the
-    C API's group-mode LSE). Rows outside every sequence are left at O = 0, LSE = -inf. ``out_dtype`` as in
-    ``attention_fwd``.
+    C API's group-mode LSE). Rows outside every sequence are left at O = 0, LSE = -inf. ``out_dtype`` and the score
+    modifiers as in ``attention_fwd``, per sequence: ALiBi positions count from each sequence's start, a ``bias`` is
+    [b|1, h_q|1, max_s_q, max_s_k] with sequence b's block at [b, :, :s_q_b, :s_k_b].
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -374,7 +376,8 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional
             kh = h // group
             # o[q0:q1, h] is a strided view: write through a contiguous buffer.
             buf = np.empty((q1 - q0, dv), dtype=odt)
-            _attend_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], scale, c, buf, lse[h, q0:q1])
+            _attend_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], scale, c, buf, lse[h, q0:q1], softcap=softcap,
+                             **_head_mods(bi, h, alibi_slopes, bias, sink))
             o[q0:q1, h] = buf
     return (o, lse) if return_lse else o
 
@@ -489,13 +492,16 @@ def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int 
 
 def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,
                          mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1, o=None,
-                         compute_dtype=np.float64, out_dtype=np.float32):
+                         compute_dtype=np.float64, out_dtype=np.float32, softcap: Optional[float] = None,
+                         alibi_slopes=None, bias=None, sink=None, return_mod_grads: bool = False):
     """Group-mode (variable length) backward over packed arrays.
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v], do (and o, if given): [total_q, h_q, d_v];
     cu_seqlens_q / cu_seqlens_k: batch + 1 cumulative offsets. Masks use each sequence's own lengths.
     Returns (dq [total_q, h_q, d], dk [total_k, h_k, d], dv [total_k, h_k, d_v]) in ``out_dtype``; rows outside
-    every sequence are left at 0. ``o``, ``compute_dtype`` as in ``attention_bwd``.
+    every sequence are left at 0. ``o``, ``compute_dtype`` as in ``attention_bwd``; the score modifiers as in
+    ``attention_varlen_fwd``, and with ``return_mod_grads`` also dbias [b, h_q, max_s_q, max_s_k] (each sequence's
+    block; zero elsewhere) and dsink [h_q].
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -519,7 +525,13 @@ def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Opti
     dq = np.zeros((total_q, hq, d), dtype=odt)
     dk = np.zeros((total_k, hk, d), dtype=odt)
     dvv = np.zeros((total_k, hk, dv), dtype=odt)
-    for bi in range(cq.shape[0] - 1):
+    nb = cq.shape[0] - 1
+    lens_q, lens_k = np.diff(cq), np.diff(ck)
+    max_q = int(lens_q.max()) if nb else 0
+    max_k = int(lens_k.max()) if nb else 0
+    dbias = np.zeros((nb, hq, max_q, max_k), dtype=odt) if return_mod_grads else None
+    dsink = np.zeros((hq,), dtype=odt)
+    for bi in range(nb):
         q0, q1, k0, k1 = int(cq[bi]), int(cq[bi + 1]), int(ck[bi]), int(ck[bi + 1])
         c = mask_coord(mask_type, window_left, window_right, q1 - q0, k1 - k0)
         for kh in range(hk):
@@ -527,12 +539,17 @@ def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Opti
             dv_acc = np.zeros((k1 - k0, dv), dtype=dt)
             for h in range(kh * group, (kh + 1) * group):
                 buf = np.zeros((q1 - q0, d), dtype=dt)
-                _grad_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], do[q0:q1, h],
-                               None if o is None else o[q0:q1, h], scale, c, buf, dk_acc, dv_acc)
+                dbias_buf = np.zeros((q1 - q0, k1 - k0), dtype=dt) if return_mod_grads else None
+                dsink[h] += _grad_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], do[q0:q1, h],
+                                           None if o is None else o[q0:q1, h], scale, c, buf, dk_acc, dv_acc,
+                                           softcap=softcap, dbias_out=dbias_buf,
+                                           **_head_mods(bi, h, alibi_slopes, bias, sink))
                 dq[q0:q1, h] = buf
+                if dbias is not None:
+                    dbias[bi, h, :q1 - q0, :k1 - k0] = dbias_buf
             dk[k0:k1, kh] = dk_acc
             dvv[k0:k1, kh] = dv_acc
-    return dq, dk, dvv
+    return (dq, dk, dvv, dbias, dsink) if return_mod_grads else (dq, dk, dvv)
 
 
 # ----------------------------------------------------------------------------------------------------------------

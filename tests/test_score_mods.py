@@ -153,3 +153,39 @@ def test_reference_alibi_and_sink_semantics():
     o2, lse2 = R.attention_fwd(q, k, v, sink=np.array([0.7]), return_lse=True, out_dtype=np.float64)
     np.testing.assert_allclose(lse2[0, 0], np.log(5 + np.exp(0.7)))
     np.testing.assert_allclose(o2[0, 0, :, 0], 10 / (5 + np.exp(0.7)))
+
+
+def test_reference_varlen_is_the_batch_reference_per_sequence():
+    """Group mode: each sequence with its own positions, its ALiBi slope row, its bias block and the sinks."""
+    rng = np.random.default_rng(3)
+    lq, lk, h, hk, d = [5, 0, 9], [7, 3, 4], 4, 2, 8
+    cq, ck = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+    q, k, v = rng.standard_normal((cq[-1], h, d)), rng.standard_normal((ck[-1], hk, d)), rng.standard_normal((ck[-1], hk, d))
+    do = rng.standard_normal((cq[-1], h, d))
+    bias = rng.standard_normal((3, 1, max(lq), max(lk)))
+    kw = dict(softcap=2.0, bias=bias, sink=rng.standard_normal(h), mask_type=2, window_left=-1, window_right=0)
+    o, lse = R.attention_varlen_fwd(q, k, v, cq, ck, return_lse=True, out_dtype=np.float64, **kw)
+    dq, dk, dv, dbias, dsink = R.attention_varlen_bwd(q, k, v, do, cq, ck, out_dtype=np.float64,
+                                                      return_mod_grads=True, **kw)
+    slopes = rng.uniform(0.1, 1.0, (3, h))
+    o_alibi = R.attention_varlen_fwd(q, k, v, cq, ck, out_dtype=np.float64, alibi_slopes=slopes)
+    total_dsink = np.zeros(h)
+    for b in range(3):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        bhsd = lambda x: x[None].transpose(0, 2, 1, 3)  # noqa: E731
+        one = dict(kw, bias=bias[b:b + 1, :, :q1 - q0, :k1 - k0])
+        ob, lb = R.attention_fwd(bhsd(q[q0:q1]), bhsd(k[k0:k1]), bhsd(v[k0:k1]), return_lse=True,
+                                 out_dtype=np.float64, **one)
+        np.testing.assert_allclose(o[q0:q1], ob[0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(lse[:, q0:q1], lb[0], atol=1e-12)
+        r = R.attention_bwd(bhsd(q[q0:q1]), bhsd(k[k0:k1]), bhsd(v[k0:k1]), bhsd(do[q0:q1]), out_dtype=np.float64,
+                            return_mod_grads=True, **one)
+        np.testing.assert_allclose(dq[q0:q1], r[0][0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(dk[k0:k1], r[1][0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(dbias[b, :, :q1 - q0, :k1 - k0], r[3][0], atol=1e-12)
+        total_dsink += r[4]
+        oa = R.attention_fwd(bhsd(q[q0:q1]), bhsd(k[k0:k1]), bhsd(v[k0:k1]), out_dtype=np.float64,
+                             alibi_slopes=slopes[b])
+        np.testing.assert_allclose(o_alibi[q0:q1], oa[0].transpose(1, 0, 2), atol=1e-12)
+    np.testing.assert_allclose(dsink, total_dsink, atol=1e-12)
+    assert (lse[:, cq[1]:cq[2]].size == 0) and np.all(dbias[1] == 0)

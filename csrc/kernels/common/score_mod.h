@@ -11,11 +11,9 @@
 
 #include <type_traits>
 
-#include "mask.h"  // MHAKIT_HOST_DEVICE
-
-#if !defined(__CUDACC__) && !defined(__HIPCC__)
 #include <cmath>
-#endif
+
+#include "mask.h"  // MHAKIT_HOST_DEVICE
 
 namespace mhakit {
 
