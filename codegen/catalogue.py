@@ -52,6 +52,9 @@ class Family:
     # Serves only head dims (hdim_q and hdim_v) that are multiples of this (optional key, default 1: any head dim the
     # API accepts; the Hopper kernels need whole 16-byte rows).
     head_dim_multiple: int = 1
+    # Serves the score modifiers (logits soft-cap, elementwise bias / ALiBi, attention sinks; optional key, default
+    # false: calls that set one run on a family that has them).
+    score_mods: bool = False
     # Further instance axes of the family (e.g. CK-tile's padding flags and LSE store), each with its values in order
     # of preference: every combination is one instance, and an earlier value ranks above a later one at run time.
     variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -176,7 +179,7 @@ def _parse_variants(raw: dict, where: str) -> tuple[tuple[str, tuple[str, ...]],
 
 
 _FAMILY_KEYS = {"v3", "template", "priority", "needs_arch_specific", "dtypes", "modes", "masks", "equal_head_dims",
-                "deterministic", "align_bytes", "head_dim_multiple", "tiles", "variants", "knobs"}
+                "deterministic", "align_bytes", "head_dim_multiple", "score_mods", "tiles", "variants", "knobs"}
 # The keys of an [arch.*] table that Arch's own fields hold (besides the backend's target key); the rest are traits.
 _ARCH_KEYS = ("compute_capability", "arch_specific", "families")
 # The top-level keys read into Catalogue's own fields; the other top-level tables are kept as shared `tables`.
@@ -226,6 +229,7 @@ def load(backend: str = "cuda") -> Catalogue:
                 variants=_parse_variants(raw.get("variants", {}), where),
                 knobs=_freeze(raw.get("knobs", {})),
                 head_dim_multiple=int(raw.get("head_dim_multiple", 1)),
+                score_mods=bool(raw.get("score_mods", False)),
             )
     known_names = {name for _, name in families}
     for arch in arches.values():

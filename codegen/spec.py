@@ -56,11 +56,13 @@ class Guards:
     deterministic: bool    # bwd: serves deterministic calls
     align_bytes: int       # every tensor's base pointer and strides a multiple of this many bytes
     head_dim_multiple: int = 1  # serves only head dims that are multiples of this
+    score_mods: bool = False    # serves the score modifiers (soft-cap, bias / ALiBi, sink)
 
     @classmethod
     def of(cls, family) -> "Guards":
         """From a catalogue Family."""
-        return cls(family.equal_head_dims, family.deterministic, family.align_bytes, family.head_dim_multiple)
+        return cls(family.equal_head_dims, family.deterministic, family.align_bytes, family.head_dim_multiple,
+                   family.score_mods)
 
 
 @dataclass(frozen=True)
@@ -113,4 +115,5 @@ class KernelSpec:
             "deterministic": "true" if self.guards.deterministic else "false",
             "align_bytes": self.guards.align_bytes,
             "head_dim_multiple": self.guards.head_dim_multiple,
+            "score_mods": "true" if self.guards.score_mods else "false",
         }

@@ -59,6 +59,19 @@ class MhakitStreamConfig(ctypes.Structure):
     ]
 
 
+# The score modifiers' block, the same at the end of both argument structs (the backward adds its gradients).
+_MOD_FIELDS = [
+    ("logits_soft_cap", ctypes.c_float),
+    ("bias_type", ctypes.c_int),
+    ("bias_fp32", ctypes.c_int),
+    ("bias_ptr", ctypes.c_void_p),
+    ("stride_bias", ctypes.c_int64),
+    ("nhead_stride_bias", ctypes.c_int64),
+    ("batch_stride_bias", ctypes.c_int64),
+    ("sink_ptr", ctypes.c_void_p),
+]
+
+
 class MhakitFwdArgs(ctypes.Structure):
     """``mhakit_fwd_args`` (mha_fwd.h). ``data_type`` is the C enum ``mhakit_dtype`` (an int)."""
 
@@ -99,7 +112,7 @@ class MhakitFwdArgs(ctypes.Structure):
         ("mask_type", ctypes.c_int),
         ("window_size_left", ctypes.c_int),
         ("window_size_right", ctypes.c_int),
-    ]
+    ] + _MOD_FIELDS
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields_)
@@ -165,6 +178,12 @@ class MhakitBwdArgs(ctypes.Structure):
         ("mask_type", ctypes.c_int),
         ("window_size_left", ctypes.c_int),
         ("window_size_right", ctypes.c_int),
+    ] + _MOD_FIELDS + [
+        ("dbias_ptr", ctypes.c_void_p),
+        ("stride_dbias", ctypes.c_int64),
+        ("nhead_stride_dbias", ctypes.c_int64),
+        ("batch_stride_dbias", ctypes.c_int64),
+        ("dsink_ptr", ctypes.c_void_p),
     ]
 
     def __repr__(self) -> str:

@@ -513,12 +513,123 @@ class _Call:
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Score modifiers (soft-cap, bias / ALiBi, sink): the fields of mha_fwd.h's / mha_bwd.h's modifier block
+# ------------------------------------------------------------------------------------------------------------------
+
+_MOD_KWARGS = ("softcap", "alibi_slopes", "bias", "sink")
+
+
+def _score_mods(call: "_Call", storage: str, batch: int, hq: int, rows_q: int, rows_k: int, *, softcap: Any = None,
+                alibi_slopes: Any = None, bias: Any = None, sink: Any = None) -> Tuple[dict, list]:
+    """(the argument-struct fields, the arrays' views). softcap: cap > 0 (None or 0: off). alibi_slopes: float32
+    [h_q] or [batch, h_q]. bias: [batch|1, h_q|1, rows_q, rows_k] float32 or q's dtype (a dimension of extent 1
+    broadcasts; varlen: rows_q / rows_k bound every sequence's lengths, its block starts at [b, h, 0, 0]).
+    sink: float32 [h_q] logits."""
+    fields: dict = {}
+    views: list = []
+    if softcap is not None:
+        cap = float(softcap)
+        if not math.isfinite(cap) or cap < 0:
+            raise ValueError(f"softcap must be a finite number >= 0 (got {softcap!r}; 0 or None turns it off)")
+        fields["logits_soft_cap"] = cap
+    if alibi_slopes is not None and bias is not None:
+        raise ValueError("alibi_slopes and bias are exclusive: give one of them")
+    if alibi_slopes is not None:
+        sv = call.view(alibi_slopes, "alibi_slopes")
+        if sv.dtype.name != "float32" or sv.shape not in ((hq,), (batch, hq)):
+            raise ValueError(f"alibi_slopes must be float32 of shape ({hq},) or ({batch}, {hq}), got "
+                             f"{sv.dtype.name} {tuple(sv.shape)}")
+        two = len(sv.shape) == 2
+        fields.update(bias_type=2, bias_fp32=1, bias_ptr=sv.ptr, stride_bias=0,
+                      nhead_stride_bias=sv.strides[-1] if hq > 1 else 0,
+                      batch_stride_bias=sv.strides[0] if two and batch > 1 else 0)
+        views.append(sv)
+    if bias is not None:
+        bv = call.view(bias, "bias")
+        ok_dtype = bv.dtype.name in ("float32", storage)
+        shape = tuple(bv.shape)
+        ok_shape = (len(shape) == 4 and shape[0] in (1, batch) and shape[1] in (1, hq) and shape[2] == rows_q
+                    and shape[3] == rows_k)
+        if not ok_dtype or not ok_shape:
+            raise ValueError(f"bias must be float32 or {storage} of shape ([1|{batch}], [1|{hq}], {rows_q}, {rows_k}),"
+                             f" got {bv.dtype.name} {shape}")
+        if rows_k > 1 and bv.strides[3] != 1:
+            raise ValueError(f"bias: the key dimension must be contiguous (stride 1), got strides {bv.strides}")
+        st = [0 if shape[i] == 1 else bv.strides[i] for i in range(3)]
+        fields.update(bias_type=1, bias_fp32=1 if bv.dtype.name == "float32" else 0, bias_ptr=bv.ptr,
+                      stride_bias=st[2], nhead_stride_bias=st[1], batch_stride_bias=st[0])
+        views.append(bv)
+    if sink is not None:
+        kv = _per_head_f32(call, sink, "sink", hq)
+        fields["sink_ptr"] = kv.ptr
+        views.append(kv)
+    return fields, views
+
+
+def _per_head_f32(call: "_Call", obj: Any, name: str, hq: int) -> ArrayView:
+    """The view of a contiguous float32 [h_q] array (sink logits, their gradient), or ValueError."""
+    view = call.view(obj, name)
+    if view.dtype.name != "float32" or tuple(view.shape) != (hq,) or (hq > 1 and view.strides[0] != 1):
+        raise ValueError(f"{name} must be a contiguous float32 array of shape ({hq},), got {view.dtype.name} "
+                         f"{tuple(view.shape)}")
+    return view
+
+
+def _mod_grads(call: "_Call", fields: dict, storage: str, batch: int, hq: int, rows_q: int, rows_k: int,
+               dbias: Any, dsink: Any) -> Tuple[dict, list]:
+    """The backward's dbias= ([batch, h_q, rows_q, rows_k], the bias's dtype) and dsink= (float32 [h_q]) outputs."""
+    out: dict = {}
+    views: list = []
+    if dbias is not None:
+        if fields.get("bias_type") != 1:
+            raise ValueError("dbias is given but there is no elementwise bias (bias=) to differentiate")
+        want = "float32" if fields["bias_fp32"] else storage
+        dv = call.view(dbias, "dbias")
+        if dv.dtype.name != want or tuple(dv.shape) != (batch, hq, rows_q, rows_k) or (rows_k > 1 and dv.strides[3] != 1):
+            raise ValueError(f"dbias must be a {want} array of shape ({batch}, {hq}, {rows_q}, {rows_k}) with a "
+                             f"contiguous key dimension, got {dv.dtype.name} {tuple(dv.shape)}")
+        out.update(dbias_ptr=dv.ptr, stride_dbias=dv.strides[2], nhead_stride_dbias=dv.strides[1],
+                   batch_stride_dbias=dv.strides[0])
+        views.append(dv)
+    if dsink is not None:
+        if "sink_ptr" not in fields:
+            raise ValueError("dsink is given but there is no sink (sink=) to differentiate")
+        sv = _per_head_f32(call, dsink, "dsink", hq)
+        out["dsink_ptr"] = sv.ptr
+        views.append(sv)
+    return out, views
+
+
+def _set_fields(args, fields: dict) -> None:
+    for name, value in fields.items():
+        setattr(args, name, value)
+
+
+_FWD_MODS = ("softcap", "alibi_slopes", "bias", "sink")
+_BWD_MODS = _FWD_MODS + ("dbias", "dsink")
+_PYTHON_PATH = object()
+
+
+def _ext_mods(mods: dict, names: Tuple[str, ...]):
+    """The C path's mods argument: None without modifiers, else their tuple in ``names`` order; _PYTHON_PATH for a
+    keyword the API does not know (the Python path raises the TypeError)."""
+    if not mods:
+        return None
+    if any(name not in names for name in mods):
+        return _PYTHON_PATH
+    if all(value is None for value in mods.values()):
+        return None
+    return tuple(mods.get(name) for name in names)
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Forward
 # ------------------------------------------------------------------------------------------------------------------
 
 def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
             scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
-            layout: str = "bshd", stream: Any = None, dtype: Any = None):
+            layout: str = "bshd", stream: Any = None, dtype: Any = None, softcap: Any = None,
+            alibi_slopes: Any = None, bias: Any = None, sink: Any = None):
     """Fused attention forward, batch mode: O = softmax(scale · Q Kᵀ + mask) V with fp32 accumulation.
 
     q: [b, s_q, h_q, d], k: [b, s_k, h_k, d], v: [b, s_k, h_k, d_v] for ``layout='bshd'`` (default), or
@@ -537,6 +648,11 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     (natural log; -inf for rows that see no key; ``lse_out`` may supply it and is filled whenever given).
     stream: int CUstream or a stream object (``torch.cuda.current_stream()``, a CuPy stream, ...); default: the
     legacy default stream. dtype: how to read 16-bit integer storage (e.g. 'bf16' for CuPy arrays of bf16 bits).
+
+    Score modifiers (generic family; mha_fwd.h says what they mean): ``softcap=cap`` (logits cap·tanh(l/cap)),
+    ``alibi_slopes=`` float32 [h_q] or [b, h_q] (bias -slope·|i + s_k - s_q - j|) or ``bias=`` [b|1, h_q|1, s_q, s_k]
+    float32 or q's dtype (exclusive with alibi_slopes), ``sink=`` float32 [h_q] logits added to the softmax
+    denominator (gpt-oss).
     """
     _check_layout(layout)
     call = _Call(stream, dtype)
@@ -558,8 +674,10 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
         raise ValueError(f"lse_out: the seqlen dimension must be contiguous (stride 1), got strides {lv.strides}")
     return_lse = _as_flag(return_lse, "return_lse")
     want_lse = return_lse or lv is not None
+    mods, mod_views = _score_mods(call, storage, b, hq, sq, sk, softcap=softcap, alibi_slopes=alibi_slopes,
+                                  bias=bias, sink=sink)
 
-    views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None]
+    views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None] + mod_views
     device = call.resolve_device(views)
     o = out if ov is not None else call.allocate(device, o_shape, storage)
     if ov is None:
@@ -584,6 +702,7 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
         v_strides=v_strides, o_strides=g.strides(ov, hq, sq, dv),
         lse_ptr=lv.ptr if lv is not None else None, lse_strides=lse_strides, scale=scale, mask_type=mask_type,
         window_left=left, window_right=right)
+    _set_fields(args, mods)
     call.launch(lib, args, device)
     return (o, lse) if return_lse else o
 
@@ -591,7 +710,8 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
 def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
                    max_seqlen_k: int, *, causal: bool = False, mask: Any = None, window: Any = None,
                    scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
-                   stream: Any = None, dtype: Any = None):
+                   stream: Any = None, dtype: Any = None, softcap: Any = None, alibi_slopes: Any = None,
+                   bias: Any = None, sink: Any = None):
     """Fused attention forward, group mode (variable sequence lengths, packed tokens).
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v]; sequence i owns rows
@@ -599,7 +719,8 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
     a host sequence/numpy array, which is validated and uploaded). Sequences may be empty. max_seqlen_q must bound
     every query length (it sizes the launch); max_seqlen_k is checked against host offsets only. Masks apply per
     sequence with its own lengths. Returns O [total_q, h_q, d_v] and, with ``return_lse``, LSE float32
-    [h_q, total_q]. The other arguments are those of :func:`mha_fwd`.
+    [h_q, total_q]. The other arguments are those of :func:`mha_fwd`; a ``bias=`` is [b|1, h_q|1, max_seqlen_q,
+    max_seqlen_k], sequence i's block at [i, :, :s_q_i, :s_k_i].
     """
     call = _Call(stream, dtype)
     g = _packed_inputs(call, q, k, v)
@@ -622,8 +743,10 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
         raise ValueError(f"lse_out: the token dimension must be contiguous (stride 1), got strides {lv.strides}")
     return_lse = _as_flag(return_lse, "return_lse")
     want_lse = return_lse or lv is not None
+    mods, mod_views = _score_mods(call, storage, batch, hq, max_q, _as_int(max_seqlen_k, "max_seqlen_k"),
+                                  softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sink=sink)
 
-    views = [qv, kv, vv] + list(seqs.device.values()) + [x for x in (ov, lv) if x is not None]
+    views = [qv, kv, vv] + list(seqs.device.values()) + [x for x in (ov, lv) if x is not None] + mod_views
     device = call.resolve_device(views)
     o = out if ov is not None else call.allocate(device, o_shape, storage)
     if ov is None:
@@ -650,6 +773,7 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
         lse_ptr=lv.ptr if lv is not None else None, lse_strides=(0, _stride(lv, 0, hq)) if lv is not None else (0, 0),
         seqstart_q_ptr=seq_ptrs["cu_seqlens_q"], seqstart_k_ptr=seq_ptrs["cu_seqlens_k"], max_seqlen_q=max_q,
         scale=scale, mask_type=mask_type, window_left=left, window_right=right)
+    _set_fields(args, mods)
     try:
         call.launch(lib, args, device)
     finally:
@@ -669,7 +793,9 @@ def _check_query_heads(hq: int, keys: int) -> None:
 
 def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
             window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
-            dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
+            dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None,
+            softcap: Any = None, alibi_slopes: Any = None, bias: Any = None, sink: Any = None, dbias: Any = None,
+            dsink: Any = None):
     """Fused attention backward, batch mode: the gradients of :func:`mha_fwd` with respect to q, k and v.
 
     do: the gradient of O; q, k, v: the forward's inputs; o: the forward's output; lse: the forward's float32 LSE
@@ -684,6 +810,10 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
     heads of each kv head), with q's storage dtype, as :class:`mhakit.DeviceArray` — or the caller's ``dq=`` /
     ``dk=`` / ``dv=`` arrays (any strides with a contiguous head dim), filled and returned. The scratch memory the
     kernels need is allocated on ``stream`` for the call and freed after it, stream-ordered.
+
+    softcap / alibi_slopes / bias / sink: the forward's score modifiers (:func:`mha_fwd`). ``dbias=`` ([b, h_q, s_q,
+    s_k], the bias's dtype, contiguous keys) receives the gradient of an elementwise bias, ``dsink=`` (float32 [h_q])
+    that of the sink logits; both are written, not accumulated.
     """
     _check_layout(layout)
     call = _Call(stream, dtype)
@@ -718,7 +848,11 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
             g.strides(view, heads, rows, hdim)
         grads[name] = [given, view, shape, heads, rows, hdim]
 
+    mods, mod_views = _score_mods(call, storage, b, hq, sq, sk, softcap=softcap, alibi_slopes=alibi_slopes,
+                                  bias=bias, sink=sink)
+    mod_out, mod_out_views = _mod_grads(call, mods, storage, b, hq, sq, sk, dbias, dsink)
     views = [qv, kv, vv, ov, dov, lv] + [gr[1] for gr in grads.values() if gr[1] is not None]
+    views += mod_views + mod_out_views
     device = call.resolve_device(views)
     for name, gr in grads.items():
         if gr[1] is None:
@@ -740,6 +874,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
         dq_strides=g.strides(dqv, hq, sq, d), dk_strides=g.strides(dkv, hk, sk, d),
         dv_strides=g.strides(dvv, hk, sk, d_v), deterministic=deterministic, scale=scale, mask_type=mask_type,
         window_left=left, window_right=right)
+    _set_fields(args, {**mods, **mod_out})
     call.launch_bwd(lib, args, device)
     return result
 
@@ -747,7 +882,9 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
 def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                    max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False, mask: Any = None,
                    window: Any = None, scale: Optional[float] = None, deterministic: bool = False, dq: Any = None,
-                   dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
+                   dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None, softcap: Any = None,
+                   alibi_slopes: Any = None, bias: Any = None, sink: Any = None, dbias: Any = None,
+                   dsink: Any = None):
     """Fused attention backward, group mode (variable sequence lengths, packed tokens): the gradients of
     :func:`mha_varlen_fwd`.
 
@@ -793,8 +930,12 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
             g.strides(view, tokens, heads, hdim)
         grads[name] = [given, view, shape, tokens, heads, hdim]
 
+    max_k = _as_int(max_seqlen_k, "max_seqlen_k")
+    mods, mod_views = _score_mods(call, storage, seqs.batch, hq, seqs.max_q, max_k, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, bias=bias, sink=sink)
+    mod_out, mod_out_views = _mod_grads(call, mods, storage, seqs.batch, hq, seqs.max_q, max_k, dbias, dsink)
     views = ([qv, kv, vv, ov, dov, lv] + list(seqs.device.values())
-             + [gr[1] for gr in grads.values() if gr[1] is not None])
+             + [gr[1] for gr in grads.values() if gr[1] is not None] + mod_views + mod_out_views)
     device = call.resolve_device(views)
     for name, gr in grads.items():
         if gr[1] is None:
@@ -823,6 +964,7 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
             dv_strides=g.strides(dvv, tk, hk, d_v), seqstart_q_ptr=seq_ptrs["cu_seqlens_q"],
             seqstart_k_ptr=seq_ptrs["cu_seqlens_k"], max_seqlen_q=seqs.max_q, max_seqlen_k=seqs.max_k,
             deterministic=deterministic, scale=scale, mask_type=mask_type, window_left=left, window_right=right)
+        _set_fields(args, {**mods, **mod_out})
         call.launch_bwd(lib, args, device)
     finally:
         for alloc in uploads:  # freed stream-ordered, after the launch
@@ -838,7 +980,8 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
 # (host offsets, __cuda_array_interface__-only producers, a shape or dtype mismatch, an empty problem, an unusual
 # stream object, ...) it returns as NotImplemented before touching the GPU, and the Python path then does the work
 # or raises its one-sentence error. Here only what C cannot see is resolved: the mask string or flags, the layout
-# name and the dtype override.
+# name and the dtype override. The score modifiers (softcap=, alibi_slopes=, bias=, sink=, dbias=, dsink=) go to
+# the C path as one tuple (None without them); it hands back what it does not take (a varlen bias, ...).
 
 _LAYOUT_CODES = {"bshd": 0, "bhsd": 1}
 _PACKED = 2
@@ -882,63 +1025,68 @@ def _ext():
 
 def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
             scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
-            layout: str = "bshd", stream: Any = None, dtype: Any = None):
-    ext = _ext()
+            layout: str = "bshd", stream: Any = None, dtype: Any = None, **mods: Any):
+    ext_mods = _ext_mods(mods, _FWD_MODS)
+    ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.fwd(q, k, v, out, lse_out, None, None, None, _LAYOUT_CODES.get(layout, -1), mask_type, left,
-                         right, scale, return_lse, stream, _dtype_code(dtype), LOG_LEVEL)
+                         right, scale, return_lse, stream, _dtype_code(dtype), ext_mods, LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_fwd_py(q, k, v, causal=causal, mask=mask, window=window, scale=scale, return_lse=return_lse,
-                       out=out, lse_out=lse_out, layout=layout, stream=stream, dtype=dtype)
+                       out=out, lse_out=lse_out, layout=layout, stream=stream, dtype=dtype, **mods)
 
 
 def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
                    max_seqlen_k: int, *, causal: bool = False, mask: Any = None, window: Any = None,
                    scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
-                   stream: Any = None, dtype: Any = None):
-    ext = _ext()
+                   stream: Any = None, dtype: Any = None, **mods: Any):
+    ext_mods = _ext_mods(mods, _FWD_MODS)
+    ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _PACKED, mask_type, left,
-                         right, scale, return_lse, stream, _dtype_code(dtype), LOG_LEVEL)
+                         right, scale, return_lse, stream, _dtype_code(dtype), ext_mods, LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_varlen_fwd_py(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                               mask=mask, window=window, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
-                              stream=stream, dtype=dtype)
+                              stream=stream, dtype=dtype, **mods)
 
 
 def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
             window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
-            dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
-    ext = _ext()
+            dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None, **mods: Any):
+    ext_mods = _ext_mods(mods, _BWD_MODS)
+    ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, None, None, None, None, _LAYOUT_CODES.get(layout, -1),
-                         mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype), LOG_LEVEL)
+                         mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype), ext_mods,
+                         LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_bwd_py(do, q, k, v, o, lse, causal=causal, mask=mask, window=window, scale=scale, layout=layout,
-                       deterministic=deterministic, dq=dq, dk=dk, dv=dv, stream=stream, dtype=dtype)
+                       deterministic=deterministic, dq=dq, dk=dk, dv=dv, stream=stream, dtype=dtype, **mods)
 
 
 def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                    max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False, mask: Any = None,
                    window: Any = None, scale: Optional[float] = None, deterministic: bool = False, dq: Any = None,
-                   dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None):
-    ext = _ext()
+                   dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None, **mods: Any):
+    ext_mods = _ext_mods(mods, _BWD_MODS)
+    ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
         result = ext.bwd(do, q, k, v, o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          _PACKED, mask_type, left, right, scale, deterministic, stream, _dtype_code(dtype),
-                         LOG_LEVEL)
+                         ext_mods, LOG_LEVEL)
         if result is not NotImplemented:
             return result
     return _mha_varlen_bwd_py(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal=causal, mask=mask, window=window, scale=scale, deterministic=deterministic,
-                              dq=dq, dk=dk, dv=dv, stream=stream, dtype=dtype)
+                              dq=dq, dk=dk, dv=dv, stream=stream, dtype=dtype, **mods)
 
 
 for _public, _python_path in ((mha_fwd, _mha_fwd_py), (mha_varlen_fwd, _mha_varlen_fwd_py), (mha_bwd, _mha_bwd_py),

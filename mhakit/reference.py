@@ -188,15 +188,34 @@ def _default_scale(scale: Optional[float], hdim_q: int) -> float:
     return scale
 
 
+def _mod_logits(s: np.ndarray, scale: float, r0: int, r1: int, sq: int, sk: int, softcap, slope, bias_rows):
+    """Scaled q·k of rows r0..r1 -> the modified logits (soft-cap, ALiBi, bias; mhakit_fwd_args' order), and the
+    soft-cap's derivative with respect to scale·q·k (1 without one)."""
+    dcap = None
+    if softcap:
+        t = np.tanh(s / s.dtype.type(softcap))
+        s = s.dtype.type(softcap) * t
+        dcap = 1.0 - t * t
+    if slope is not None:
+        i = np.arange(r0, r1)[:, None]
+        j = np.arange(sk)[None, :]
+        s = s - s.dtype.type(slope) * np.abs(i + (sk - sq) - j).astype(s.dtype)
+    if bias_rows is not None:
+        s = s + bias_rows[r0:r1, :sk].astype(s.dtype)
+    return s, dcap
+
+
 def _attend_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, c: MaskCoord,
-                     o_out: np.ndarray, lse_out: np.ndarray) -> None:
-    """One (sequence, query head): q [sq, d], k [sk, d], v [sk, dv] -> o_out [sq, dv], lse_out [sq]."""
+                     o_out: np.ndarray, lse_out: np.ndarray, softcap=None, slope=None, bias_rows=None,
+                     sink=None) -> None:
+    """One (sequence, query head): q [sq, d], k [sk, d], v [sk, dv] -> o_out [sq, dv], lse_out [sq]. Score
+    modifiers: softcap (cap), slope (ALiBi), bias_rows ([>= sq, >= sk] elementwise bias), sink (logit)."""
     sq, sk = q.shape[0], k.shape[0]
     if sq == 0:
         return
     if sk == 0:
         o_out[...] = 0.0
-        lse_out[...] = -np.inf
+        lse_out[...] = -np.inf if sink is None else sink
         return
     rows = max(1, _BLOCK_ELEMS // sk)
     kt = k.T
@@ -205,10 +224,14 @@ def _attend_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, 
         vis = _visible_rows(c, r0, r1, sk)
         any_vis = vis.any(axis=1)
         s = (q[r0:r1] @ kt) * q.dtype.type(scale)
+        s, _ = _mod_logits(s, scale, r0, r1, sq, sk, softcap, slope, bias_rows)
         s = np.where(vis, s, -np.inf)
         m = np.where(any_vis, s.max(axis=1), 0.0).astype(s.dtype)
+        if sink is not None:  # the sink: one more term exp(sink) in the denominator, with no value
+            m = np.maximum(m, s.dtype.type(sink))
+            any_vis = np.ones_like(any_vis)
         p = np.exp(s - m[:, None])  # masked entries: exp(-inf) = 0
-        l = p.sum(axis=1)
+        l = p.sum(axis=1) + (0.0 if sink is None else np.exp(s.dtype.type(sink) - m))
         l_safe = np.where(any_vis, l, 1.0)
         o = (p @ v) / l_safe[:, None]
         o[~any_vis] = 0.0
@@ -257,16 +280,33 @@ def _packed_shapes(q, k, v):
     return total_q, hq, d, total_k, hk, v.shape[2]
 
 
+def _head_mods(b: int, h: int, alibi_slopes, bias, sink) -> dict:
+    """The modifiers of (sequence b, query head h): ALiBi slopes [h] or [b, h], bias [b|1, h|1, s_q, s_k] (a
+    dimension of extent 1 broadcasts), sink logits [h]."""
+    out = {}
+    if alibi_slopes is not None:
+        sl = np.asarray(alibi_slopes, dtype=np.float64)
+        out["slope"] = float(sl[h] if sl.ndim == 1 else sl[b, h])
+    if bias is not None:
+        out["bias_rows"] = bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0]
+    if sink is not None:
+        out["sink"] = float(np.asarray(sink, dtype=np.float64)[h])
+    return out
+
+
 def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MASK_NONE, window_left: int = -1,
                   window_right: int = -1, return_lse: bool = False, layout: str = "bhsd",
-                  compute_dtype=np.float64, out_dtype=np.float32):
+                  compute_dtype=np.float64, out_dtype=np.float32, softcap: Optional[float] = None,
+                  alibi_slopes=None, bias=None, sink=None):
     """Batch-mode forward over arrays in [b, h, s, d] (``layout="bhsd"``, default) or [b, s, h, d] ("bshd").
 
     q: [b, h_q, s_q, d], k: [b, h_k, s_k, d], v: [b, h_k, s_k, d_v] with h_q % h_k == 0 (h_k is read from k).
     scale: softmax scale (default 1/sqrt(d)). mask_type / window_left / window_right as in mhakit_fwd_args.
     Returns O as float32 in the input layout ([b, h_q, s_q, d_v] for bhsd), and with ``return_lse`` also
     LSE as float32 [b, h_q, s_q] (natural log; -inf for rows that see no key). ``out_dtype=np.float64`` returns
-    both in float64 instead (finite-difference checks need that).
+    both in float64 instead (finite-difference checks need that). Score modifiers as in mhakit_fwd_args:
+    ``softcap`` (cap·tanh(l/cap)), ``alibi_slopes`` [h_q] or [b, h_q] (-slope·|i + s_k - s_q - j|), ``bias``
+    [b|1, h_q|1, s_q, s_k], ``sink`` [h_q] (exp(sink) joins the denominator; a row without keys gets LSE = sink).
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -284,7 +324,8 @@ def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MA
     for bi in range(b):
         for h in range(hq):
             kh = h // group
-            _attend_one_head(q[bi, h], k[bi, kh], v[bi, kh], scale, c, o[bi, h], lse[bi, h])
+            _attend_one_head(q[bi, h], k[bi, kh], v[bi, kh], scale, c, o[bi, h], lse[bi, h], softcap=softcap,
+                             **_head_mods(bi, h, alibi_slopes, bias, sink))
     if layout == "bshd":
         o = np.ascontiguousarray(o.transpose(0, 2, 1, 3))
     return (o, lse) if return_lse else o
@@ -302,14 +343,16 @@ def _check_seqstarts(cu, total: int, name: str) -> np.ndarray:
 
 def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,
                          mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1,
-                         return_lse: bool = False, compute_dtype=np.float64, out_dtype=np.float32):
+                         return_lse: bool = False, compute_dtype=np.float64, out_dtype=np.float32,
+                         softcap: Optional[float] = None, alibi_slopes=None, bias=None, sink=None):
     """Group-mode (variable length) forward over packed arrays.
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v]; cu_seqlens_q / cu_seqlens_k: batch + 1
     cumulative offsets (sequence b owns rows [cu[b], cu[b+1])). Masks use each sequence's own lengths.
     Returns O float32 [total_q, h_q, d_v] and, with ``return_lse``, LSE float32 [h_q, total_q] (the layout of the
-    C API's group-mode LSE). Rows outside every sequence are left at O = 0, LSE = -inf. ``out_dtype`` as in
-    ``attention_fwd``.
+    C API's group-mode LSE). Rows outside every sequence are left at O = 0, LSE = -inf. ``out_dtype`` and the score
+    modifiers as in ``attention_fwd``, per sequence: ALiBi positions count from each sequence's start, a ``bias`` is
+    [b|1, h_q|1, max_s_q, max_s_k] with sequence b's block at [b, :, :s_q_b, :s_k_b].
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -333,7 +376,8 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional
             kh = h // group
             # o[q0:q1, h] is a strided view: write through a contiguous buffer.
             buf = np.empty((q1 - q0, dv), dtype=odt)
-            _attend_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], scale, c, buf, lse[h, q0:q1])
+            _attend_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], scale, c, buf, lse[h, q0:q1], softcap=softcap,
+                             **_head_mods(bi, h, alibi_slopes, bias, sink))
             o[q0:q1, h] = buf
     return (o, lse) if return_lse else o
 
@@ -344,16 +388,19 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional
 
 
 def _grad_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, o: Optional[np.ndarray],
-                   scale: float, c: MaskCoord, dq_out: np.ndarray, dk_acc: np.ndarray, dv_acc: np.ndarray) -> None:
+                   scale: float, c: MaskCoord, dq_out: np.ndarray, dk_acc: np.ndarray, dv_acc: np.ndarray,
+                   softcap=None, slope=None, bias_rows=None, sink=None, dbias_out=None) -> float:
     """One (sequence, query head): recompute P, then dq_out [sq, d] = scale dS K and accumulate
     dk_acc [sk, d] += scale dS^T Q, dv_acc [sk, dv] += P^T dO (all in the compute dtype of q).
-    D = rowsum(dO * O) with the given o [sq, dv], or with the recomputed O when o is None."""
+    D = rowsum(dO * O) with the given o [sq, dv], or with the recomputed O when o is None. With score modifiers
+    dbias_out [sq, sk] (optional) receives dS of the logits; returns d sink (0 without a sink)."""
     sq, sk = q.shape[0], k.shape[0]
+    dsink = 0.0
     if sq == 0:
-        return
+        return dsink
     if sk == 0:
         dq_out[...] = 0.0
-        return
+        return dsink
     rows = max(1, _BLOCK_ELEMS // sk)
     kt, vt = k.T, v.T
     sc = q.dtype.type(scale)
@@ -362,23 +409,35 @@ def _grad_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, 
         vis = _visible_rows(c, r0, r1, sk)
         any_vis = vis.any(axis=1)
         s = (q[r0:r1] @ kt) * sc
+        s, dcap = _mod_logits(s, scale, r0, r1, sq, sk, softcap, slope, bias_rows)
         s = np.where(vis, s, -np.inf)
         m = np.where(any_vis, s.max(axis=1), 0.0).astype(s.dtype)
+        if sink is not None:
+            m = np.maximum(m, s.dtype.type(sink))
         p = np.exp(s - m[:, None])  # masked entries: exp(-inf) = 0
-        l = p.sum(axis=1)
-        p = p / np.where(any_vis, l, 1.0)[:, None]  # rows without keys stay all-zero
+        l = p.sum(axis=1) + (0.0 if sink is None else np.exp(s.dtype.type(sink) - m))
+        p_sink = None if sink is None else np.exp(s.dtype.type(sink) - m) / l
+        p = p / np.where(any_vis | (sink is not None), l, 1.0)[:, None]  # rows without keys stay all-zero
         do_blk = do[r0:r1]
         o_blk = (p @ v) if o is None else o[r0:r1]
         d_row = (do_blk * o_blk).sum(axis=1)
         ds = p * ((do_blk @ vt) - d_row[:, None])
+        if dbias_out is not None:
+            dbias_out[r0:r1] = ds
+        if p_sink is not None:
+            dsink -= float((p_sink * d_row).sum())
+        if dcap is not None:
+            ds = ds * dcap
         dq_out[r0:r1] = sc * (ds @ k)
         dk_acc += sc * (ds.T @ q[r0:r1])
         dv_acc += p.T @ do_blk
+    return dsink
 
 
 def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int = MASK_NONE,
                   window_left: int = -1, window_right: int = -1, layout: str = "bhsd", o=None,
-                  compute_dtype=np.float64, out_dtype=np.float32):
+                  compute_dtype=np.float64, out_dtype=np.float32, softcap: Optional[float] = None,
+                  alibi_slopes=None, bias=None, sink=None, return_mod_grads: bool = False):
     """Batch-mode backward over arrays in [b, h, s, d] (``layout="bhsd"``, default) or [b, s, h, d] ("bshd").
 
     q: [b, h_q, s_q, d], k: [b, h_k, s_k, d], v: [b, h_k, s_k, d_v], do: [b, h_q, s_q, d_v] (the gradient of O).
@@ -386,6 +445,8 @@ def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int 
     when given, is the O used for D = rowsum(dO * O) instead of the recomputed one (e.g. a kernel's fp16 O, which is
     what the library's backward reads). Returns (dq, dk, dv) in the input layout and ``out_dtype`` (float32 by
     default): dq like q, dk like k, dv like v; with GQA dk / dv are summed over each kv head's query heads.
+    softcap / alibi_slopes / bias / sink: the forward's score modifiers (``attention_fwd``); with
+    ``return_mod_grads`` the result also holds dbias ([b, h_q, s_q, s_k], dS of the logits) and dsink ([h_q]).
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -407,31 +468,40 @@ def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int 
     dq = np.zeros((b, hq, sq, d), dtype=odt)
     dk = np.zeros((b, hk, sk, d), dtype=odt)
     dvv = np.zeros((b, hk, sk, dv), dtype=odt)
+    dbias = np.zeros((b, hq, sq, sk), dtype=odt) if return_mod_grads else None
+    dsink = np.zeros((hq,), dtype=odt)
     for bi in range(b):
         for kh in range(hk):
             dk_acc = np.zeros((sk, d), dtype=dt)
             dv_acc = np.zeros((sk, dv), dtype=dt)
             for h in range(kh * group, (kh + 1) * group):
                 buf = np.zeros((sq, d), dtype=dt)
-                _grad_one_head(q[bi, h], k[bi, kh], v[bi, kh], do[bi, h], None if o is None else o[bi, h], scale,
-                               c, buf, dk_acc, dv_acc)
+                dbias_buf = np.zeros((sq, sk), dtype=dt) if return_mod_grads else None
+                dsink[h] += _grad_one_head(q[bi, h], k[bi, kh], v[bi, kh], do[bi, h], None if o is None else o[bi, h],
+                                           scale, c, buf, dk_acc, dv_acc, softcap=softcap, dbias_out=dbias_buf,
+                                           **_head_mods(bi, h, alibi_slopes, bias, sink))
                 dq[bi, h] = buf
+                if dbias is not None:
+                    dbias[bi, h] = dbias_buf
             dk[bi, kh] = dk_acc
             dvv[bi, kh] = dv_acc
     if layout == "bshd":
         dq, dk, dvv = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (dq, dk, dvv))
-    return dq, dk, dvv
+    return (dq, dk, dvv, dbias, dsink) if return_mod_grads else (dq, dk, dvv)
 
 
 def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,
                          mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1, o=None,
-                         compute_dtype=np.float64, out_dtype=np.float32):
+                         compute_dtype=np.float64, out_dtype=np.float32, softcap: Optional[float] = None,
+                         alibi_slopes=None, bias=None, sink=None, return_mod_grads: bool = False):
     """Group-mode (variable length) backward over packed arrays.
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v], do (and o, if given): [total_q, h_q, d_v];
     cu_seqlens_q / cu_seqlens_k: batch + 1 cumulative offsets. Masks use each sequence's own lengths.
     Returns (dq [total_q, h_q, d], dk [total_k, h_k, d], dv [total_k, h_k, d_v]) in ``out_dtype``; rows outside
-    every sequence are left at 0. ``o``, ``compute_dtype`` as in ``attention_bwd``.
+    every sequence are left at 0. ``o``, ``compute_dtype`` as in ``attention_bwd``; the score modifiers as in
+    ``attention_varlen_fwd``, and with ``return_mod_grads`` also dbias [b, h_q, max_s_q, max_s_k] (each sequence's
+    block; zero elsewhere) and dsink [h_q].
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -455,7 +525,13 @@ def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Opti
     dq = np.zeros((total_q, hq, d), dtype=odt)
     dk = np.zeros((total_k, hk, d), dtype=odt)
     dvv = np.zeros((total_k, hk, dv), dtype=odt)
-    for bi in range(cq.shape[0] - 1):
+    nb = cq.shape[0] - 1
+    lens_q, lens_k = np.diff(cq), np.diff(ck)
+    max_q = int(lens_q.max()) if nb else 0
+    max_k = int(lens_k.max()) if nb else 0
+    dbias = np.zeros((nb, hq, max_q, max_k), dtype=odt) if return_mod_grads else None
+    dsink = np.zeros((hq,), dtype=odt)
+    for bi in range(nb):
         q0, q1, k0, k1 = int(cq[bi]), int(cq[bi + 1]), int(ck[bi]), int(ck[bi + 1])
         c = mask_coord(mask_type, window_left, window_right, q1 - q0, k1 - k0)
         for kh in range(hk):
@@ -463,12 +539,17 @@ def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Opti
             dv_acc = np.zeros((k1 - k0, dv), dtype=dt)
             for h in range(kh * group, (kh + 1) * group):
                 buf = np.zeros((q1 - q0, d), dtype=dt)
-                _grad_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], do[q0:q1, h],
-                               None if o is None else o[q0:q1, h], scale, c, buf, dk_acc, dv_acc)
+                dbias_buf = np.zeros((q1 - q0, k1 - k0), dtype=dt) if return_mod_grads else None
+                dsink[h] += _grad_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], do[q0:q1, h],
+                                           None if o is None else o[q0:q1, h], scale, c, buf, dk_acc, dv_acc,
+                                           softcap=softcap, dbias_out=dbias_buf,
+                                           **_head_mods(bi, h, alibi_slopes, bias, sink))
                 dq[q0:q1, h] = buf
+                if dbias is not None:
+                    dbias[bi, h, :q1 - q0, :k1 - k0] = dbias_buf
             dk[k0:k1, kh] = dk_acc
             dvv[k0:k1, kh] = dv_acc
-    return dq, dk, dvv
+    return (dq, dk, dvv, dbias, dsink) if return_mod_grads else (dq, dk, dvv)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # mhakit backward smoke test: aiter's / CK's smoke_test_bwd.sh grid, restricted to what mhakit supports
-# (no bias, no dbias, no dropout):
+# (no dropout):
 #   prec {fp16, bf16} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x mode {0, 1}, six shapes each
 #   (GQA, s != s_k, causal top-left / bottom-right, sliding windows t:128,30 and b:4,35), 192 runs;
 # then deterministic runs (-deterministic=1; with -v=1 the benchmark also runs the backward twice and requires
 # bitwise-identical dQ / dK / dV): prec x mode x hdim x three of the shapes, 48 runs; then group mode with
 # per-sequence lengths: prec x perm x hdim {64, 128, 256} x three shapes, 36 runs; then head dims that are not
-# multiples of 8 (1, 59, 111, 255, d != d_v among them, two deterministic shapes): prec x perm x mode x 8, 64 runs.
+# multiples of 8 (1, 59, 111, 255, d != d_v among them, two deterministic shapes): prec x perm x mode x 8, 64 runs;
+# then the score modifiers (elementwise bias with dbias, ALiBi, soft-cap, sinks with d sink, combined, one
+# deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
@@ -18,7 +20,7 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (97 runs instead of 340)
+  -q        quick subset: fp16 and iperm=operm=1 only (157 runs instead of 460)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -96,6 +98,26 @@ for mode in 0 1; do
     run "${p[@]}" -d=255 -b=1 -h=2 -h_k=1 -s=130 -s_k=200 -mask=b:4,35
     run "${p[@]}" -d=59 -b=1 -h=4 -h_k=2 -s=259 -deterministic=1
     run "${p[@]}" -d=111 -b=1 -h=2 -s=300 -s_k=158 -mask=2 -deterministic=1
+done
+done
+done
+
+# Score modifiers (generic family): aiter's bias grid with dbias for the elementwise kinds, ALiBi, soft-cap, sinks
+# (d sink checked), combinations, GQA, group mode, an odd head dim and a deterministic run.
+for prec in $PRECS; do
+for mode in 0 1; do
+for hdim in 59 64 128; do
+    p=(-prec="$prec" -d="$hdim" -mode="$mode")
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -bias=e -dbias=1
+    run "${p[@]}" -b=2 -h=2 -s=216 -s_k=153 -mask=2 -bias=e:2 -dbias=1
+    run "${p[@]}" -b=1 -h=4 -h_k=1 -s=200 -s_k=251 -mask=t:64,10 -bias=e:1 -dbias=1
+    run "${p[@]}" -b=2 -h=3 -h_k=1 -s=244 -s_k=199 -mask=b:4,35 -bias=a
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -bias=a:1 -mask=1
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -logits_soft_cap=30
+    run "${p[@]}" -b=2 -h=2 -s=216 -s_k=153 -mask=2 -logits_soft_cap=10 -bias=a
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -s_k=200 -sink=1
+    run "${p[@]}" -b=1 -h=2 -s=130 -s_k=77 -mask=b:4,35 -sink=1 -logits_soft_cap=20 -bias=e:1 -dbias=1
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=2 -sink=1 -bias=e -dbias=1 -deterministic=1
 done
 done
 done

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # mhakit forward smoke test: aiter's smoke_test_fwd.sh grid, restricted to what mhakit supports
-# (no bias, no dropout, no split-kv / paged kv-cache, row-major V):
+# (no dropout, no split-kv / paged kv-cache, row-major V):
 #   prec {fp16, bf16} x mode {1, 0} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x lse {0, 1},
 #   nine shapes each (GQA, d != d_v, causal top-left / bottom-right, sliding windows, empty K, s_q = 1); then group
 #   mode with per-sequence lengths: prec x perm {0, 1} x hdim {64, 128, 256} x lse {0, 1}, three shapes each;
 #   then head dims that are not multiples of 8 (1, 3, 59, 111, 255, d != d_v among them): prec x mode x perm, seven
-#   shapes each (GQA, masks, LSE). They run on the generic family's smallest bucket that holds them.
+#   shapes each (GQA, masks, LSE). They run on the generic family's smallest bucket that holds them. Then the score
+#   modifiers (generic family): prec x mode x hdim {59, 64, 128} x (aiter's bias kinds e, e:1, e:2, a, a:1 on three
+#   shapes, plus five soft-cap / sink / combined shapes), 240 runs.
 # Every run validates against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_fwd in the current directory.
@@ -17,7 +19,7 @@ usage() {
 usage: smoke_test_fwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and lse=1 only (190 runs instead of 704)
+  -q        quick subset: fp16 and lse=1 only (310 runs instead of 944)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -89,6 +91,27 @@ for perm in 0 1; do
     run "${p[@]}" -b=2 -h=2 -h_k=1 -d=1 -s=64 -s_k=80 -mask=t:16,8
     run "${p[@]}" -b=2 -h=1 -d=3 -d_v=3 -s=33 -s_k=65 -lse=1
     run "${p[@]}" -b=1 -h=2 -d=255 -s=130 -s_k=129 -mask=b:4,35 -lse=1
+done
+done
+done
+
+# Score modifiers (generic family): aiter's bias grid (elementwise e, e:1, e:2; ALiBi a, a:1) over masks, GQA and
+# group mode, plus soft-cap, sinks (an empty K gives LSE = sink) and combinations, at an odd head dim too.
+for prec in $PRECS; do
+for mode in 1 0; do
+for hdim in 59 64 128; do
+for bias in e e:1 e:2 a a:1; do
+    p=(-prec="$prec" -mode="$mode" -d="$hdim" -bias="$bias" -lse=1)
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -s=100 -s_k=77
+    run "${p[@]}" -b=2 -h=3 -s=200 -s_k=520 -mask=t:128,30
+    run "${p[@]}" -b=1 -h=2 -h_k=1 -s=257 -s_k=130 -mask=b
+done
+    p=(-prec="$prec" -mode="$mode" -d="$hdim" -lse=1)
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -s=100 -s_k=77 -logits_soft_cap=30
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=300 -mask=2 -logits_soft_cap=10 -bias=a
+    run "${p[@]}" -b=2 -h=4 -h_k=2 -s=129 -s_k=200 -sink=1
+    run "${p[@]}" -b=1 -h=2 -s=64 -s_k=80 -mask=t:16,8 -sink=1 -logits_soft_cap=20 -bias=e:1
+    run "${p[@]}" -b=1 -h=2 -h_k=1 -s=33 -s_k=0 -mask=2 -sink=1
 done
 done
 done

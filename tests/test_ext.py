@@ -57,9 +57,9 @@ def test_disabled_by_the_environment(cache, monkeypatch, capsys):
 
 def test_the_module_refuses_a_wrong_argument_count(cache):
     mod = _ext.module()
-    with pytest.raises(TypeError, match="takes 17 arguments"):
+    with pytest.raises(TypeError, match="takes 18 arguments"):
         mod.fwd(1, 2, 3)
-    with pytest.raises(TypeError, match="takes 22 arguments"):
+    with pytest.raises(TypeError, match="takes 23 arguments"):
         mod.bwd()
 
 
@@ -68,7 +68,12 @@ def test_arrays_it_cannot_read_come_back_to_the_python_path(cache):
     import numpy as np
     mod = _ext.module()
     q = np.zeros((1, 4, 2, 64), np.float16)
-    args = [q, q, q, None, None, None, None, None, 0, 0, -1, -1, None, False, None, None, 0]
+    args = [q, q, q, None, None, None, None, None, 0, 0, -1, -1, None, False, None, None, None, 0]
     assert mod.fwd(*args) is NotImplemented
     args[0] = [[1.0]]
+    assert mod.fwd(*args) is NotImplemented
+    args[0] = q  # score modifiers on the host (or of an unknown shape) go back too
+    args[16] = (2.0, None, np.zeros((1, 2, 4, 4), np.float32), None)
+    assert mod.fwd(*args) is NotImplemented
+    args[16] = (2.0, None, None, None, None)  # not a tuple the path knows
     assert mod.fwd(*args) is NotImplemented

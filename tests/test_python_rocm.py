@@ -110,8 +110,9 @@ def test_the_c_call_path_hands_rocm_arrays_to_the_python_path(monkeypatch, call_
     monkeypatch.setattr(jit, "library", resolved)
     for make, handled in ((rocm, False), (cuda, True)):
         q, lse = make((2, 64, 8, 128)), make((2, 8, 64), "float32")
-        fwd = (q, q, q, None, None, None, None, None, 0, 2, -1, 0, None, True, 0, None, 0)
-        bwd = (q, q, q, q, q, lse, None, None, None, None, None, None, None, 0, 0, -1, -1, None, False, 0, None, 0)
+        fwd = (q, q, q, None, None, None, None, None, 0, 2, -1, 0, None, True, 0, None, None, 0)
+        bwd = (q, q, q, q, q, lse, None, None, None, None, None, None, None, 0, 0, -1, -1, None, False, 0, None, None,
+               0)
         for function, args in ((ext.fwd, fwd), (ext.bwd, bwd)):
             if handled:  # the control: the same call on CUDA arrays goes on to resolve its library
                 with pytest.raises(Resolved):

@@ -90,12 +90,14 @@ void register_args(mhakit::bench::ArgParser& ap) {
              "1: ask for bitwise reproducible dq/dk/dv (mha_bwd_args.deterministic)\n"
              "with -v=1 the backward then runs twice and the results must be bitwise equal")
         .add("kname", "0", "if set to 1 will print kernel name")
+        .add("dbias", "0", "1: output the bias gradient (elementwise bias only), b*h*s*s, checked against the reference")
         .add("init", "1",
              "init method of q, k, v, do. 0: random int in [-2, 2], 1: random float in [-1, 1), 2: trig float\n"
              "(the forward's ui, ni, uf, nf, tf are accepted too)")
         .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
         .add("warmup", "10", "number of iterations before benchmark the kernel")
         .add("repeat", "10", "number of iterations to benchmark the kernel");
+    mhakit::bench::add_score_mod_args(ap);  // with -sink=1 the backward checks d sink too
     ap.set_epilog(
         "output: <ms> is the mean time of one mha_bwd call (every backward stage, not the forward);\n"
         "  TFlops = FLOPs / 1e9 / ms with FLOPs = 2.5 x the forward's (FlashAttention convention):\n"
@@ -130,9 +132,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
     const auto one_of = [](std::vector<std::string> ok) {
         return [ok](const std::string& s) { return std::find(ok.begin(), ok.end(), s) != ok.end(); };
     };
-    ap.add_unsupported("bias", "n", "n or 0", one_of({"n", "0"}))
-        .add_unsupported("dbias", "0", "0", bool_is(false))
-        .add_unsupported("p_drop", "0", "0", float_zero)
+    ap.add_unsupported("p_drop", "0", "0", float_zero)
         .add_unsupported("drop_seed", "1", "1", int_is(1))
         .add_unsupported("drop_offset", "0", "0", int_is(0))
         .add_unsupported("drop_prefs", "0", "0", bool_is(false))
@@ -205,6 +205,10 @@ int run(int argc, char** argv) {
     if (!bench::parse_mask(ap.str("mask"), &mask, &err)) usage_error(err);
     bench::InitMethod init;
     if (!bench::parse_init_bwd(ap.str("init"), &init, &err)) usage_error(err);
+    bench::ScoreModInputs mods;
+    bool want_dbias = false;
+    if (!mods.parse(ap, &err) || !ap.get_bool("dbias", &want_dbias, &err)) usage_error(err);
+    if (want_dbias && mods.bias.type != MHAKIT_BIAS_ELEMENTWISE) usage_error("-dbias=1 needs -bias=e (elementwise)");
 
     if (seed == 0) {
         seed = std::random_device{}();
@@ -265,6 +269,8 @@ int run(int argc, char** argv) {
         bench::fill_tensor(v_host, init, dtype, sv_seed);
         bench::fill_tensor(do_host, init, dtype, sdo_seed);
     }
+    mods.make(batch, nhead, max_seqlen_q, max_seqlen_k, dtype, seed);
+    const size_t dbias_elems = want_dbias ? size_t(mods.bias_elems) : 0;
 
     // ---------------------------------------------------------------- device buffers
     DeviceBuffer q_dev(q_elems * 2), k_dev(k_elems * 2), v_dev(v_elems * 2), o_dev(o_elems * 2), do_dev(o_elems * 2);
@@ -276,6 +282,10 @@ int run(int argc, char** argv) {
     k_dev.upload(k_host.data());
     v_dev.upload(v_host.data());
     do_dev.upload(do_host.data());
+    DeviceBuffer bias_dev(mods.bias_bytes()), sink_dev(mods.sinks.size() * sizeof(float));
+    DeviceBuffer dbias_dev(dbias_elems * 2), dsink_dev(mods.sinks.size() * sizeof(float));
+    if (mods.bias_bytes()) bias_dev.upload(mods.host_bias());
+    if (mods.sink) sink_dev.upload(mods.sinks.data());
     if (group) {
         seqstart_q_dev.upload(seqstart_q.data());
         seqstart_k_dev.upload(seqstart_k.data());
@@ -330,6 +340,15 @@ int run(int argc, char** argv) {
     args.mask_type = mask.type;
     args.window_size_left = mask.left;
     args.window_size_right = mask.right;
+    mods.fill(args, bias_dev.get(), static_cast<const float*>(sink_dev.get()));
+    const int64_t plane = int64_t(max_seqlen_q) * max_seqlen_k;
+    if (want_dbias) {  // [b, h, max_s_q, max_s_k] in the bias's type
+        args.dbias_ptr = dbias_dev.get();
+        args.stride_dbias = max_seqlen_k;
+        args.nhead_stride_dbias = plane;
+        args.batch_stride_dbias = int64_t(nhead) * plane;
+    }
+    if (mods.sink) args.dsink_ptr = static_cast<float*>(dsink_dev.get());
 
     // the forward that produces O and LSE: same geometry, pointers and mask (host_attention_bwd.hpp's fwd_args_of)
     const mhakit::mha_fwd_args fargs = host::fwd_args_of(args);
@@ -340,8 +359,10 @@ int run(int argc, char** argv) {
     std::ostringstream head;
     head << "[" << prec << "|" << (group ? "group" : "batch") << "|" << io_layout << "] b:" << batch << ", h:" << nhead
          << "/" << nhead_k << ", s:" << seqlen_qs[0] << "/" << seqlen_ks[0] << ", d:" << hdim_q << "/" << hdim_v
-         << ", scale:" << scale << ", bias:n, dbias:0, p_drop:0, s_randval:0, deterministic:" << (deterministic ? 1 : 0)
-         << ", mask:" << mask.str();
+         << ", scale:" << scale << ", bias:" << mods.str() << ", dbias:" << (want_dbias ? 1 : 0)
+         << ", p_drop:0, s_randval:0, deterministic:" << (deterministic ? 1 : 0) << ", mask:" << mask.str();
+    if (mods.soft_cap > 0.f) head << ", logits_soft_cap:" << mods.soft_cap;
+    if (mods.sink) head << ", sink:1";
     // Any kernel names the library prints (-kname=1) come before the line; the line is printed in one piece.
     const auto fail_line = [&](const char* what, float rc, const char* why) {
         std::cout << head.str() << ", not supported yet" << std::endl;
@@ -381,6 +402,8 @@ int run(int argc, char** argv) {
         dk_dev.poison();
         dv_dev.poison();
         if (ws_bytes > 0) ws_dev.poison();
+        if (dbias_elems) dbias_dev.poison();
+        if (mods.sink) dsink_dev.poison();
         MHAKIT_CHECK_CUDA(mhakit::dev::device_synchronize());
     };
     poison_outputs();
@@ -456,12 +479,41 @@ int run(int argc, char** argv) {
     hargs.workspace_bytes = 0;
     hargs.seqstart_q_ptr = group ? seqstart_q.data() : nullptr;
     hargs.seqstart_k_ptr = group ? seqstart_k.data() : nullptr;
+    mods.fill(hargs, mods.host_bias(), mods.sinks.data());
+    hargs.dbias_ptr = nullptr;
+    hargs.dsink_ptr = nullptr;
 
     std::vector<float> dq_ref(q_elems, 0.0f), dk_ref(k_elems, 0.0f), dv_ref(v_elems, 0.0f);
     std::vector<float> o_ref(o_elems, 0.0f), lse_ref(lse_elems, 0.0f);
+    std::vector<float> dbias_ref(dbias_elems, 0.0f), dsink_ref(mods.sinks.size(), 0.0f);
     host::BwdRefOptions ropt;
     ropt.d_from_o = true;
-    host::reference_mha_bwd(hargs, dq_ref.data(), dk_ref.data(), dv_ref.data(), o_ref.data(), lse_ref.data(), ropt);
+    host::reference_mha_bwd(hargs, dq_ref.data(), dk_ref.data(), dv_ref.data(), o_ref.data(), lse_ref.data(), ropt,
+                            dbias_elems ? dbias_ref.data() : nullptr, mods.sink ? dsink_ref.data() : nullptr);
+    // The modifiers' gradients: dbias over each sequence's [s_q, s_k] block, d sink per head.
+    bool mods_ok = true;
+    if (dbias_elems) {
+        const std::vector<uint16_t> dbias_out = download16(dbias_dev, dbias_elems);
+        std::vector<float> out, ref;
+        for (int b = 0; b < batch; ++b)
+            for (int h = 0; h < nhead; ++h)
+                for (int i = 0; i < seqlen_qs[size_t(b)]; ++i)
+                    for (int j = 0; j < seqlen_ks[size_t(b)]; ++j) {
+                        const size_t e = size_t(b * args.batch_stride_dbias + h * plane + int64_t(i) * max_seqlen_k + j);
+                        out.push_back(host::to_float(dbias_out[e], dtype));
+                        ref.push_back(host::round_to(dbias_ref[e], dtype));
+                    }
+        const double t = host::bwd_tolerance(dtype, hdim_q, hdim_v);
+        mods_ok = host::check_err("dbias", out.data(), ref.data(), out.size(), t, t, false, stderr).ok && mods_ok;
+    }
+    if (mods.sink) {
+        std::vector<float> dsink_out(mods.sinks.size());
+        dsink_dev.download(dsink_out.data());
+        // a sum over every row of a head: relative tolerance of the row terms, absolute of their count
+        const double t = host::bwd_tolerance(dtype, hdim_q, hdim_v);
+        mods_ok = host::check_err("dsink", dsink_out.data(), dsink_ref.data(), dsink_out.size(), t, t, false, stderr).ok &&
+                  mods_ok;
+    }
 
     // Check silently first so that the one-line summary stays on one line; report the details after it.
     const double tol = host::bwd_tolerance(dtype, hdim_q, hdim_v);
@@ -477,7 +529,7 @@ int run(int argc, char** argv) {
     };
     const host::BwdCheckResult chk = run_bwd_check(nullptr);
     const host::FwdCheckResult fchk = run_fwd_check(nullptr);
-    const bool ok = chk.ok && fchk.ok && det_ok;
+    const bool ok = chk.ok && fchk.ok && det_ok && mods_ok;
     std::cout << ", valid:" << (ok ? "y" : "n") << std::endl;
     if (!chk.ok) {
         run_bwd_check(stderr);

@@ -79,6 +79,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
         .add("warmup", "10", "number of iterations before benchmark the kernel")
         .add("repeat", "10", "number of iterations to benchmark the kernel");
+    mhakit::bench::add_score_mod_args(ap);
 
     const auto int_is = [](int want) {
         return [want](const std::string& s) {
@@ -107,8 +108,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
     const auto one_of = [](std::vector<std::string> ok) {
         return [ok](const std::string& s) { return std::find(ok.begin(), ok.end(), s) != ok.end(); };
     };
-    ap.add_unsupported("bias", "n", "n or 0", one_of({"n", "0"}))
-        .add_unsupported("p_drop", "0", "0", float_zero)
+    ap.add_unsupported("p_drop", "0", "0", float_zero)
         .add_unsupported("drop_seed", "1", "1", int_is(1))
         .add_unsupported("drop_offset", "0", "0", int_is(0))
         .add_unsupported("drop_prefs", "0", "0", bool_is(false))
@@ -123,7 +123,6 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add_unsupported("qscale", "n", "n or 0", one_of({"n", "0"}))
         .add_unsupported("squant", "auto", "auto or 0", one_of({"auto", "0"}))
         .add_unsupported("vlayout", "r", "r", one_of({"r"}))
-        .add_unsupported("logits_soft_cap", "0", "0", float_zero)
         .add_unsupported("fwd_v3", "0", "0", bool_is(false))
         .add_unsupported("is_v3_check", "0", "0", bool_is(false))
         .add_unsupported("v3_bf16_cvt", "1", "1", int_is(1))
@@ -181,6 +180,8 @@ int run(int argc, char** argv) {
     if (!bench::parse_mask(ap.str("mask"), &mask, &err)) usage_error(err);
     bench::InitMethod init;
     if (!bench::parse_init(ap.str("init"), &init, &err)) usage_error(err);
+    bench::ScoreModInputs mods;
+    if (!mods.parse(ap, &err)) usage_error(err);
 
     if (seed == 0) {
         seed = std::random_device{}();
@@ -208,6 +209,8 @@ int run(int argc, char** argv) {
     }
     if (mask.type != MHAKIT_MASK_NONE) flop *= 0.5;
 
+    int max_seqlen_k = 0;
+    for (int b = 0; b < batch; ++b) max_seqlen_k = std::max(max_seqlen_k, seqlen_ks[size_t(b)]);
     const int64_t shape_batch = group ? 1 : batch;
     const int64_t shape_sq = group ? int64_t(seqstart_q.back()) : int64_t(seqlen_qs[0]);
     const int64_t shape_sk = group ? int64_t(seqstart_k.back()) : int64_t(seqlen_ks[0]);
@@ -233,15 +236,19 @@ int run(int argc, char** argv) {
         bench::fill_tensor(k_host, init, dtype, sk_seed);
         bench::fill_tensor(v_host, init, dtype, sv_seed);
     }
+    mods.make(batch, nhead, max_seqlen_q, max_seqlen_k, dtype, seed);
 
     // ---------------------------------------------------------------- device buffers
     DeviceBuffer q_dev(q_elems * 2), k_dev(k_elems * 2), v_dev(v_elems * 2), o_dev(o_elems * 2);
     DeviceBuffer lse_dev(lse ? lse_elems * sizeof(float) : 0);
     DeviceBuffer seqstart_q_dev(group ? seqstart_q.size() * sizeof(int32_t) : 0);
     DeviceBuffer seqstart_k_dev(group ? seqstart_k.size() * sizeof(int32_t) : 0);
+    DeviceBuffer bias_dev(mods.bias_bytes()), sink_dev(mods.sinks.size() * sizeof(float));
     q_dev.upload(q_host.data());
     k_dev.upload(k_host.data());
     v_dev.upload(v_host.data());
+    if (mods.bias_bytes()) bias_dev.upload(mods.host_bias());
+    if (mods.sink) sink_dev.upload(mods.sinks.data());
     if (group) {
         seqstart_q_dev.upload(seqstart_q.data());
         seqstart_k_dev.upload(seqstart_k.data());
@@ -288,6 +295,7 @@ int run(int argc, char** argv) {
     args.mask_type = mask.type;
     args.window_size_left = mask.left;
     args.window_size_right = mask.right;
+    mods.fill(args, bias_dev.get(), static_cast<const float*>(sink_dev.get()));
 
     mhakit::stream_config sc{};
     sc.stream = nullptr;
@@ -302,8 +310,11 @@ int run(int argc, char** argv) {
     const std::string io_layout = i_perm == o_perm ? layout_str(i_perm) : layout_str(i_perm) + "-" + layout_str(o_perm);
     std::cout << "[" << prec << "|" << (group ? "group" : "batch") << "|" << io_layout << "] b:" << batch
               << ", h:" << nhead << "/" << nhead_k << ", s:" << seqlen_qs[0] << "/" << seqlen_ks[0] << ", d:" << hdim_q
-              << "/" << hdim_v << ", scale_s:" << scale_s << ", bias:n, p_drop:0, lse:" << lse
-              << ", qscale:n, mask:" << mask.str() << ", v:r" << std::flush;
+              << "/" << hdim_v << ", scale_s:" << scale_s << ", bias:" << mods.str() << ", p_drop:0, lse:" << lse
+              << ", qscale:n, mask:" << mask.str() << ", v:r";
+    if (mods.soft_cap > 0.f) std::cout << ", logits_soft_cap:" << mods.soft_cap;
+    if (mods.sink) std::cout << ", sink:1";
+    std::cout << std::flush;
 
     const float ave_time = mhakit::mha_fwd(args, sc);
     if (ave_time < 0.0f) {
@@ -339,6 +350,7 @@ int run(int argc, char** argv) {
     hargs.lse_ptr = nullptr;
     hargs.seqstart_q_ptr = group ? seqstart_q.data() : nullptr;
     hargs.seqstart_k_ptr = group ? seqstart_k.data() : nullptr;
+    mods.fill(hargs, mods.host_bias(), mods.sinks.data());
 
     std::vector<float> o_ref(o_elems, 0.0f), lse_ref(lse ? lse_elems : 0, 0.0f);
     host::reference_mha_fwd(hargs, o_ref.data(), lse ? lse_ref.data() : nullptr);

@@ -8,6 +8,14 @@
 // dK/dV of a key head are the sums over the query heads that read it. LSE is the forward's (fp32, natural log,
 // indexed like the forward's: [b, h, s_q] by batch_stride_lse / nhead_stride_lse, or [h, total_q] in group mode).
 //
+// Score modifiers (logits_soft_cap, bias_type / bias_ptr, sink_ptr) mean what they mean in mha_fwd.h and must be
+// the forward's: dS is then the gradient of the modified logits (dQ and dK go on through the soft-cap's derivative
+// cap·tanh' = 1 − tanh²). With an elementwise bias, dbias_ptr (optional) receives dS itself, one element per
+// (sequence, query head, query, key) at b·batch_stride_dbias + h·nhead_stride_dbias + i·stride_dbias + j, in the
+// bias's element type; every element of the sequences' [s_q, s_k] blocks is written. With a sink, dsink_ptr
+// (optional, [nhead_q] fp32) receives d sink[h] = −Σ_(b,i) exp(sink[h] − LSE_bhi)·D_bhi, D = rowsum(dO ∘ O)
+// (written, not accumulated).
+//
 // Scratch memory is the caller's: mhakit_mha_bwd_workspace_size() says how many bytes the chosen kernel needs for
 // these arguments (fp32 dQ accumulation, the dot(dO, O) vector, fp32 dK/dV partials for GQA, per-split buffers in
 // deterministic mode); pass at least that much as workspace_ptr / workspace_bytes. The library allocates nothing.
@@ -65,6 +73,17 @@ typedef struct mhakit_bwd_args {
     int mask_type;  // mhakit_mask_type, with the forward's window semantics
     int window_size_left;
     int window_size_right;
+
+    // Score modifiers: the forward's (see mha_fwd.h), and their gradients (see above); all off when zero / NULL.
+    float logits_soft_cap;
+    int bias_type;
+    int bias_fp32;
+    const void* bias_ptr;
+    int64_t stride_bias, nhead_stride_bias, batch_stride_bias;
+    const float* sink_ptr;
+    void* dbias_ptr;  // elementwise bias only: dS in the bias's element type, or NULL
+    int64_t stride_dbias, nhead_stride_dbias, batch_stride_dbias;
+    float* dsink_ptr;  // with sink_ptr only: [nhead_q] fp32, or NULL
 } mhakit_bwd_args;
 
 // Bytes of workspace mhakit_mha_bwd needs for these arguments (may be 0). On invalid or unsupported arguments it

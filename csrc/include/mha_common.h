@@ -32,6 +32,21 @@ typedef enum mhakit_mask_type {
     MHAKIT_MASK_GENERIC = 3,
 } mhakit_mask_type;
 
+// Bias kinds (bias_type of the argument structs), numbered as CK / aiter number them.
+//   NONE         no bias.
+//   ELEMENTWISE  bias_ptr holds one value per (sequence b, query head h, query i, key j), at
+//                b·batch_stride_bias + h·nhead_stride_bias + i·stride_bias + j (a zero stride broadcasts: [1|b, 1|h,
+//                s_q, s_k]); fp32 (bias_fp32 = 1) or the data type. i and j count from each sequence's start in group
+//                mode too.
+//   ALIBI        bias_ptr holds fp32 slopes, slope(b, h) at b·batch_stride_bias + h·nhead_stride_bias ([h]: batch
+//                stride 0; [b, h]: batch stride nhead_q), and the bias is -slope·|i + s_k - s_q - j| (bottom-right
+//                aligned like FlashAttention's, per sequence in group mode, whatever the mask).
+typedef enum mhakit_bias_type {
+    MHAKIT_BIAS_NONE = 0,
+    MHAKIT_BIAS_ELEMENTWISE = 1,
+    MHAKIT_BIAS_ALIBI = 2,
+} mhakit_bias_type;
+
 // Return codes of mha_fwd / mha_bwd. A non-negative value is the kernel time in ms (0 when not timing).
 enum {
     MHAKIT_ERROR_UNSUPPORTED = -1,   // arguments are valid, but no built kernel serves these traits (a rebuild with

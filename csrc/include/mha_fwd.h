@@ -1,7 +1,12 @@
 // mhakit — fused multi-head attention, forward pass.
 //
-//   O = softmax(scale_s · Q·Kᵀ + mask) · V        (per batch, per query head; fp32 accumulation)
-//   LSE[i] = log Σ_j exp(scale_s · q_i·k_j)       (natural log, over the keys row i may see)
+//   O = softmax(L + mask) · V                     (per batch, per query head; fp32 accumulation)
+//   LSE[i] = log Σ_j exp(L_ij)                    (natural log, over the keys row i may see)
+// with the logits L_ij = scale_s · q_i·k_j, modified in this order when the score modifiers are set:
+//   soft-cap   L = cap · tanh(L / cap)                (logits_soft_cap = cap > 0)
+//   bias       L += bias_ij or the ALiBi term         (bias_type, mha_common.h)
+//   sink       the softmax denominator gains exp(sink[h]) (sink_ptr; gpt-oss' attention sinks): LSE includes it,
+//              and a row that sees no key gets O = 0 and LSE = sink[h]
 //
 // Layout is described entirely by element strides, so b·s·h·d, b·h·s·d, packed b·s·3·h·d and any other strided
 // view work without copies. Head dimension is always contiguous (stride 1).
@@ -60,6 +65,14 @@ typedef struct mhakit_fwd_args {
     int mask_type;          // mhakit_mask_type
     int window_size_left;   // see mhakit_mask_type; ignored for MHAKIT_MASK_NONE
     int window_size_right;  // see mhakit_mask_type; ignored for MHAKIT_MASK_NONE
+
+    // Score modifiers (see the top of this file); all off when zero / NULL.
+    float logits_soft_cap;  // > 0: soft-cap of the logits; 0: off
+    int bias_type;          // mhakit_bias_type
+    int bias_fp32;          // elementwise bias: 1: fp32 values, 0: values of data_type
+    const void* bias_ptr;   // elementwise values or ALiBi slopes (fp32), per bias_type; NULL when bias_type is NONE
+    int64_t stride_bias, nhead_stride_bias, batch_stride_bias;  // elements (mhakit_bias_type says which apply)
+    const float* sink_ptr;  // [nhead_q] fp32 sink logits, or NULL: no sink
 } mhakit_fwd_args;
 
 // Runs the forward pass. Returns the mean kernel time in ms when stream_config.time_kernel is set, 0 otherwise,

@@ -445,7 +445,7 @@ static int has_shape(const View* v, int ndim, const int64_t* shape) {
 // One call: its arrays, device, stream and outputs
 // ---------------------------------------------------------------------------------------------------------------
 
-#define MAX_ARRAYS 12
+#define MAX_ARRAYS 16
 
 typedef struct {
     View views[MAX_ARRAYS];
@@ -823,14 +823,99 @@ static int prepare_launch(Call* c, PyObject* log_level, mhakit_stream_config* sc
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Score modifiers: mods is None or (softcap, alibi_slopes, bias, sink[, dbias, dsink]) as mhakit.api passes them;
+// what this path does not take (a varlen bias, shapes or dtypes the Python path refuses) goes back to Python.
+// ---------------------------------------------------------------------------------------------------------------
+
+typedef struct {
+    float softcap;
+    int bias_type, bias_fp32;
+    uintptr_t bias, sink, dbias, dsink;
+    int64_t bias_s[3], dbias_s[3];  // batch, head, row strides (elements)
+} Mods;
+
+static int read_mods(Call* c, PyObject* mods, const Inputs* in, int group, Mods* m) {
+    memset(m, 0, sizeof(*m));
+    if (mods == Py_None) return HANDLED;
+    if (!PyTuple_CheckExact(mods)) return NOT_HANDLED;
+    const Py_ssize_t n = PyTuple_GET_SIZE(mods);
+    if (n != 4 && n != 6) return NOT_HANDLED;
+    PyObject* cap = PyTuple_GET_ITEM(mods, 0);
+    if (cap != Py_None) {
+        if (!PyFloat_CheckExact(cap) && !PyLong_CheckExact(cap)) return NOT_HANDLED;
+        const double v = PyFloat_AsDouble(cap);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return NOT_HANDLED;
+        }
+        if (!isfinite(v) || v < 0) return NOT_HANDLED;
+        m->softcap = (float)v;
+    }
+    View *al = NULL, *bi = NULL, *sk = NULL, *db = NULL, *ds = NULL;
+    int rc;
+    if ((rc = call_read(c, PyTuple_GET_ITEM(mods, 1), &al)) != HANDLED ||
+        (rc = call_read(c, PyTuple_GET_ITEM(mods, 2), &bi)) != HANDLED ||
+        (rc = call_read(c, PyTuple_GET_ITEM(mods, 3), &sk)) != HANDLED)
+        return rc;
+    if (n == 6 && ((rc = call_read(c, PyTuple_GET_ITEM(mods, 4), &db)) != HANDLED ||
+                   (rc = call_read(c, PyTuple_GET_ITEM(mods, 5), &ds)) != HANDLED))
+        return rc;
+    if (al != NULL && bi != NULL) return NOT_HANDLED;
+    if (al != NULL) {  // float32 [h] or [b, h]
+        const int two = al->ndim == 2;
+        if (!is_f32(al) || al->ndim > 2 || al->shape[al->ndim - 1] != in->hq || (two && al->shape[0] != in->b))
+            return NOT_HANDLED;
+        m->bias_type = MHAKIT_BIAS_ALIBI, m->bias_fp32 = 1, m->bias = al->ptr;
+        m->bias_s[0] = two && in->b > 1 ? al->strides[0] : 0;
+        m->bias_s[1] = in->hq > 1 ? al->strides[al->ndim - 1] : 0;
+    }
+    if (bi != NULL) {  // [b|1, h|1, s_q, s_k], float32 or q's dtype, keys contiguous; batch mode only here
+        if (group || bi->ndim != 4 || (bi->shape[0] != 1 && bi->shape[0] != in->b) ||
+            (bi->shape[1] != 1 && bi->shape[1] != in->hq) || bi->shape[2] != in->sq || bi->shape[3] != in->sk ||
+            (!is_f32(bi) && !same_storage(bi, in->q)) || (in->sk > 1 && bi->strides[3] != 1))
+            return NOT_HANDLED;
+        m->bias_type = MHAKIT_BIAS_ELEMENTWISE, m->bias_fp32 = is_f32(bi), m->bias = bi->ptr;
+        for (int i = 0; i < 3; ++i) m->bias_s[i] = bi->shape[i] == 1 ? 0 : bi->strides[i];
+    }
+    if (sk != NULL) {
+        if (!is_f32(sk) || sk->ndim != 1 || sk->shape[0] != in->hq || (in->hq > 1 && sk->strides[0] != 1))
+            return NOT_HANDLED;
+        m->sink = sk->ptr;
+    }
+    if (db != NULL) {  // [b, h, s_q, s_k] in the bias's dtype
+        if (bi == NULL || db->readonly || db->ndim != 4 || db->shape[0] != in->b || db->shape[1] != in->hq ||
+            db->shape[2] != in->sq || db->shape[3] != in->sk || !same_storage(db, bi) ||
+            (in->sk > 1 && db->strides[3] != 1))
+            return NOT_HANDLED;
+        m->dbias = db->ptr;
+        for (int i = 0; i < 3; ++i) m->dbias_s[i] = db->strides[i];
+    }
+    if (ds != NULL) {
+        if (sk == NULL || ds->readonly || !is_f32(ds) || ds->ndim != 1 || ds->shape[0] != in->hq ||
+            (in->hq > 1 && ds->strides[0] != 1))
+            return NOT_HANDLED;
+        m->dsink = ds->ptr;
+    }
+    return HANDLED;
+}
+
+#define FILL_MODS(args, m)                                                                            \
+    do {                                                                                              \
+        (args).logits_soft_cap = (m).softcap, (args).bias_type = (m).bias_type;                       \
+        (args).bias_fp32 = (m).bias_fp32, (args).bias_ptr = (const void*)(m).bias;                    \
+        (args).batch_stride_bias = (m).bias_s[0], (args).nhead_stride_bias = (m).bias_s[1];           \
+        (args).stride_bias = (m).bias_s[2], (args).sink_ptr = (const float*)(m).sink;                 \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------------------------
 // fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, layout, mask_type, left, right, scale,
-//     return_lse, stream, dtype_override, log_level) -> o | (o, lse) | NotImplemented
+//     return_lse, stream, dtype_override, mods, log_level) -> o | (o, lse) | NotImplemented
 // ---------------------------------------------------------------------------------------------------------------
 
 static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     (void)self;
-    if (n != 17) {
-        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.fwd takes 17 arguments");
+    if (n != 18) {
+        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.fwd takes 18 arguments");
         return NULL;
     }
     Call c;
@@ -859,6 +944,8 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     int64_t os[3], ls[2] = {0, 0};
     if (ov != NULL && !layout_strides(ov, layout, in.hq, in.sq, in.dv, os)) goto not_handled;
     if (lv != NULL && !lse_strides(lv, group, in.b, in.hq, ls)) goto not_handled;
+    Mods mods;
+    if ((rc = read_mods(&c, a[16], &in, group, &mods)) != HANDLED) goto done_rc;
     // The library next (built on first use; None from the resolver: head dims it does not serve), then outputs.
     const Library* lib = library_for(0, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
     if (lib == NULL) goto done_rc;
@@ -904,6 +991,7 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
         f.batch_stride_lse = ls[0], f.nhead_stride_lse = ls[1];
     }
     f.mask_type = mask_type, f.window_size_left = left, f.window_size_right = right;
+    FILL_MODS(f, mods);
 
     mhakit_stream_config sc;
     DeviceScope scope;
@@ -939,13 +1027,13 @@ fail:
 
 // ---------------------------------------------------------------------------------------------------------------
 // bwd(do, q, k, v, o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, mask_type,
-//     left, right, scale, deterministic, stream, dtype_override, log_level) -> (dq, dk, dv) | NotImplemented
+//     left, right, scale, deterministic, stream, dtype_override, mods, log_level) -> (dq, dk, dv) | NotImplemented
 // ---------------------------------------------------------------------------------------------------------------
 
 static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     (void)self;
-    if (n != 22) {
-        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.bwd takes 22 arguments");
+    if (n != 23) {
+        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.bwd takes 23 arguments");
         return NULL;
     }
     Call c;
@@ -992,6 +1080,8 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
                               !layout_strides(gv[i], layout, heads[i], rows[i], hdims[i], gs[i])))
             goto not_handled;
     }
+    Mods mods;
+    if ((rc = read_mods(&c, a[21], &in, group, &mods)) != HANDLED) goto done_rc;
     const Library* lib = library_for(1, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
     if (lib == NULL) goto done_rc;
     for (int i = 0; i < 3; ++i) {
@@ -1034,6 +1124,9 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     g.batch_stride_dv = gs[2][0], g.nhead_stride_dv = gs[2][1], g.stride_dv = gs[2][2];
     g.batch_stride_lse = ls[0], g.nhead_stride_lse = ls[1];
     g.mask_type = mask_type, g.window_size_left = left, g.window_size_right = right;
+    FILL_MODS(g, mods);
+    g.dbias_ptr = (void*)mods.dbias, g.dsink_ptr = (float*)mods.dsink;
+    g.batch_stride_dbias = mods.dbias_s[0], g.nhead_stride_dbias = mods.dbias_s[1], g.stride_dbias = mods.dbias_s[2];
 
     const size_t need = lib->workspace(&g);
     if (need == 0) {

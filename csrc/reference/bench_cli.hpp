@@ -524,5 +524,122 @@ inline void fill_tensor(std::vector<uint16_t>& buf, InitMethod m, mhakit_dtype d
     }
 }
 
+// ------------------------------------------------------------------------------------------------------------------
+// Score modifiers: -bias, -logits_soft_cap, -sink (both benchmarks)
+// ------------------------------------------------------------------------------------------------------------------
+
+// aiter's -bias: n/0 none; e/1 elementwise ([1,1,s_q,s_k], e:1 [1,h,s_q,s_k], e:2 [b,h,s_q,s_k]); a/2 ALiBi
+// (slopes [h], a:1 [b,h]).
+struct BiasSpec {
+    int type = MHAKIT_BIAS_NONE;  // mhakit_bias_type
+    int rank = 0;                 // elementwise: 0, 1 or 2; ALiBi: 0 or 1
+    std::string str() const {
+        if (type == MHAKIT_BIAS_NONE) return "n";
+        return std::string(type == MHAKIT_BIAS_ELEMENTWISE ? "e" : "a") + (rank ? ":" + std::to_string(rank) : "");
+    }
+};
+
+inline bool parse_bias(const std::string& s, BiasSpec* out, std::string* err) {
+    const size_t colon = s.find(':');
+    const std::string kind = s.substr(0, colon);
+    BiasSpec b;
+    if (kind == "n" || kind == "0") b.type = MHAKIT_BIAS_NONE;
+    else if (kind == "e" || kind == "1" || kind == "elementwise") b.type = MHAKIT_BIAS_ELEMENTWISE;
+    else if (kind == "a" || kind == "2" || kind == "alibi") b.type = MHAKIT_BIAS_ALIBI;
+    else return *err = "invalid -bias=" + s + " (n, e[:0|1|2], a[:0|1])", false;
+    if (colon != std::string::npos) {
+        const int max_rank = b.type == MHAKIT_BIAS_ELEMENTWISE ? 2 : b.type == MHAKIT_BIAS_ALIBI ? 1 : 0;
+        if (!parse_int(s.substr(colon + 1), &b.rank) || b.rank < 0 || b.rank > max_rank)
+            return *err = "invalid -bias=" + s + " (n, e[:0|1|2], a[:0|1])", false;
+    }
+    *out = b;
+    return true;
+}
+
+// -bias, -logits_soft_cap and -sink, registered and read the same way by both benchmarks.
+inline void add_score_mod_args(ArgParser& ap) {
+    ap.add("bias", "n",
+           "n or 0, no bias\n"
+           "e(lementwise) or 1, elementwise bias with 1*1*s*s. e:1, 1*h*s*s. e:2, b*h*s*s\n"
+           "a(libi) or 2, alibi with 1*h. a:1, b*h")
+        .add("logits_soft_cap", "0", "logits soft-cap cap*tanh(s/cap); 0: off")
+        .add("sink", "0", "1: a learned sink logit per head added to the softmax denominator (gpt-oss)");
+}
+
+// The host side of the modifiers of one benchmark run: values, and the strides of the argument structs.
+// Elementwise bias: [b|1, h|1, max_s_q, max_s_k] in the data type (each sequence's block at its batch index, also in
+// group mode); ALiBi slopes: 2^(-8(h+1)/nhead) (FlashAttention's), times 1 + b/batch for [b, h]; sink logits: in
+// [-1, 2) per query head.
+struct ScoreModInputs {
+    BiasSpec bias;
+    float soft_cap = 0.f;
+    bool sink = false;
+    std::vector<uint16_t> bias16;   // elementwise
+    std::vector<float> slopes;      // ALiBi
+    std::vector<float> sinks;       // [nhead]
+    int64_t stride_bias = 0, nhead_stride_bias = 0, batch_stride_bias = 0;
+    int64_t bias_elems = 0;         // elementwise: the full [b, h, s_q, s_k] of dbias
+    int max_sq = 0, max_sk = 0;
+
+    bool any() const { return bias.type != MHAKIT_BIAS_NONE || soft_cap > 0.f || sink; }
+    std::string str() const { return bias.str(); }
+
+    void make(int batch, int nhead, int max_seqlen_q, int max_seqlen_k, mhakit_dtype dt, uint32_t seed) {
+        max_sq = max_seqlen_q, max_sk = max_seqlen_k;
+        std::mt19937 gen(seed ^ 0x5bd1e995u);
+        std::uniform_real_distribution<float> u(-1.f, 1.f);
+        if (bias.type == MHAKIT_BIAS_ELEMENTWISE) {
+            const int64_t plane = int64_t(max_sq) * max_sk;
+            const int nb = bias.rank == 2 ? batch : 1, nh = bias.rank >= 1 ? nhead : 1;
+            bias16.resize(size_t(int64_t(nb) * nh * plane));
+            for (auto& x : bias16) x = mhakit::host::from_float(u(gen), dt);
+            stride_bias = max_sk;
+            nhead_stride_bias = bias.rank >= 1 ? plane : 0;
+            batch_stride_bias = bias.rank == 2 ? int64_t(nh) * plane : 0;
+            bias_elems = int64_t(batch) * nhead * plane;
+        } else if (bias.type == MHAKIT_BIAS_ALIBI) {
+            const int nb = bias.rank == 1 ? batch : 1;
+            slopes.resize(size_t(nb) * size_t(nhead));
+            for (int b = 0; b < nb; ++b)
+                for (int h = 0; h < nhead; ++h)
+                    slopes[size_t(b) * nhead + h] = std::pow(2.f, -8.f * float(h + 1) / float(nhead)) * (1.f + float(b) / nb);
+            nhead_stride_bias = 1;
+            batch_stride_bias = bias.rank == 1 ? nhead : 0;
+        }
+        if (sink) {
+            sinks.resize(size_t(nhead));
+            for (auto& x : sinks) x = 0.5f + 1.5f * u(gen);
+        }
+    }
+
+    // Fills the modifier fields of an argument struct with the given (device or host) pointers.
+    template <class Args>
+    void fill(Args& a, const void* bias_ptr, const float* sink_ptr) const {
+        a.logits_soft_cap = soft_cap;
+        a.bias_type = bias.type;
+        a.bias_fp32 = bias.type == MHAKIT_BIAS_ALIBI ? 1 : 0;
+        a.bias_ptr = bias.type != MHAKIT_BIAS_NONE ? bias_ptr : nullptr;
+        a.stride_bias = stride_bias;
+        a.nhead_stride_bias = nhead_stride_bias;
+        a.batch_stride_bias = batch_stride_bias;
+        a.sink_ptr = sink ? sink_ptr : nullptr;
+    }
+    // The modifiers of the command line (add_score_mod_args); false with *err set on a bad value.
+    bool parse(const ArgParser& ap, std::string* err) {
+        bool with_sink = false;
+        if (!parse_bias(ap.str("bias"), &bias, err) || !ap.get_float("logits_soft_cap", &soft_cap, err) ||
+            !ap.get_bool("sink", &with_sink, err))
+            return false;
+        if (!(soft_cap >= 0.f) || !std::isfinite(soft_cap)) return *err = "-logits_soft_cap must be a number >= 0", false;
+        sink = with_sink;
+        return true;
+    }
+    const void* host_bias() const {
+        return bias.type == MHAKIT_BIAS_ELEMENTWISE ? static_cast<const void*>(bias16.data())
+                                                   : static_cast<const void*>(slopes.data());
+    }
+    size_t bias_bytes() const { return bias16.size() * 2 + slopes.size() * 4; }
+};
+
 }  // namespace bench
 }  // namespace mhakit

@@ -13,7 +13,8 @@
 //
 // Semantics (see csrc/include/mha_fwd.h): the mask is evaluated per sequence with make_mask_coord() from
 // csrc/kernels/common/mask.h; GQA maps query head h to kv head h / (nhead_q / nhead_k); LSE is the natural log of the
-// sum of exp(scale·s) over the visible keys; a row that sees no key gets O = 0 and LSE = -inf.
+// sum of exp(scale·s) over the visible keys; a row that sees no key gets O = 0 and LSE = -inf. The score modifiers
+// (soft-cap, bias / ALiBi, sink) come from csrc/kernels/common/score_mod.h, as the kernels apply them.
 #pragma once
 
 #include <stddef.h>
@@ -33,6 +34,7 @@
 
 #include "../include/mha_fwd.h"
 #include "../kernels/common/mask.h"
+#include "../kernels/common/score_mod.h"
 
 namespace mhakit {
 namespace host {
@@ -163,6 +165,21 @@ inline void visible_keys(MaskCoord mc, int i, int seqlen_k, int* begin, int* end
     *end = e;
 }
 
+// The score modifiers of one (sequence, head) as the host reference applies them (score_mod.h's arithmetic, with
+// std::tanh): the logit function, the elementwise bias's data type, and the sink logit (-inf: none).
+struct HostRowMods {
+    RowMods r;
+    mhakit_dtype dt;
+    float sink;
+    float logit(float qk, int i, int j, float* dcap = nullptr) const {
+        return modified_logit(r, qk, i, j, [&](uint16_t v) { return to_float(v, dt); }, dcap);
+    }
+};
+
+inline HostRowMods host_row_mods(const ScoreMods& m, mhakit_dtype dt, int b, int h, int seqlen_q, int seqlen_k) {
+    return HostRowMods{row_mods(m, b, h, seqlen_q, seqlen_k), dt, sink_logit(m, h)};
+}
+
 // Rows i in [row_begin, row_end) of one (sequence, head); r = i - row_begin is the local row. Inputs, all fp32:
 //   q  : query row i at q + r·ldq (hdim_q values)
 //   kt : K transposed: element (d, j) at kt[d·ldkt + j], d < hdim_q, j < seqlen_k
@@ -171,23 +188,29 @@ inline void visible_keys(MaskCoord mc, int i, int seqlen_k, int* begin, int* end
 //   o[r·ldo + 0 .. hdim_v)         = Σ_j P(i,j)·v_j              (zeros when the row sees no key)
 //   lse[r] (if lse != nullptr)     = m + log Σ_j exp(S(i,j) - m)  (-inf when the row sees no key)
 //   p[r·ldp + j] (if p != nullptr) = P(i,j), 0 for masked j
-// where S = scale·q·kᵀ restricted to the visible keys. When round_p is set, P is rounded to p_dtype before the P·V
-// product (CK's reference does this); the LSE is not affected. scratch must hold seqlen_k floats.
+// where S = scale·q·kᵀ restricted to the visible keys, or, with score modifiers (mods), the modified logits, the
+// sink adding exp(sink) to the denominator (a row without keys then gets LSE = sink); dcap[r·ldp + j] (optional)
+// receives the soft-cap's derivative of each visible logit. When round_p is set, P is rounded to p_dtype before the
+// P·V product (CK's reference does this); the LSE is not affected. scratch must hold seqlen_k floats.
 inline void attention_rows_fp32(const float* q, int64_t ldq, const float* kt, int64_t ldkt, const float* v, int64_t ldv,
                                 int seqlen_k, int hdim_q, int hdim_v, float scale, MaskCoord mc, int row_begin,
                                 int row_end, float* o, int64_t ldo, float* lse, float* p, int64_t ldp, float* scratch,
-                                bool round_p = false, mhakit_dtype p_dtype = MHAKIT_DTYPE_FP16) {
+                                bool round_p = false, mhakit_dtype p_dtype = MHAKIT_DTYPE_FP16,
+                                const HostRowMods* mods = nullptr, float* dcap = nullptr) {
     const float neg_inf = -std::numeric_limits<float>::infinity();
+    const float sink = mods != nullptr ? mods->sink : neg_inf;
     for (int i = row_begin; i < row_end; ++i) {
         const int64_t r = i - row_begin;
         float* orow = o + r * ldo;
         float* prow = p != nullptr ? p + r * ldp : nullptr;
+        float* crow = dcap != nullptr ? dcap + r * ldp : nullptr;
         int jb, je;
         visible_keys(mc, i, seqlen_k, &jb, &je);
         if (prow != nullptr) std::fill(prow, prow + seqlen_k, 0.0f);
+        if (crow != nullptr) std::fill(crow, crow + seqlen_k, 1.0f);
         if (je <= jb) {
             std::fill(orow, orow + hdim_v, 0.0f);
-            if (lse != nullptr) lse[r] = neg_inf;
+            if (lse != nullptr) lse[r] = sink;
             continue;
         }
         const int n = je - jb;
@@ -199,12 +222,13 @@ inline void attention_rows_fp32(const float* q, int64_t ldq, const float* kt, in
             const float* krow = kt + int64_t(d) * ldkt + jb;
             for (int j = 0; j < n; ++j) s[j] += qd * krow[j];
         }
-        float m = neg_inf;
+        float m = sink;
         for (int j = 0; j < n; ++j) {
-            s[j] *= scale;
+            s[j] = mods != nullptr ? mods->logit(s[j], i, jb + j, crow != nullptr ? crow + jb + j : nullptr)
+                                   : s[j] * scale;
             m = std::max(m, s[j]);
         }
-        float sum = 0.0f;
+        float sum = sink == neg_inf ? 0.0f : std::exp(sink - m);
         for (int j = 0; j < n; ++j) {
             s[j] = std::exp(s[j] - m);
             sum += s[j];
@@ -280,6 +304,7 @@ inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse
     const int dq = a.hdim_q, dv = a.hdim_v;
     const int group = a.nhead_q / a.nhead_k;
     const int rb = opt.row_block > 0 ? opt.row_block : 32;
+    const ScoreMods mods = score_mods_of(a, a.scale_s);
 
     std::vector<float> kt, vf;
     for (int b = 0; b < a.batch; ++b) {
@@ -317,8 +342,10 @@ inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse
                         const uint16_t* qrow = qb + sq.q_off + int64_t(h) * a.nhead_stride_q + int64_t(r0 + r) * a.stride_q;
                         for (int d = 0; d < dq; ++d) qf[size_t(r) * size_t(dq) + size_t(d)] = to_float(qrow[d], dt);
                     }
+                    const HostRowMods hm = host_row_mods(mods, dt, b, h, nq, nk);
                     attention_rows_fp32(qf.data(), dq, kt.data(), nk, vf.data(), dv, nk, dq, dv, a.scale_s, mc, r0, r1,
-                                        of.data(), dv, lf.data(), nullptr, 0, scratch.data(), opt.round_p, dt);
+                                        of.data(), dv, lf.data(), nullptr, 0, scratch.data(), opt.round_p, dt,
+                                        mods.any ? &hm : nullptr);
                     for (int r = 0; r < rows; ++r) {
                         float* orow = o_ref + sq.o_off + int64_t(h) * a.nhead_stride_o + int64_t(r0 + r) * a.stride_o;
                         std::copy(of.begin() + ptrdiff_t(r) * dv, of.begin() + ptrdiff_t(r + 1) * dv, orow);

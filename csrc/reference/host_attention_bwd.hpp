@@ -123,6 +123,14 @@ inline mhakit_fwd_args fwd_args_of(const mhakit_bwd_args& a) {
     f.mask_type = a.mask_type;
     f.window_size_left = a.window_size_left;
     f.window_size_right = a.window_size_right;
+    f.logits_soft_cap = a.logits_soft_cap;
+    f.bias_type = a.bias_type;
+    f.bias_fp32 = a.bias_fp32;
+    f.bias_ptr = a.bias_ptr;
+    f.stride_bias = a.stride_bias;
+    f.nhead_stride_bias = a.nhead_stride_bias;
+    f.batch_stride_bias = a.batch_stride_bias;
+    f.sink_ptr = a.sink_ptr;
     return f;
 }
 
@@ -149,8 +157,13 @@ struct BwdRefOptions {
 //   o_ref   (optional) the recomputed forward O, laid out like a's O
 //   lse_ref (optional) the recomputed forward LSE, laid out like a's LSE ([h, token] in group mode)
 // Only the logical elements are written.
+//   dbias_ref (optional, elementwise bias) dS of the logits, laid out like a's dbias (a.stride_dbias, ...)
+//   dsink_ref (optional, with a sink) [nhead_q]: −Σ_(b,i) exp(sink − LSE)·D
+// With score modifiers (a's soft-cap, bias / ALiBi, sink; host pointers) P comes from the modified logits and dS goes
+// through the soft-cap's derivative before dQ and dK.
 inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk_ref, float* dv_ref,
-                              float* o_ref = nullptr, float* lse_ref = nullptr, const BwdRefOptions& opt = {}) {
+                              float* o_ref = nullptr, float* lse_ref = nullptr, const BwdRefOptions& opt = {},
+                              float* dbias_ref = nullptr, float* dsink_ref = nullptr) {
     const mhakit_dtype dt = a.data_type;
     const uint16_t* qb = static_cast<const uint16_t*>(a.q_ptr);
     const uint16_t* kb = static_cast<const uint16_t*>(a.k_ptr);
@@ -162,8 +175,11 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
     const int rb = opt.row_block > 0 ? opt.row_block : 16;
     const int kblk = opt.key_block > 0 ? opt.key_block : 16;
     const float scale = a.scale;
+    const ScoreMods mods = score_mods_of(a, scale);
+    std::vector<double> dsink_acc(size_t(a.nhead_q), 0.0);
+    std::vector<float> dsink_rows;
 
-    std::vector<float> kt, kf, vt, vf, dk_acc, dv_acc, pbuf, dsbuf, qchunk, dochunk;
+    std::vector<float> kt, kf, vt, vf, dk_acc, dv_acc, pbuf, dsbuf, qchunk, dochunk, capbuf;
     for (int b = 0; b < a.batch; ++b) {
         const HostSeqBwd sq = host_seq(a, b);
         const int nq = sq.seqlen_q > 0 ? sq.seqlen_q : 0;
@@ -210,6 +226,9 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                     const int crows = c1 - c0;
                     pbuf.assign(size_t(crows) * size_t(nk), 0.0f);
                     dsbuf.assign(size_t(crows) * size_t(nk), 0.0f);
+                    capbuf.assign(mods.any ? size_t(crows) * size_t(nk) : 0, 1.0f);
+                    dsink_rows.assign(size_t(crows), 0.0f);
+                    const HostRowMods hm = host_row_mods(mods, dt, b, h, nq, nk);
                     qchunk.assign(size_t(crows) * size_t(dq), 0.0f);
                     dochunk.assign(size_t(crows) * size_t(dv), 0.0f);
 
@@ -237,8 +256,10 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                             std::vector<float> scratch(static_cast<size_t>(nk));
                             std::vector<float> dqrow(static_cast<size_t>(dq));
                             float* prows = pbuf.data() + lr0 * size_t(nk);
+                            float* caps = mods.any ? capbuf.data() + lr0 * size_t(nk) : nullptr;
                             attention_rows_fp32(qf, dq, kt.data(), nk, vf.data(), dv, nk, dq, dv, scale, mc, r0, r1,
-                                                of.data(), dv, lf.data(), prows, nk, scratch.data());
+                                                of.data(), dv, lf.data(), prows, nk, scratch.data(), false, dt,
+                                                mods.any ? &hm : nullptr, caps);
                             for (int r = 0; r < rows; ++r) {
                                 const int i = r0 + r;
                                 const float* prow = prows + size_t(r) * size_t(nk);
@@ -247,6 +268,11 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                                 int jb, je;
                                 visible_keys(mc, i, nk, &jb, &je);
                                 std::fill(dqrow.begin(), dqrow.end(), 0.0f);
+                                if (dbias_ref != nullptr) {
+                                    float* dbrow = dbias_ref + int64_t(b) * a.batch_stride_dbias +
+                                                   int64_t(h) * a.nhead_stride_dbias + int64_t(i) * a.stride_dbias;
+                                    std::fill(dbrow, dbrow + nk, 0.0f);
+                                }
                                 if (je > jb) {
                                     // D = dO_i · O_i
                                     float D = 0.0f;
@@ -267,6 +293,15 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                                         for (int j = 0; j < n; ++j) dp[j] += x * vcol[j];
                                     }
                                     for (int j = 0; j < n; ++j) dp[j] = prow[jb + j] * (dp[j] - D);
+                                    if (dbias_ref != nullptr) {
+                                        float* dbrow = dbias_ref + int64_t(b) * a.batch_stride_dbias +
+                                                       int64_t(h) * a.nhead_stride_dbias + int64_t(i) * a.stride_dbias;
+                                        for (int j = 0; j < n; ++j) dbrow[jb + j] = dp[j];
+                                    }
+                                    if (caps != nullptr)
+                                        for (int j = 0; j < n; ++j) dp[j] *= caps[size_t(r) * size_t(nk) + size_t(jb + j)];
+                                    if (mods.sink != nullptr)
+                                        dsink_rows[lr0 + size_t(r)] = -std::exp(hm.sink - lf[size_t(r)]) * D;
                                     // dQ_i = scale · Σ_j dS_ij K_j
                                     for (int j = 0; j < n; ++j) {
                                         const float s = dp[j];
@@ -284,6 +319,8 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                             }
                         },
                         opt.threads);
+
+                    for (int r = 0; r < crows; ++r) dsink_acc[size_t(h)] += dsink_rows[size_t(r)];
 
                     // ---- phase 2: keys -> dV += Pᵀ·dO, dK += dSᵀ·Q (scale applied at the end)
                     const int nkb = (nk + kblk - 1) / kblk;
@@ -329,6 +366,7 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                     }
                 }
             }
+            // rows without keys: d sink gets exp(sink - LSE)·D with D = 0 (O = 0), and dbias has no element
             // write dK (scaled) and dV of this kv head
             for (int j = 0; j < nk; ++j) {
                 float* dko = dk_ref + sq.dk_off + int64_t(hk) * a.nhead_stride_dk + int64_t(j) * a.stride_dk;
@@ -340,6 +378,8 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
             }
         }
     }
+    if (dsink_ref != nullptr)
+        for (int h = 0; h < a.nhead_q; ++h) dsink_ref[h] = float(dsink_acc[size_t(h)]);
 }
 
 // ------------------------------------------------------------------------------------------------------------------

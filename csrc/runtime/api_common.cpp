@@ -105,6 +105,25 @@ float check_mask_type(int mask_type) {
     return fail(E, "mask_type %d is unknown: 0 none, 1 top-left, 2 bottom-right, 3 generic", mask_type);
 }
 
+float check_score_mods(const ModArgs& m) {
+    if (!(m.logits_soft_cap >= 0.f) || !std::isfinite(m.logits_soft_cap))
+        return fail(E, "logits_soft_cap must be finite and >= 0 (got %g; 0 turns the soft-cap off)", m.logits_soft_cap);
+    if (m.bias_type < MHAKIT_BIAS_NONE || m.bias_type > MHAKIT_BIAS_ALIBI)
+        return fail(E, "bias_type %d is unknown: 0 none, 1 elementwise, 2 alibi", m.bias_type);
+    if (m.bias_type != MHAKIT_BIAS_NONE && m.bias_ptr == nullptr)
+        return fail(E, "bias_type %d needs bias_ptr (%s)", m.bias_type,
+                    m.bias_type == MHAKIT_BIAS_ALIBI ? "fp32 ALiBi slopes" : "the elementwise bias");
+    if (m.bias_type == MHAKIT_BIAS_ELEMENTWISE && m.bias_fp32 != 0 && m.bias_fp32 != 1)
+        return fail(E, "bias_fp32 must be 0 (bias of the data type) or 1 (fp32 bias) (got %d)", m.bias_fp32);
+    if (m.bias_type != MHAKIT_BIAS_NONE) {
+        if (float rc = check_nonnegative_strides({m.stride_bias, m.nhead_stride_bias, m.batch_stride_bias})) return rc;
+        const bool fp32 = m.bias_type == MHAKIT_BIAS_ALIBI || m.bias_fp32;
+        if (float rc = check_alignment({{"bias_ptr", m.bias_ptr}}, fp32 ? 4 : 2, fp32 ? "fp32 bias" : "fp16/bf16 bias"))
+            return rc;
+    }
+    return check_alignment({{"sink_ptr", m.sink_ptr}}, 4, "the fp32 sink logits");
+}
+
 int clamp_window(int w) { return w < -kWindowBound ? -kWindowBound : (w > kWindowBound ? kWindowBound : w); }
 
 float device_failure(dev::Error err, const char* what) {

@@ -34,6 +34,21 @@ float check_alignment(std::initializer_list<NamedPointer> pointers, size_t align
 float check_nonnegative_strides(std::initializer_list<int64_t> strides);
 float check_mask_type(int mask_type);
 
+// The score modifiers' fields (logits_soft_cap, bias_*, sink_ptr), the same in both argument structs.
+struct ModArgs {
+    float logits_soft_cap;
+    int bias_type, bias_fp32;
+    const void* bias_ptr;
+    int64_t stride_bias, nhead_stride_bias, batch_stride_bias;
+    const float* sink_ptr;
+};
+template <class Args>
+ModArgs mod_args(const Args& a) {
+    return {a.logits_soft_cap, a.bias_type,         a.bias_fp32,         a.bias_ptr,
+            a.stride_bias,     a.nhead_stride_bias, a.batch_stride_bias, a.sink_ptr};
+}
+float check_score_mods(const ModArgs& m);  // the kernels' ScoreMods come from score_mods_of() (score_mod.h)
+
 // Window sizes beyond any sequence length select the same keys as this bound; clamping keeps the kernels' mask
 // arithmetic (sums of lengths and window sizes) inside int32.
 int clamp_window(int w);
@@ -54,6 +69,7 @@ bool static_guards_hold(const KernelInstance<Params>& inst, const Params& p) {
     if (inst.equal_head_dims && p.hdim_q != p.hdim_v) return false;
     if (p.hdim_q % inst.head_dim_multiple != 0 || p.hdim_v % inst.head_dim_multiple != 0) return false;
     if (!inst.deterministic && wants_deterministic(p)) return false;
+    if (!inst.score_mods && p.mods.any) return false;
     return tensors_aligned(p, kElemBytes, inst.align_bytes);
 }
 
@@ -85,10 +101,11 @@ const KernelInstance<Params>* choose_instance(const KernelInstance<Params>* tabl
 template <class Params>
 float unsupported(const char* api, const Params& p, int dtype, const BuiltArch& arch, int count) {
     return fail(MHAKIT_ERROR_UNSUPPORTED,
-                "no %s kernel built into this library serves dtype=%s hdim_q=%d hdim_v=%d mode=%s mask_type=%d "
+                "no %s kernel built into this library serves dtype=%s hdim_q=%d hdim_v=%d mode=%s mask_type=%d%s "
                 "(library built for %s with %d instances; rebuild with a profile that includes them, see "
                 "compile.py --list)",
-                api, dtype_name(dtype), p.hdim_q, p.hdim_v, p.seqstart_q ? "group" : "batch", p.mask_type, arch.name,
+                api, dtype_name(dtype), p.hdim_q, p.hdim_v, p.seqstart_q ? "group" : "batch", p.mask_type,
+                p.mods.any ? " with score modifiers (soft-cap, bias, ALiBi or sink)" : "", arch.name,
                 count);
 }
 

@@ -59,7 +59,26 @@ float validate(const mhakit_bwd_args& a) {
              a.batch_stride_k, a.batch_stride_v, a.batch_stride_o, a.batch_stride_do, a.batch_stride_dq,
              a.batch_stride_dk, a.batch_stride_dv, a.batch_stride_lse}))
         return rc;
-    return check_mask_type(a.mask_type);
+    if (float rc = check_mask_type(a.mask_type)) return rc;
+    if (float rc = check_score_mods(mod_args(a))) return rc;
+    if (a.dbias_ptr != nullptr) {
+        if (a.bias_type != MHAKIT_BIAS_ELEMENTWISE)
+            return fail(E, "dbias_ptr is given but bias_type is not elementwise (1): only an elementwise bias has a "
+                           "gradient");
+        if (float rc = check_nonnegative_strides({a.stride_dbias, a.nhead_stride_dbias, a.batch_stride_dbias}))
+            return rc;
+        if (float rc = check_alignment({{"dbias_ptr", a.dbias_ptr}}, a.bias_fp32 ? 4 : 2, "dbias"))
+            return rc;
+        if ((a.nhead_q > 1 && a.nhead_stride_dbias == 0) || (a.batch > 1 && a.batch_stride_dbias == 0))
+            return fail(E, "dbias needs its own element per sequence and query head: nhead_stride_dbias and "
+                           "batch_stride_dbias must be > 0 when there are several (got %lld and %lld)",
+                        (long long)a.nhead_stride_dbias, (long long)a.batch_stride_dbias);
+    }
+    if (a.dsink_ptr != nullptr) {
+        if (a.sink_ptr == nullptr) return fail(E, "dsink_ptr is given but sink_ptr is NULL: there is no sink");
+        if (float rc = check_alignment({{"dsink_ptr", a.dsink_ptr}}, 4, "the fp32 sink gradient")) return rc;
+    }
+    return 0.f;
 }
 
 BwdParams to_params(const mhakit_bwd_args& a) {
@@ -100,6 +119,11 @@ BwdParams to_params(const mhakit_bwd_args& a) {
     p.window_left = clamp_window(a.window_size_left);
     p.window_right = clamp_window(a.window_size_right);
     p.deterministic = a.deterministic != 0;
+    p.mods = score_mods_of(a, a.scale);
+    p.dbias = a.bias_type == MHAKIT_BIAS_ELEMENTWISE ? a.dbias_ptr : nullptr;
+    p.dbias_row_stride = a.stride_dbias, p.dbias_head_stride = a.nhead_stride_dbias;
+    p.dbias_batch_stride = a.batch_stride_dbias;
+    p.dsink = a.sink_ptr != nullptr ? a.dsink_ptr : nullptr;
     return p;
 }
 

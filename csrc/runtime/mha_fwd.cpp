@@ -49,7 +49,8 @@ float validate(const mhakit_fwd_args& a) {
                                               a.nhead_stride_lse, a.batch_stride_q, a.batch_stride_k,
                                               a.batch_stride_v, a.batch_stride_o, a.batch_stride_lse}))
         return rc;
-    return check_mask_type(a.mask_type);
+    if (float rc = check_mask_type(a.mask_type)) return rc;
+    return check_score_mods(mod_args(a));
 }
 
 FwdParams to_params(const mhakit_fwd_args& a) {
@@ -83,6 +84,7 @@ FwdParams to_params(const mhakit_fwd_args& a) {
     p.mask_type = a.mask_type;
     p.window_left = clamp_window(a.window_size_left);
     p.window_right = clamp_window(a.window_size_right);
+    p.mods = score_mods_of(a, a.scale_s);
     return p;
 }
 

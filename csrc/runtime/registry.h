@@ -37,6 +37,7 @@ struct KernelInstance {
     bool deterministic;    // serves deterministic backward calls
     int align_bytes;       // every tensor's base pointer and strides a multiple of this many bytes
     int head_dim_multiple; // serves only hdim_q and hdim_v that are multiples of this
+    bool score_mods;       // serves the score modifiers (soft-cap, bias / ALiBi, sink)
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)

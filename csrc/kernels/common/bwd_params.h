@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "mask.h"
+#include "score_mod.h"
 
 namespace mhakit {
 
@@ -55,6 +56,11 @@ struct BwdParams {
     int window_right;
 
     bool deterministic;
+
+    ScoreMods mods;  // the forward's modifiers (score_mod.h)
+    void* dbias;     // elementwise bias: dS in the bias's element type ([b, h, s_q, s_k] by the strides below), or null
+    int64_t dbias_row_stride, dbias_head_stride, dbias_batch_stride;
+    float* dsink;    // [nhead_q] d sink, or null
 };
 
 }  // namespace mhakit

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "mask.h"
+#include "score_mod.h"
 
 namespace mhakit {
 
@@ -43,6 +44,8 @@ struct FwdParams {
     int mask_type;     // mhakit_mask_type; turn into per-sequence (y, x) with make_mask_coord()
     int window_left;
     int window_right;
+
+    ScoreMods mods;    // soft-cap, bias / ALiBi, sink (score_mod.h); mods.any == false: none of them
 };
 
 // Lengths and row offsets of one sequence, in either mode.

@@ -5,9 +5,9 @@
 //   - BwdWorkspace:          the carve-up of the caller's scratch memory (host arithmetic, no CUDA call);
 //   - warp-level GEMMs:      mma.sync m16n8k16 on fragments loaded by ldmatrix from shared-memory tiles stored either
 //                            way round (so one routine serves S^T = K Q^T, dV += P^T dO, dQ = dS K, ...);
-//   - small kernels:         D = rowsum(dO o O) (+ LSE in log2 units, + zeroing the fp32 dQ accumulator),
+//   - small kernels:         D = rowsum(dO o O) (+ LSE in log2 units, + zeroing the fp32 dQ accumulator and dbias),
 //                            dQ accumulator -> dQ (scale, dtype, strides), and the fixed-order sum of per-split fp32
-//                            dK/dV partials for GQA/MQA.
+//                            dK/dV partials for GQA/MQA, d sink per query head.
 // The PTX wrappers (ldmatrix, mma, cp.async) come from generic_ptx.cuh, the tile I/O from generic_tile_io.cuh.
 #pragma once
 
@@ -21,6 +21,7 @@
 #include "../common/bwd_params.h"
 #include "../common/mask.h"
 #include "generic_ptx.cuh"
+#include "generic_score_mod.cuh"
 #include "generic_tile_io.cuh"
 
 namespace mhakit::generic::bwd_detail {
@@ -28,6 +29,10 @@ namespace mhakit::generic::bwd_detail {
 using generic::detail::aligned16;
 #if defined(__CUDACC__)
 using generic::detail::cp_async_4;
+using generic::detail::kLog2e;
+using generic::detail::logit_at;
+using generic::detail::with_mods;
+using generic::detail::to_float;
 using generic::detail::load8;
 using generic::detail::load_tile;
 using generic::detail::store8;
@@ -203,17 +208,8 @@ inline int alignment_flags(const BwdParams& p, bool group_mode) {
 #if defined(__CUDACC__)
 
 // ------------------------------------------------------------------------------------------------------------------
-// Element conversion
+// Reductions
 // ------------------------------------------------------------------------------------------------------------------
-
-template <mhakit_dtype kDtype>
-__device__ __forceinline__ float to_float(uint16_t v) {
-    if constexpr (kDtype == MHAKIT_DTYPE_FP16) {
-        return __half2float(__ushort_as_half(v));
-    } else {
-        return __uint_as_float(static_cast<uint32_t>(v) << 16);
-    }
-}
 
 // dst[0..1] += (a, b) in global memory, fp32, relaxed (sm_90: one vector reduction).
 __device__ __forceinline__ void red_add2(float* dst, float a, float b) {
@@ -380,6 +376,54 @@ __device__ __forceinline__ void acc_to_smem(uint16_t* smem, const float (&acc)[k
 }
 
 // ------------------------------------------------------------------------------------------------------------------
+// Score-modifier gradients: dbias elements (the bias's element type) and d sink
+// ------------------------------------------------------------------------------------------------------------------
+
+// Element (b, h, 0, 0) of dbias, in bytes.
+__device__ __forceinline__ char* dbias_block(const BwdParams& p, int b, int h) {
+    const int64_t elem = p.mods.bias_fp32 ? 4 : 2;
+    return static_cast<char*>(p.dbias) +
+           (static_cast<int64_t>(b) * p.dbias_batch_stride + static_cast<int64_t>(h) * p.dbias_head_stride) * elem;
+}
+
+template <mhakit_dtype kDtype>
+__device__ __forceinline__ void store_dbias(const BwdParams& p, char* block, int i, int j, float v) {
+    if (p.mods.bias_fp32) {
+        reinterpret_cast<float*>(block + static_cast<int64_t>(i) * p.dbias_row_stride * 4)[j] = v;
+    } else {
+        reinterpret_cast<uint16_t*>(block + static_cast<int64_t>(i) * p.dbias_row_stride * 2)[j] =
+            static_cast<uint16_t>(ptx::Mma<kDtype>::pack(v, 0.f) & 0xffffu);
+    }
+}
+
+// Stage 4: d sink[h] = -sum over the rows of every sequence of exp(sink - LSE) * D, one CTA per query head, in a
+// fixed order (deterministic). Rows without keys have LSE2 = +inf and add 0.
+constexpr int kDsinkThreads = 256;
+
+template <mhakit_dtype kDtype>
+__global__ void __launch_bounds__(kDsinkThreads) bwd_dsink_kernel(const BwdParams p, const BwdWs ws) {
+    const int h = blockIdx.x;
+    const float sink2 = p.mods.sink[h] * 1.4426950408889634f;
+    float acc = 0.f;
+    for (int b = 0; b < p.batch; ++b) {
+        const BwdSeq si = bwd_seq(p, b);
+        const int64_t row0 = static_cast<int64_t>(h) * ws.rows_q + si.row_q0;
+        for (int i = threadIdx.x; i < si.seqlen_q; i += kDsinkThreads)
+            acc -= ptx::ex2(sink2 - ws.lse2[row0 + i]) * ws.dsum[row0 + i];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    __shared__ float part[kDsinkThreads / 32];
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int w = 0; w < kDsinkThreads / 32; ++w) total += part[w];
+        p.dsink[h] = total;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------------------
 // Stage 1: D = rowsum(dO o O), LSE in log2 units, zeroed dQ accumulator. One warp per (query row, head).
 // ------------------------------------------------------------------------------------------------------------------
 constexpr int kRowKernelWarps = 8;
@@ -419,6 +463,10 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dot_kernel(const Bwd
     if (ws.dq != nullptr) {
         float4* z = reinterpret_cast<float4*>(ws.dq + row * ws.ld_q);
         for (int c = lane; c < (ws.ld_q >> 2); c += 32) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (p.dbias != nullptr) {  // zeros first: the main kernel writes only the tiles it visits
+        char* block = dbias_block(p, b, h);
+        for (int j = lane; j < si.seqlen_k; j += 32) store_dbias<kDtype>(p, block, i, j, 0.f);
     }
 }
 

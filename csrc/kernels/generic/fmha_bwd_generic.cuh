@@ -20,6 +20,11 @@
 //                            reductions): dQ computed without atomics by a second pass parallel over query blocks
 //                            (recomputes S and dP: about 7/5 of the FLOPs, bitwise reproducible);
 //      bwd_dkv_reduce_kernel sum of the per-split dK/dV partials in split order (GQA/MQA when split).
+//   4. bwd_dsink_kernel      d sink per query head (attention sinks), a fixed-order sum over the rows.
+// Score modifiers (soft-cap, bias / ALiBi: the main and dQ kernels come in a second variant, kMods, chosen at launch,
+// with one branch per tile picking the modifier kind; a sink needs only stage 4): P is recomputed from the modified logits, dS goes through the
+// soft-cap's derivative before dK / dQ, dbias receives dS of the logits (the dot stage zeroes it first, so that
+// elements no CTA visits read 0).
 // Every stage is deterministic except the fp32 dQ reductions (non-deterministic mode, d <= 64 buckets only).
 //
 // Loads: cp.async 16-byte chunks (zero-filled past sequence ends and past the real head dims) when the tensor's base
@@ -139,7 +144,8 @@ using DqScheduler = SingleTileScheduler</*kHeaviestFirst=*/Cfg::kMasked>;
 // ------------------------------------------------------------------------------------------------------------------
 // Stage 2: the main kernel.
 // ------------------------------------------------------------------------------------------------------------------
-template <class Cfg>
+// kMods: the call has a soft-cap or a bias / ALiBi (ScoreMods::per_element); the plain kernel has none of that code.
+template <class Cfg, bool kMods>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     bwd_main_kernel(const BwdParams p, const BwdWs ws, const int flags) {
     constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kThreads = Cfg::kThreads;
@@ -273,29 +279,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         gemm_ss<kDtype, kSdpMT, kSdpNT, Cfg::kHdimV / 16, false, false, kSV, kSV>(
             dpt, sV + wk * kSdpRows * kSV, sdO + wq * kSdpCols * kSV, ksv, kSdpNT / 2);
 
-        // ---- P^T, dS^T (fp32) ----
+        // ---- P^T, dS^T (fp32); with score modifiers P comes from the logits, dS^T (for dK, dQ) goes through the
+        // soft-cap's derivative, and dbias receives dS^T of the logits ----
         const bool need_mask = !geom.template tile_full<kBN>(m0, min(m0 + kBM, sq) - 1, n0);
+        RowMods rmods;
+        char* dbias = nullptr;
+        if constexpr (kMods) {
+            rmods = row_mods(p.mods, b, h, sq, sk);
+            if (p.dbias != nullptr) dbias = dbias_block(p, b, h);
+        }
+        auto p_ds = [&](auto cap, auto bias) {
+            constexpr bool kCap = decltype(cap)::value;
+            constexpr int kBias = decltype(bias)::value;
 #pragma unroll
-        for (int mt = 0; mt < kSdpMT; ++mt)
+            for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < kSdpNT; ++nt) {
-                const int ql = wq * kSdpCols + nt * 8 + 2 * t4;
-                const float2 lse2 = *reinterpret_cast<const float2*>(sLse + ql);
-                const float2 dsum = *reinterpret_cast<const float2*>(sDsum + ql);
+                for (int nt = 0; nt < kSdpNT; ++nt) {
+                    const int ql = wq * kSdpCols + nt * 8 + 2 * t4;
+                    const float2 lse2 = *reinterpret_cast<const float2*>(sLse + ql);
+                    const float2 dsum = *reinterpret_cast<const float2*>(sDsum + ql);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float l = (e & 1) ? lse2.y : lse2.x, d = (e & 1) ? dsum.y : dsum.x;
-                    float pv = ptx::ex2(fmaf(st[mt][nt][e], scale_log2, -l));
-                    if (need_mask) {
+                    for (int e = 0; e < 4; ++e) {
+                        const float l = (e & 1) ? lse2.y : lse2.x, d = (e & 1) ? dsum.y : dsum.x;
                         const int j = n0 + wk * kSdpRows + mt * 16 + g + 8 * (e >> 1);
                         const int i = m0 + ql + (e & 1);
-                        if (!geom.visible(i, j)) pv = 0.f;
+                        float dcap = 1.f, pv;
+                        if constexpr (kMods)
+                            pv = ptx::ex2(logit_at<kDtype, kCap, kBias>(rmods, st[mt][nt][e], i, j, &dcap) * kLog2e - l);
+                        else
+                            pv = ptx::ex2(fmaf(st[mt][nt][e], scale_log2, -l));
+                        if (need_mask && !geom.visible(i, j)) pv = 0.f;
+                        st[mt][nt][e] = pv;
+                        const float ds = pv * (dpt[mt][nt][e] - d);
+                        if constexpr (kMods) {
+                            if (dbias != nullptr && i < sq && j < sk) store_dbias<kDtype>(p, dbias, i, j, ds);
+                            dpt[mt][nt][e] = ds * dcap;
+                        } else {
+                            dpt[mt][nt][e] = ds;
+                        }
                     }
-                    st[mt][nt][e] = pv;
-                    dpt[mt][nt][e] = pv * (dpt[mt][nt][e] - d);
                 }
-            }
-
+        };
+        with_mods<kMods>(rmods, p_ds);
 
         // ---- dV += P^T dO; then dO of the next block streams in during dK += dS^T Q and dQ ----
         if constexpr (kPInRegs) {
@@ -400,7 +425,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // Stage 3, dQ pass: dQ without atomics. One CTA per (query block, query head, sequence), 4 warps of 16 * kDqkMT
 // rows; per key block S = Q K^T, dP = dO V^T, dS = P o (dP - D) in registers, dQ += dS K.
 // ------------------------------------------------------------------------------------------------------------------
-template <class Cfg>
+template <class Cfg, bool kMods>
 __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdParams p, const BwdWs ws, const int flags) {
     constexpr int kBM = Cfg::kDqkBM, kBN = Cfg::kDqkBN, kThreads = Cfg::kDqkThreads;
     constexpr int kSQ = Cfg::kSQ, kSV = Cfg::kSV, kNT = kBN / 8, kQT = Cfg::kHdimQ / 8, kMT = Cfg::kDqkMT;
@@ -455,6 +480,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     float acc_dq[kMT][kQT][4];
     zero_acc(acc_dq);
     const float scale_log2 = p.scale_log2;
+    RowMods rmods;
+    if constexpr (kMods) rmods = row_mods(p.mods, b, h, sq, sk);
 
     if (n_begin < n_end) {
         const uint16_t* gQ = static_cast<const uint16_t*>(p.q) + si.q + h * p.q_head_stride +
@@ -506,21 +533,29 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         ptx::cp_async_commit();
 
         const bool need_mask = !geom.template tile_full<kBN>(m0, m0 + rows_valid - 1, n0);
+        auto p_ds = [&](auto cap, auto bias) {
+            constexpr bool kCap = decltype(cap)::value;
+            constexpr int kBias = decltype(bias)::value;
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+            for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
+                for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int hf = e >> 1;
-                    float pv = ptx::ex2(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][hf]));
-                    if (need_mask) {
+                    for (int e = 0; e < 4; ++e) {
+                        const int hf = e >> 1;
                         const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
                         const int i = m0 + row0 + mt * 16 + g + 8 * hf;
-                        if (!geom.visible(i, j)) pv = 0.f;
+                        float dcap = 1.f, pv;
+                        if constexpr (kMods)
+                            pv = ptx::ex2(logit_at<kDtype, kCap, kBias>(rmods, s[mt][nt][e], i, j, &dcap) * kLog2e -
+                                          lse2[mt][hf]);
+                        else
+                            pv = ptx::ex2(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][hf]));
+                        if (need_mask && !geom.visible(i, j)) pv = 0.f;
+                        s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]) * dcap;
                     }
-                    s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]);
-                }
+        };
+        with_mods<kMods>(rmods, p_ds);
         uint32_t dsf[kMT][kNT / 2][4];
         acc_to_a<kDtype, kMT, kNT>(dsf, s);
         gemm_rs<kDtype, kMT, kQT, kBN / 16, true, kSQ>(acc_dq, dsf, sK, ksq);
@@ -588,6 +623,7 @@ struct BwdKernelImpl {
         const WsPlan plan = plan_workspace(p, kBlockN, kGroupMode, atomic);
         const BwdWs ws = make_ws(p, plan, atomic);
         const int flags = alignment_flags(p, kGroupMode);
+        const bool mods = p.mods.per_element;  // soft-cap / bias / ALiBi: the kernels compiled with them
         cudaError_t err;
         const dim3 row_block(kRowKernelWarps * 32);
 
@@ -597,24 +633,28 @@ struct BwdKernelImpl {
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sk > 0) {
-            static std::atomic<uint64_t> attr_main{0};
-            auto kernel = bwd_main_kernel<Cfg>;
-            if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main)) != cudaSuccess) return err;
+            static std::atomic<uint64_t> attr_main[2] = {0, 0};
+            auto kernel = mods ? bwd_main_kernel<Cfg, true> : bwd_main_kernel<Cfg, false>;
+            if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main[mods])) != cudaSuccess) return err;
             const dim3 grid = MainScheduler::grid((max_sk + kBlockN - 1) / kBlockN, p.nhead_k * ws.n_splits, p.batch);
             kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, ws, flags);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sq > 0) {
             if (!atomic) {
-                static std::atomic<uint64_t> attr_dq{0};
-                auto kernel = bwd_dq_kernel<Cfg>;
-                if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq)) != cudaSuccess) return err;
+                static std::atomic<uint64_t> attr_dq[2] = {0, 0};
+                auto kernel = mods ? bwd_dq_kernel<Cfg, true> : bwd_dq_kernel<Cfg, false>;
+                if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq[mods])) != cudaSuccess) return err;
                 const dim3 grid = DqScheduler<Cfg>::grid((max_sq + Cfg::kDqkBM - 1) / Cfg::kDqkBM, p.nhead_q, p.batch);
                 kernel<<<grid, Cfg::kDqkThreads, kDqSmemBytes, stream>>>(p, ws, flags);
             } else {
                 const dim3 grid((max_sq + kRowKernelWarps - 1) / kRowKernelWarps, p.nhead_q, p.batch);
                 bwd_dq_convert_kernel<kDtype><<<grid, row_block, 0, stream>>>(p, ws, flags);
             }
+            if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        }
+        if (p.dsink != nullptr) {
+            bwd_dsink_kernel<kDtype><<<p.nhead_q, kDsinkThreads, 0, stream>>>(p, ws);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sk > 0 && ws.n_splits > 1) {

@@ -4,6 +4,9 @@
 // owning kBlockM / kNumWarps rows (a multiple of 16). Per key tile of kBlockN keys:
 //   S = Q·Kᵀ      mma.sync m16n8k16 (fp16/bf16 in, fp32 out); Q and K fragments come from shared memory by ldmatrix
 //                 (Q is kept in registers for the whole CTA when the register budget allows it);
+//   modifiers     soft-cap, bias / ALiBi (generic_score_mod.cuh) turn q·k into logits in a second kernel of the
+//                 instance (kMods, chosen at launch; the softmax then runs with scale 1; one branch per tile picks
+//                 the variant); a sink joins each row's denominator in the epilogue (both kernels);
 //   mask          only on tiles that straddle the sequence end or a row's window edge (per-row key bounds);
 //   softmax       online, fp32, exp2 with scale·log2(e) folded into one FMA; rows that see nothing stay at -inf
 //                 without producing NaN;
@@ -33,6 +36,7 @@
 #include "../common/tile_scheduler.h"
 #include "generic_epilogue.cuh"
 #include "generic_ptx.cuh"
+#include "generic_score_mod.cuh"
 #include "generic_softmax.cuh"
 #include "generic_tile_io.cuh"
 
@@ -185,7 +189,8 @@ __device__ __forceinline__ void mask_s(float (&s)[Cfg::kMT][Cfg::kNT][4], const 
             }
 }
 
-template <class Cfg>
+// kMods: the call has a soft-cap or a bias / ALiBi (ScoreMods::per_element); the plain kernel has none of that code.
+template <class Cfg, bool kMods>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p, const int align_flags) {
     constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kMT = Cfg::kMT, kNT = Cfg::kNT;
     constexpr int kKQ = Cfg::kKQ, kKV = Cfg::kKV, kOT = Cfg::kOT, kSQ = Cfg::kSQ, kSV = Cfg::kSV;
@@ -244,6 +249,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
     OnlineSoftmax<kMT> softmax;
+    // Score modifiers: logits in place of q·k (softmax scale 1; the sink joins in the epilogue).
+    RowMods rmods;
+    if constexpr (kMods) rmods = row_mods(p.mods, b, h, sq, sk);
+    const float softmax_scale = kMods ? 1.f : p.scale, softmax_scale_log2 = kMods ? kLog2e : p.scale_log2;
     uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
 
     if (!visit.empty()) {
@@ -298,10 +307,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
             gemm_qk<Cfg, true>(s, q_frag, sQ_a, sK_b, p.hdim_q);
         else
             gemm_qk<Cfg, false>(s, q_frag, sQ_a, sK_b, p.hdim_q);
+        if constexpr (kMods) apply_score_mods<Cfg::kDtype, kMT, kNT>(s, rmods, m0 + warp_row0, n0);
         if (!full.contains(n_block)) mask_s<Cfg>(s, row_lo, row_hi, n0);
 
         // ---- online softmax, P as A fragments ----
-        softmax.update(s, acc_o, p.scale_log2);
+        softmax.update(s, acc_o, softmax_scale_log2);
         uint32_t p_frag[kMT][kKV][4];
         pack_p<Cfg>(p_frag, s);
 
@@ -325,7 +335,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     // ---- epilogue: normalise, LSE, stage O in shared memory (the Q tile), store ----
     __syncthreads();  // every warp is done reading Q / K / V
     float* lse = p.lse != nullptr ? p.lse + si.lse_offset + h * p.lse_head_stride + m0 : nullptr;
-    stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, p.scale, warp_row0, p.hdim_v, lse, rows_valid);
+    stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, softmax_scale, warp_row0, p.hdim_v, lse, rows_valid,
+                                                sink_logit(p.mods, h));
     __syncthreads();
     uint16_t* gO = static_cast<uint16_t*>(p.o) + si.o_offset + h * p.o_head_stride + m0 * p.o_row_stride;
     store_tile<kBlockM, Cfg::kHdimV / 8, kSV, kThreads>(sQ, gO, p.o_row_stride, rows_valid, p.hdim_v, alO, tid);
@@ -352,9 +363,12 @@ struct FwdKernel {
     static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
         const int max_sq = kGroupMode ? p.max_seqlen_q : p.seqlen_q;
         if (max_sq <= 0 || p.nhead_q <= 0 || p.batch <= 0) return cudaSuccess;
-        auto kernel = detail::fwd_kernel<Cfg>;
-        static std::atomic<uint64_t> smem_opted_in{0};
-        if (cudaError_t err = opt_in_dynamic_smem(kernel, kSmemBytes, smem_opted_in); err != cudaSuccess) return err;
+        // Soft-cap / bias / ALiBi: the kernel compiled with the modifier code, else the plain one.
+        const bool mods = p.mods.per_element;
+        auto kernel = mods ? detail::fwd_kernel<Cfg, true> : detail::fwd_kernel<Cfg, false>;
+        static std::atomic<uint64_t> smem_opted_in[2] = {0, 0};
+        if (cudaError_t err = opt_in_dynamic_smem(kernel, kSmemBytes, smem_opted_in[mods]); err != cudaSuccess)
+            return err;
         int flags = 0;
         if (detail::aligned16(p.q, p.q_row_stride, p.q_head_stride, kGroupMode ? 0 : p.q_batch_stride))
             flags |= detail::kAlignQ;

@@ -19,11 +19,11 @@ namespace mhakit::generic::detail {
 template <mhakit_dtype kDtype, int kMT, int kOT, int kSV>
 __device__ __forceinline__ void stage_o_and_lse(uint16_t* sO, const float (&acc_o)[kMT][kOT][4],
                                                 const OnlineSoftmax<kMT>& softmax, float scale, int warp_row0,
-                                                int hdim_v, float* lse, int rows_valid) {
+                                                int hdim_v, float* lse, int rows_valid, float sink = -INFINITY) {
     using Mma = ptx::Mma<kDtype>;
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     float inv[kMT][2], row_lse[kMT][2];
-    softmax.finalize(scale, inv, row_lse);
+    softmax.finalize(scale, inv, row_lse, sink);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll

@@ -62,7 +62,10 @@ struct OnlineSoftmax {
     }
 
     // Row (mt, hf): 1 / row sum (0 for rows that saw nothing) and the natural-log LSE (-inf for those rows).
-    __device__ __forceinline__ void finalize(float scale, float (&inv)[kMT][2], float (&lse)[kMT][2]) const {
+    // sink (natural-log units, -inf: none) joins the denominator as exp(sink): a key of value zero every row sees,
+    // merged here so that the key loop stays the plain one; a row that saw nothing then gets LSE = sink.
+    __device__ __forceinline__ void finalize(float scale, float (&inv)[kMT][2], float (&lse)[kMT][2],
+                                             float sink = -INFINITY) const {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -71,8 +74,17 @@ struct OnlineSoftmax {
                 l += __shfl_xor_sync(0xffffffffu, l, 1);
                 l += __shfl_xor_sync(0xffffffffu, l, 2);
                 const bool seen = l > 0.f;
-                inv[mt][hf] = seen ? 1.f / l : 0.f;
-                lse[mt][hf] = seen ? row_max[mt][hf] * scale + logf(l) : -INFINITY;
+                if (sink == -INFINITY) {
+                    inv[mt][hf] = seen ? 1.f / l : 0.f;
+                    lse[mt][hf] = seen ? row_max[mt][hf] * scale + logf(l) : -INFINITY;
+                } else {
+                    const float m = seen ? row_max[mt][hf] * scale : -INFINITY;
+                    const float mm = fmaxf(m, sink);
+                    const float a = seen ? expf(m - mm) : 0.f;
+                    const float total = l * a + expf(sink - mm);
+                    inv[mt][hf] = a / total;
+                    lse[mt][hf] = mm + logf(total);
+                }
             }
     }
 };

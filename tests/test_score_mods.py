@@ -1,0 +1,191 @@
+"""Score modifiers (logits soft-cap, elementwise bias / ALiBi, attention sinks): the C validator's sentences and the
+catalogue guard that steers such calls to the generic family (through a real minimal-profile library, no GPU), and
+the NumPy reference's arithmetic (finite differences of its forward against its backward)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mhakit import _capi
+from mhakit import reference as R
+
+from test_capi_validation import FAKE, valid_args
+from test_capi_validation_bwd import valid_args as valid_bwd_args
+
+
+@pytest.fixture(scope="module")
+def fwd_lib(minimal_fwd_build):
+    return _capi.load_library(minimal_fwd_build / "libmha_fwd.so")
+
+
+@pytest.fixture(scope="module")
+def bwd_lib(minimal_bwd_build):
+    return _capi.load_bwd_library(minimal_bwd_build / "libmha_bwd.so")
+
+
+MOD_CASES = [
+    (dict(logits_soft_cap=-1.0), "logits_soft_cap must be finite and >= 0"),
+    (dict(logits_soft_cap=float("inf")), "logits_soft_cap must be finite and >= 0"),
+    (dict(logits_soft_cap=float("nan")), "logits_soft_cap must be finite and >= 0"),
+    (dict(bias_type=3, bias_ptr=FAKE), "bias_type 3 is unknown: 0 none, 1 elementwise, 2 alibi"),
+    (dict(bias_type=2), "bias_type 2 needs bias_ptr (fp32 ALiBi slopes)"),
+    (dict(bias_type=1), "bias_type 1 needs bias_ptr (the elementwise bias)"),
+    (dict(bias_type=1, bias_ptr=FAKE, bias_fp32=2), "bias_fp32 must be 0 (bias of the data type) or 1 (fp32 bias)"),
+    (dict(bias_type=1, bias_ptr=FAKE, stride_bias=-1), "strides must be >= 0"),
+    (dict(bias_type=2, bias_ptr=FAKE + 2), "bias_ptr (0x7f0000000002) is misaligned: fp32 bias must be 4-byte aligned"),
+    (dict(bias_type=1, bias_ptr=FAKE + 1), "bias_ptr (0x7f0000000001) is misaligned: fp16/bf16 bias must be 2-byte"),
+    (dict(sink_ptr=FAKE + 2), "sink_ptr (0x7f0000000002) is misaligned: the fp32 sink logits must be 4-byte aligned"),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("overrides, message", MOD_CASES)
+def test_forward_modifier_arguments_are_refused_with_one_sentence(fwd_lib, overrides, message):
+    args = valid_args(**overrides)
+    assert fwd_lib.mha_fwd_raw(args) == _capi.ERROR_INVALID_ARGS
+    assert message in fwd_lib.last_error()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("overrides, message", MOD_CASES + [
+    (dict(dbias_ptr=FAKE), "dbias_ptr is given but bias_type is not elementwise (1)"),
+    (dict(bias_type=2, bias_ptr=FAKE, dbias_ptr=FAKE), "dbias_ptr is given but bias_type is not elementwise (1)"),
+    (dict(bias_type=1, bias_ptr=FAKE, dbias_ptr=FAKE, stride_dbias=256, nhead_stride_dbias=0,
+          batch_stride_dbias=8 * 256 * 256), "nhead_stride_dbias and batch_stride_dbias must be > 0"),
+    (dict(bias_type=1, bias_ptr=FAKE, bias_fp32=1, dbias_ptr=FAKE + 2, stride_dbias=256,
+          nhead_stride_dbias=256 * 256, batch_stride_dbias=8 * 256 * 256), "dbias_ptr (0x7f0000000002) is misaligned"),
+    (dict(dsink_ptr=FAKE), "dsink_ptr is given but sink_ptr is NULL: there is no sink"),
+    (dict(sink_ptr=FAKE, dsink_ptr=FAKE + 1), "dsink_ptr (0x7f0000000001) is misaligned"),
+])
+def test_backward_modifier_arguments_are_refused_with_one_sentence(bwd_lib, overrides, message):
+    args = valid_bwd_args(**overrides)
+    assert bwd_lib.mha_bwd_raw(args) == _capi.ERROR_INVALID_ARGS
+    assert message in bwd_lib.last_error()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("overrides", [dict(logits_soft_cap=30.0), dict(bias_type=2, bias_ptr=FAKE),
+                                       dict(bias_type=1, bias_ptr=FAKE, stride_bias=256), dict(sink_ptr=FAKE)])
+def test_calls_with_modifiers_run_on_the_generic_family(fwd_lib, bwd_lib, overrides):
+    """The hopper family lacks score_mods (catalogue guard): a call that sets a modifier goes to generic."""
+    assert fwd_lib.kernel_name(valid_args()).endswith("_hopper_b128x128")
+    assert fwd_lib.kernel_name(valid_args(**overrides)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+    name = bwd_lib.kernel_name(valid_bwd_args(**overrides))
+    assert name is not None and "_generic_" in name, bwd_lib.last_error()
+
+
+def test_catalogue_states_which_families_serve_modifiers():
+    from codegen import catalogue
+    cat = catalogue.load("cuda")
+    served = {(api, name): fam.score_mods for (api, name), fam in cat.families.items()}
+    assert served[("fwd", "generic")] and served[("bwd", "generic")]
+    assert not served[("fwd", "hopper")] and not served[("bwd", "hopper")]
+    assert not any(f.score_mods for f in catalogue.load("rocm").families.values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The NumPy reference: its backward is the derivative of its forward (soft-cap, bias, ALiBi, sink, masks, GQA)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _fd_case(mods, mask_type, seed=0):
+    rng = np.random.default_rng(seed)
+    b, h, hk, sq, sk, d = 2, 4, 2, 6, 9, 8
+    q, k, v = rng.standard_normal((b, h, sq, d)), rng.standard_normal((b, hk, sk, d)), rng.standard_normal((b, hk, sk, d))
+    do = rng.standard_normal((b, h, sq, d))
+    kw = dict(mods)
+    if kw.get("bias") == "e":
+        kw["bias"] = rng.standard_normal((1, h, sq, sk))
+    if kw.get("sink") == "s":
+        kw["sink"] = rng.standard_normal(h)
+    if kw.get("alibi_slopes") == "a":
+        kw["alibi_slopes"] = rng.uniform(0.1, 1.0, (b, h))
+    return q, k, v, do, kw, mask_type
+
+
+@pytest.mark.parametrize("mods", [dict(softcap=2.0), dict(bias="e"), dict(alibi_slopes="a"), dict(sink="s"),
+                                  dict(softcap=1.5, bias="e", sink="s"), dict(softcap=3.0, alibi_slopes="a")])
+@pytest.mark.parametrize("mask_type", [0, 2])
+def test_reference_backward_is_the_derivative_of_the_forward(mods, mask_type):
+    q, k, v, do, kw, mt = _fd_case(mods, mask_type)
+
+    def loss(**arrays):
+        a = dict(q=q, k=k, v=v, **{n: kw.get(n) for n in ("bias", "sink")})
+        a.update(arrays)
+        o = R.attention_fwd(a["q"], a["k"], a["v"], mask_type=mt, out_dtype=np.float64, softcap=kw.get("softcap"),
+                            alibi_slopes=kw.get("alibi_slopes"), bias=a["bias"], sink=a["sink"])
+        return float((o * do).sum())
+
+    dq, dk, dv, dbias, dsink = R.attention_bwd(q, k, v, do, mask_type=mt, out_dtype=np.float64, return_mod_grads=True,
+                                               **kw)
+    eps = 1e-6
+
+    def fd(name, arr, idx):
+        plus, minus = arr.copy(), arr.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        return (loss(**{name: plus}) - loss(**{name: minus})) / (2 * eps)
+
+    for idx in [(0, 1, 2, 3), (1, 3, 5, 7)]:
+        assert dq[idx] == pytest.approx(fd("q", q, idx), rel=1e-5, abs=1e-7)
+    for idx in [(0, 1, 4, 2), (1, 0, 8, 5)]:
+        assert dk[idx] == pytest.approx(fd("k", k, idx), rel=1e-5, abs=1e-7)
+        assert dv[idx] == pytest.approx(fd("v", v, idx), rel=1e-5, abs=1e-7)
+    if isinstance(kw.get("bias"), np.ndarray):  # broadcast over the batch: the gradient sums dS over it
+        for idx in [(0, 1, 5, 8), (0, 3, 2, 2)]:
+            assert dbias.sum(axis=0)[idx[1:]] == pytest.approx(fd("bias", kw["bias"], idx), rel=1e-5, abs=1e-7)
+    if isinstance(kw.get("sink"), np.ndarray):
+        for hh in range(q.shape[1]):
+            assert dsink[hh] == pytest.approx(fd("sink", kw["sink"], (hh,)), rel=1e-5, abs=1e-7)
+
+
+def test_reference_alibi_and_sink_semantics():
+    """ALiBi is -slope·|i + s_k - s_q - j| (bottom-right); a row without keys gets O = 0 and LSE = sink."""
+    q = np.zeros((1, 1, 3, 4))
+    k = np.zeros((1, 1, 5, 4))
+    v = np.arange(5, dtype=np.float64).reshape(1, 1, 5, 1).repeat(4, axis=3)
+    o, lse = R.attention_fwd(q, k, v, alibi_slopes=np.array([0.5]), return_lse=True, out_dtype=np.float64)
+    logits = -0.5 * np.abs(np.arange(3)[:, None] + 2 - np.arange(5)[None, :])
+    p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(o[0, 0, :, 0], p @ np.arange(5))
+    np.testing.assert_allclose(lse[0, 0], np.log(np.exp(logits).sum(axis=1)))
+    o, lse = R.attention_fwd(q, k[:, :, :0], v[:, :, :0], sink=np.array([0.7]), return_lse=True, out_dtype=np.float64)
+    assert (o == 0).all() and np.allclose(lse, 0.7)
+    o2, lse2 = R.attention_fwd(q, k, v, sink=np.array([0.7]), return_lse=True, out_dtype=np.float64)
+    np.testing.assert_allclose(lse2[0, 0], np.log(5 + np.exp(0.7)))
+    np.testing.assert_allclose(o2[0, 0, :, 0], 10 / (5 + np.exp(0.7)))
+
+
+def test_reference_varlen_is_the_batch_reference_per_sequence():
+    """Group mode: each sequence with its own positions, its ALiBi slope row, its bias block and the sinks."""
+    rng = np.random.default_rng(3)
+    lq, lk, h, hk, d = [5, 0, 9], [7, 3, 4], 4, 2, 8
+    cq, ck = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+    q, k, v = rng.standard_normal((cq[-1], h, d)), rng.standard_normal((ck[-1], hk, d)), rng.standard_normal((ck[-1], hk, d))
+    do = rng.standard_normal((cq[-1], h, d))
+    bias = rng.standard_normal((3, 1, max(lq), max(lk)))
+    kw = dict(softcap=2.0, bias=bias, sink=rng.standard_normal(h), mask_type=2, window_left=-1, window_right=0)
+    o, lse = R.attention_varlen_fwd(q, k, v, cq, ck, return_lse=True, out_dtype=np.float64, **kw)
+    dq, dk, dv, dbias, dsink = R.attention_varlen_bwd(q, k, v, do, cq, ck, out_dtype=np.float64,
+                                                      return_mod_grads=True, **kw)
+    slopes = rng.uniform(0.1, 1.0, (3, h))
+    o_alibi = R.attention_varlen_fwd(q, k, v, cq, ck, out_dtype=np.float64, alibi_slopes=slopes)
+    total_dsink = np.zeros(h)
+    for b in range(3):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        bhsd = lambda x: x[None].transpose(0, 2, 1, 3)  # noqa: E731
+        one = dict(kw, bias=bias[b:b + 1, :, :q1 - q0, :k1 - k0])
+        ob, lb = R.attention_fwd(bhsd(q[q0:q1]), bhsd(k[k0:k1]), bhsd(v[k0:k1]), return_lse=True,
+                                 out_dtype=np.float64, **one)
+        np.testing.assert_allclose(o[q0:q1], ob[0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(lse[:, q0:q1], lb[0], atol=1e-12)
+        r = R.attention_bwd(bhsd(q[q0:q1]), bhsd(k[k0:k1]), bhsd(v[k0:k1]), bhsd(do[q0:q1]), out_dtype=np.float64,
+                            return_mod_grads=True, **one)
+        np.testing.assert_allclose(dq[q0:q1], r[0][0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(dk[k0:k1], r[1][0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(dbias[b, :, :q1 - q0, :k1 - k0], r[3][0], atol=1e-12)
+        total_dsink += r[4]
+        oa = R.attention_fwd(bhsd(q[q0:q1]), bhsd(k[k0:k1]), bhsd(v[k0:k1]), out_dtype=np.float64,
+                             alibi_slopes=slopes[b])
+        np.testing.assert_allclose(o_alibi[q0:q1], oa[0].transpose(1, 0, 2), atol=1e-12)
+    np.testing.assert_allclose(dsink, total_dsink, atol=1e-12)
+    assert (lse[:, cq[1]:cq[2]].size == 0) and np.all(dbias[1] == 0)
