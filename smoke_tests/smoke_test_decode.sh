@@ -64,7 +64,7 @@ for prec in $PRECS; do
     run "${p[@]}" -b=2 -h=8 -h_k=1 -s=2 -s_k=300,1024 -d=256 -page_block_size=16 -num_splits=0 -lse=1
     run "${p[@]}" -b=2 -h=6 -h_k=3 -s=5 -s_k=77,250 -d=59 -d_v=100 -mask=b -s_knew=1 -lse=1
     # top-left and generic masks (over s_q queries and the cache length + new rows)
-    run "${p[@]}" -b=2 -h=4 -h_k=4 -s=6 -s_k=10,40 -mask=t:2,3 -lse=1
+    run "${p[@]}" -b=2 -h=4 -h_k=4 -s=6 -s_k=10,40 -mask=t:2,3 -num_splits=0 -lse=1
     run "${p[@]}" -b=2 -h=8 -h_k=2 -s=4 -s_k=64,200 -mask=g:30,5 -num_splits=2 -lse=1
 done
 

@@ -35,6 +35,13 @@ struct CacheRows {
         const int page = __ldg(pages + page_idx);
         return base + int64_t(page) * page_stride + int64_t(in_page) * row_stride;
     }
+
+    // Rows [n0, n0 + n) with n0 a multiple of n: row n0 + r is at the result + r·row_stride when they lie in one
+    // page (a page size that is a multiple of n) or the cache is contiguous; nullptr when they may span pages.
+    __device__ __forceinline__ T* run_of_rows(int n0, int n) const {
+        if (pages != nullptr && page_size % n != 0) return nullptr;
+        return row(n0);
+    }
 };
 
 // The K (or V: kValues) cache rows of batch b, kv head hk.

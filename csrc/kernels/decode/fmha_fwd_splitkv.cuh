@@ -1,24 +1,30 @@
 // mhakit decode family: split-KV forward attention against a (paged) KV cache, for sm_80 and newer.
 //
-// Work: one CTA per (key split, packed row chunk, kv head, batch). Packed GQA: the CTA's query tile holds the rows of
+// Work: one CTA per (kv head, key split, packed row chunk, batch), the kv head varying fastest in launch order (CTAs
+// running together read neighbouring bytes of each cache row). Packed GQA: the CTA's query tile holds the rows of
 // every query head of its kv head (group = nhead_q / nhead_k) for every query row (cache_rows.cuh, packed_row), so
-// each K/V byte is read once per group, not once per query head. Decode is memory bound, so the CTA's warps split
-// the KEYS of each block (warp w takes keys [w·kKeysPerWarp, (w+1)·kKeysPerWarp) of every block of kBlockN) and
-// each keeps its own online softmax over all the tile's rows; at the end the warps' partial results meet in shared
-// memory (combine_warps). The split's rows then go to O / LSE directly (one split) or, as fp32 partials, to
-// o_acc / lse_acc for the combine kernel (splitkv_combine.cuh).
+// each K/V byte is read once per group, not once per query head. Two ways to spread a tile over the warps:
+//   key split (tiles of up to block_m rows: decode's few rows): warp w takes keys [w·16, (w+1)·16) of every block of
+//     kBlockN keys and keeps its own online softmax over all the tile's rows; at the end the warps' partial results
+//     meet in shared memory (combine_warps);
+//   row split (more rows than block_m: s_q x group beyond it): warp w owns 16 rows and walks every key of a block,
+//     so that a tile of warps x 16 rows reads each block once (the key split would need more row chunks, each
+//     reading the keys again).
+// The split's rows then go to O / LSE directly (one split) or, as fp32 partials, to o_acc / lse_acc for the combine
+// kernel (splitkv_combine.cuh).
 //
 // Per block of kBlockN keys, per warp (the generic family's mma.sync pieces over a warp-sized view, WarpView):
 //   S = Q·Kᵀ (gemm_qk), element mask only on blocks that are not full for every row of the tile (MaskGeometry of
 //   the bottom-right / window / generic mask over seqlen_q queries and the batch's cache length + new rows),
 //   online softmax (OnlineSoftmax), O += P·V (gemm_pv).
 // Loads: a kStages-deep cp.async ring of K and V blocks (kStages - 1 blocks in flight while one is computed);
-// every cache row is looked up through the block table when paged; rows past the cache end and columns past the real
-// head dim are zero-filled; unaligned tensors take element-wise loads into the same tiles (generic_tile_io.cuh).
+// cache rows come through the block table when paged (one lookup per block when a page holds whole blocks);
+// rows past the cache end and columns past the real head dim are zero-filled; unaligned tensors take element-wise
+// loads into the same tiles (generic_tile_io.cuh).
 //
-// Tiles (catalogue [splitkv.decode]): block_m = query rows per CTA (16 · row tiles), block_n = keys per block,
-// warps, stages. A tile of at most 16 rows (MQA/GQA decode with seqlen_q · group <= 16) runs a one-row-tile kernel
-// of the same instance, so that small groups do not pay for padded rows.
+// Tiles (catalogue [splitkv.decode]): block_m = query rows per CTA of the key split (16 · row tiles), block_n = keys
+// per block, warps, stages. A tile of at most 16 rows (MQA/GQA decode with seqlen_q · group <= 16) runs a one-row-
+// tile kernel of the same instance, so that small groups do not pay for padded rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,25 +69,32 @@ struct SplitkvConfig {
     static_assert(kKeysPerWarp % 16 == 0, "a warp takes keys in steps of 16");
     static_assert(kStages >= 2, "the cp.async ring needs two stages at least");
 
-    // Shared memory of the kernel computing kMT row tiles: the Q tile and the K/V ring; after the key loop the same
-    // bytes hold every warp's partial O (fp32) and row statistics.
-    template <int kMT>
+    // Rows of a CTA's query tile: kMT row tiles (key split), or kMT row tiles per warp (row split).
+    template <int kMT, bool kRowSplit>
+    static constexpr int tile_rows() { return kRowSplit ? kWarps * 16 * kMT : 16 * kMT; }
+
+    // Shared memory of a kernel: the Q tile and the K/V ring; after the key loop the same bytes hold the partial O
+    // (fp32) and row statistics of every warp (key split) or of the tile (row split).
+    template <int kMT, bool kRowSplit>
     static constexpr int smem_bytes() {
-        constexpr int pipe = (16 * kMT * kSQ + kStages * kBlockN * (kSQ + kSV)) * 2;
-        constexpr int combine = kWarps * 16 * kMT * (kHdimV + 2) * 4;
+        constexpr int rows = tile_rows<kMT, kRowSplit>();
+        constexpr int pipe = (rows * kSQ + kStages * kBlockN * (kSQ + kSV)) * 2;
+        constexpr int combine = (kRowSplit ? 1 : kWarps) * rows * (kHdimV + 2) * 4;
         return pipe > combine ? pipe : combine;
     }
 };
 
 // What the generic family's warp-level pieces (gemm_qk, gemm_pv, mask_s, pack_p) read of a config: one warp's share
-// of a block (kKeysPerWarp keys) against all kMT row tiles of the CTA.
-template <class Cfg, int kMT_>
+// of a block (key split: kKeysPerWarp keys against all kMT row tiles of the CTA; row split: every key of the block
+// against the warp's own kMT row tiles).
+template <class Cfg, int kMT_, bool kRowSplit>
 struct WarpView {
     static constexpr mhakit_dtype kDtype = Cfg::kDtype;
     static constexpr int kMT = kMT_;
-    static constexpr int kNT = Cfg::kKeysPerWarp / 8;
+    static constexpr int kKeys = kRowSplit ? Cfg::kBlockN : Cfg::kKeysPerWarp;
+    static constexpr int kNT = kKeys / 8;
     static constexpr int kKQ = Cfg::kHdimQ / 16;
-    static constexpr int kKV = Cfg::kKeysPerWarp / 16;
+    static constexpr int kKV = kKeys / 16;
     static constexpr int kOT = Cfg::kHdimV / 8;
     static constexpr int kSQ = Cfg::kSQ, kSV = Cfg::kSV;
     static constexpr bool kQInRegs = false;  // Q fragments come from shared memory on every block
@@ -161,24 +174,72 @@ __device__ __forceinline__ void combine_warps(float* s_o, float* s_m, float* s_l
         }
 }
 
-template <class Cfg, int kMT>
+// Row split: every row belongs to one warp, so its result is final: O divided by the row's sum into s_o[row][col],
+// the row's max and sum into s_m / s_l [row] (rows warp_row0 .. + 16 kMT of the tile).
+template <class W>
+__device__ __forceinline__ void stage_own_rows(float* s_o, float* s_m, float* s_l, const float (&acc_o)[W::kMT][W::kOT][4],
+                                               const generic::detail::OnlineSoftmax<W::kMT>& sm, int warp_row0,
+                                               int hdim_v) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < W::kMT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float l = sm.row_sum[mt][hf];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int r = warp_row0 + mt * 16 + g + 8 * hf;
+            if (t4 == 0) {
+                s_m[r] = sm.row_max[mt][hf];
+                s_l[r] = l;
+            }
+            const float f = l > 0.f ? 1.f / l : 0.f;
+            float* dst = s_o + r * W::kOT * 8;
+#pragma unroll
+            for (int nt = 0; nt < W::kOT; ++nt) {
+                if (nt * 8 >= hdim_v) break;
+                dst[nt * 8 + 2 * t4] = acc_o[mt][nt][2 * hf] * f;
+                dst[nt * 8 + 2 * t4 + 1] = acc_o[mt][nt][2 * hf + 1] * f;
+            }
+        }
+}
+
+// Launch order of the CTAs: the kv head fastest, then the split, then the row chunk (x), the batch (z).
+struct SplitkvWork {
+    int hk, split, chunk, b;
+};
+__device__ __forceinline__ SplitkvWork splitkv_work(const SplitkvParams& p) {
+    SplitkvWork w;
+    w.hk = int(blockIdx.x % unsigned(p.nhead_k));
+    const int rest = int(blockIdx.x / unsigned(p.nhead_k));
+    w.split = rest % p.num_splits;
+    w.chunk = rest / p.num_splits;
+    w.b = blockIdx.z;
+    return w;
+}
+
+template <class Cfg, int kMT, bool kRowSplit>
 __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvParams p, const int align_flags) {
-    using W = WarpView<Cfg, kMT>;
-    constexpr int kBlockM = 16 * kMT, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
-    constexpr int kSQ = Cfg::kSQ, kSV = Cfg::kSV, kKPW = Cfg::kKeysPerWarp, kWarps = Cfg::kWarps;
+    using W = WarpView<Cfg, kMT, kRowSplit>;
+    constexpr int kBlockM = Cfg::template tile_rows<kMT, kRowSplit>();
+    constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+    constexpr int kSQ = Cfg::kSQ, kSV = Cfg::kSV, kWarps = Cfg::kWarps;
+    constexpr int kParts = kRowSplit ? 1 : kWarps;  // partial results per row after the key loop
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
     uint16_t* sK = sQ + kBlockM * kSQ;                // kStages x kBlockN x kSQ
     uint16_t* sV = sK + kStages * kBlockN * kSQ;      // kStages x kBlockN x kSV
 
-    const int split = blockIdx.x % p.num_splits, chunk = blockIdx.x / p.num_splits;
-    const int hk = blockIdx.y, b = blockIdx.z;
+    const SplitkvWork work = splitkv_work(p);
+    const int split = work.split, hk = work.hk, b = work.b;
     const int group = p.nhead_q / p.nhead_k;
     const int rows_total = group * p.seqlen_q;
-    const int row0 = chunk * kBlockM;
+    const int row0 = work.chunk * kBlockM;
     const int rows = min(kBlockM, rows_total - row0);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const int warp_row0 = kRowSplit ? warp * 16 * kMT : 0;             // the warp's first row of the tile
+    const int warp_key0 = kRowSplit ? 0 : warp * Cfg::kKeysPerWarp;    // the warp's first key of a block
 
     // ---- the keys this CTA walks: the blocks some row of the tile sees, cut into num_splits parts ----
     const int sk = cache_len(p, b) + p.seqlen_new;
@@ -196,7 +257,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            const int r = row0 + mt * 16 + g + 8 * hf;
+            const int r = row0 + warp_row0 + mt * 16 + g + 8 * hf;
             const bool real = r < rows_total;
             const int qi = real ? r / group : 0;
             row_lo[mt][hf] = real ? int(geom.key_begin(qi)) : 0;
@@ -211,13 +272,21 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
 
     auto load_block = [&](int i) {  // the split's i-th key block into stage i % kStages
         const int n0 = (blk_begin + i) * kBlockN, valid = min(kBlockN, sk - n0);
-        const int st = i % kStages;
-        load_rows<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(
-            sK + st * kBlockN * kSQ, [&](int r) { return kc.row(n0 + r); }, kc.base, valid, q_chunks, p.hdim_q, alK,
-            tid);
-        load_rows<kBlockN, Cfg::kHdimV / 8, kSV, kThreads>(
-            sV + st * kBlockN * kSV, [&](int r) { return vc.row(n0 + r); }, vc.base, valid, v_chunks, p.hdim_v, alV,
-            tid);
+        uint16_t* dK = sK + (i % kStages) * kBlockN * kSQ;
+        uint16_t* dV = sV + (i % kStages) * kBlockN * kSV;
+        const uint16_t* k_run = kc.run_of_rows(n0, kBlockN);  // one page (or contiguous): no per-row lookup
+        const uint16_t* v_run = vc.run_of_rows(n0, kBlockN);
+        if (k_run != nullptr) {
+            load_rows<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(
+                dK, [&](int r) { return k_run + r * kc.row_stride; }, kc.base, valid, q_chunks, p.hdim_q, alK, tid);
+            load_rows<kBlockN, Cfg::kHdimV / 8, kSV, kThreads>(
+                dV, [&](int r) { return v_run + r * vc.row_stride; }, vc.base, valid, v_chunks, p.hdim_v, alV, tid);
+        } else {
+            load_rows<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(
+                dK, [&](int r) { return kc.row(n0 + r); }, kc.base, valid, q_chunks, p.hdim_q, alK, tid);
+            load_rows<kBlockN, Cfg::kHdimV / 8, kSV, kThreads>(
+                dV, [&](int r) { return vc.row(n0 + r); }, vc.base, valid, v_chunks, p.hdim_v, alV, tid);
+        }
     };
 
     float acc_o[kMT][W::kOT][4];
@@ -244,10 +313,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
         }
     }
 
-    // ldmatrix lane offsets (elements), as in the generic forward; each warp reads its own kKPW keys of a block.
-    const int a_off = (lane & 15) * kSQ + ((lane >> 4) << 3);
-    const int k_off = (warp * kKPW + (lane & 7) + ((lane >> 4) << 3)) * kSQ + (((lane >> 3) & 1) << 3);
-    const int v_off = (warp * kKPW + (lane & 7) + (((lane >> 3) & 1) << 3)) * kSV + ((lane >> 4) << 3);
+    // ldmatrix lane offsets (elements), as in the generic forward, from the warp's first row and first key.
+    const int a_off = (warp_row0 + (lane & 15)) * kSQ + ((lane >> 4) << 3);
+    const int k_off = (warp_key0 + (lane & 7) + ((lane >> 4) << 3)) * kSQ + (((lane >> 3) & 1) << 3);
+    const int v_off = (warp_key0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kSV + ((lane >> 4) << 3);
     const uint32_t sQ_a = ptx::smem_addr(sQ + a_off);
     const bool q_full = p.hdim_q > Cfg::kHdimQ - 16, v_full = p.hdim_v > Cfg::kHdimV - 16;
     const uint32_t unused_q_frag[1][1][4] = {};
@@ -272,7 +341,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
             generic::detail::gemm_qk<W, true>(s, unused_q_frag, sQ_a, sK_b, p.hdim_q);
         else
             generic::detail::gemm_qk<W, false>(s, unused_q_frag, sQ_a, sK_b, p.hdim_q);
-        if (!full.contains(blk)) generic::detail::mask_s<W>(s, row_lo, row_hi, blk * kBlockN + warp * kKPW);
+        if (!full.contains(blk)) generic::detail::mask_s<W>(s, row_lo, row_hi, blk * kBlockN + warp_key0);
         softmax.update(s, acc_o, p.scale_log2);
         uint32_t p_frag[kMT][W::kKV][4];
         generic::detail::pack_p<W>(p_frag, s);
@@ -285,10 +354,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     // ---- the warps' partial results meet in shared memory (the Q / K / V bytes are free now) ----
     ptx::cp_async_wait<0>();
     __syncthreads();
-    float* s_o = reinterpret_cast<float*>(smem_raw);        // [kWarps][kBlockM][kHdimV]
-    float* s_m = s_o + kWarps * kBlockM * Cfg::kHdimV;      // [kWarps][kBlockM]
-    float* s_l = s_m + kWarps * kBlockM;
-    combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v);
+    float* s_o = reinterpret_cast<float*>(smem_raw);        // [kParts][kBlockM][kHdimV]
+    float* s_m = s_o + kParts * kBlockM * Cfg::kHdimV;      // [kParts][kBlockM]
+    float* s_l = s_m + kParts * kBlockM;
+    if constexpr (kRowSplit)
+        stage_own_rows<W>(s_o, s_m, s_l, acc_o, softmax, warp_row0, p.hdim_v);
+    else
+        combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v);
     __syncthreads();
 
     const bool direct = p.num_splits == 1;
@@ -296,7 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
         const int r = idx / p.hdim_v, c = idx - r * p.hdim_v;
         float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += s_o[(w * kBlockM + r) * Cfg::kHdimV + c];
+        for (int w = 0; w < kParts; ++w) v += s_o[(w * kBlockM + r) * Cfg::kHdimV + c];
         const PackedRow pr = packed_row(row0 + r, group, hk);
         if (direct)
             static_cast<uint16_t*>(p.o)[b * p.o_batch_stride + pr.head * p.o_head_stride +
@@ -308,10 +380,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     for (int r = tid; r < rows; r += kThreads) {
         float m_all = -INFINITY, l_all = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + r]);
+        for (int w = 0; w < kParts; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + r]);
         if (m_all != -INFINITY)
 #pragma unroll
-            for (int w = 0; w < kWarps; ++w)
+            for (int w = 0; w < kParts; ++w)
                 l_all += s_l[w * kBlockM + r] * ptx::ex2((s_m[w * kBlockM + r] - m_all) * p.scale_log2);
         const float lse = l_all > 0.f ? m_all * p.scale + logf(l_all) : -INFINITY;
         const PackedRow pr = packed_row(row0 + r, group, hk);
@@ -329,41 +401,57 @@ struct SplitkvKernel {
     static_assert(kBlockM % 16 == 0 && kBlockN % (16 * kWarps) == 0, "tile: 16-row tiles, 16-key warp steps");
     using Cfg = detail::SplitkvConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kBlockN / kWarps, kStages>;
     // 99 KB: the smallest opt-in shared memory per block of the sm_80+ parts the family is built for.
-    static_assert(Cfg::template smem_bytes<Cfg::kRowTiles>() <= 101376, "decode tile needs more than 99 KB");
+    static_assert(Cfg::template smem_bytes<Cfg::kRowTiles, false>() <= 101376, "decode tile needs more than 99 KB");
+    static_assert(Cfg::template smem_bytes<1, true>() <= 101376, "decode row-split tile needs more than 99 KB");
 
-    // Rows of the query tile per CTA for this call: one row tile when the packed rows fit it, else the full tile.
-    static int tile_rows(const SplitkvParams& p) {
+    // The kernel a call runs: one row tile (<= 16 packed rows), the key split's full tile (<= block_m rows), or the
+    // row split (more rows: warps x 16 rows per CTA).
+    enum class Shape { kOneTile, kKeySplit, kRowSplit };
+    static Shape shape(const SplitkvParams& p) {
         const long long rows = (long long)(p.nhead_q / p.nhead_k) * p.seqlen_q;
-        return rows <= 16 ? 16 : Cfg::kBlockM;
+        return rows <= 16 ? Shape::kOneTile : rows <= Cfg::kBlockM ? Shape::kKeySplit : Shape::kRowSplit;
+    }
+    static int tile_rows(const SplitkvParams& p) {
+        switch (shape(p)) {
+            case Shape::kOneTile: return Cfg::template tile_rows<1, false>();
+            case Shape::kKeySplit: return Cfg::template tile_rows<Cfg::kRowTiles, false>();
+            default: return Cfg::template tile_rows<1, true>();
+        }
+    }
+    static int smem_bytes(const SplitkvParams& p) {
+        switch (shape(p)) {
+            case Shape::kOneTile: return Cfg::template smem_bytes<1, false>();
+            case Shape::kKeySplit: return Cfg::template smem_bytes<Cfg::kRowTiles, false>();
+            default: return Cfg::template smem_bytes<1, true>();
+        }
     }
     static long long row_chunks(const SplitkvParams& p) {
         const long long rows = (long long)(p.nhead_q / p.nhead_k) * p.seqlen_q;
         return (rows + tile_rows(p) - 1) / tile_rows(p);
     }
 
-    // Run-time guard beyond the runtime's checks: the grid fits (x: splits x row chunks).
+    // Run-time guard beyond the runtime's checks: the grid fits (x: kv heads x splits x row chunks).
     static bool supports(const SplitkvParams& p) {
-        return p.nhead_k <= 65535 && p.batch <= 65535 && row_chunks(p) * MHAKIT_MAX_SPLITS < (1LL << 31);
+        return p.batch <= 65535 && row_chunks(p) * MHAKIT_MAX_SPLITS * p.nhead_k < (1LL << 31);
     }
 
     // The split count for num_splits = 0 (split_heuristic.h), from the SM count and shared memory the runtime read.
     static int num_splits(const SplitkvParams& p, int smem_per_sm) {
-        const int smem = tile_rows(p) == 16 ? Cfg::template smem_bytes<1>() : Cfg::template smem_bytes<Cfg::kRowTiles>();
-        const int per_sm = smem_per_sm / (smem + 1024);
+        const int per_sm = smem_per_sm / (smem_bytes(p) + 1024);
         const long long ctas = row_chunks(p) * p.nhead_k * p.batch;
         const long long keys = (long long)p.max_seqlen_k + p.seqlen_new;
         const int key_blocks = int((keys + Cfg::kBlockN - 1) / Cfg::kBlockN);
         return choose_num_splits(ctas, key_blocks, p.num_sms, per_sm > 0 ? per_sm : 1);
     }
 
-    template <int kMT>
+    template <int kMT, bool kRowSplit>
     static cudaError_t launch(const SplitkvParams& p, int flags, cudaStream_t stream) {
-        auto kernel = detail::splitkv_kernel<Cfg, kMT>;
-        constexpr int smem = Cfg::template smem_bytes<kMT>();
+        auto kernel = detail::splitkv_kernel<Cfg, kMT, kRowSplit>;
+        constexpr int smem = Cfg::template smem_bytes<kMT, kRowSplit>();
         static std::atomic<uint64_t> opted_in{0};
         if (cudaError_t err = opt_in_dynamic_smem(kernel, smem, opted_in); err != cudaSuccess) return err;
-        const long long chunks = row_chunks(p);
-        kernel<<<dim3(unsigned(chunks * p.num_splits), p.nhead_k, p.batch), Cfg::kThreads, smem, stream>>>(p, flags);
+        const long long ctas = row_chunks(p) * p.num_splits * p.nhead_k;
+        kernel<<<dim3(unsigned(ctas), 1, p.batch), Cfg::kThreads, smem, stream>>>(p, flags);
         return cudaGetLastError();
     }
 
@@ -375,7 +463,12 @@ struct SplitkvKernel {
         if (detail::aligned16(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride)) flags |= detail::kAlignQ;
         if (detail::aligned16(p.k_cache, p.k_row_stride, p.k_head_stride, p.k_batch_stride)) flags |= detail::kAlignK;
         if (detail::aligned16(p.v_cache, p.v_row_stride, p.v_head_stride, p.v_batch_stride)) flags |= detail::kAlignV;
-        const cudaError_t err = tile_rows(p) == 16 ? launch<1>(p, flags, stream) : launch<Cfg::kRowTiles>(p, flags, stream);
+        cudaError_t err;
+        switch (shape(p)) {
+            case Shape::kOneTile: err = launch<1, false>(p, flags, stream); break;
+            case Shape::kKeySplit: err = launch<Cfg::kRowTiles, false>(p, flags, stream); break;
+            default: err = launch<1, true>(p, flags, stream); break;
+        }
         if (err != cudaSuccess || p.num_splits == 1) return err;
         return detail::combine_splits<kDtype>(p, stream);
     }

@@ -53,13 +53,23 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Split
         s_weight[warp][s] = lse == -INFINITY ? 0.f : expf(p.lse_acc[acc_row(p, s, b, h, qi)] - lse);
     __syncwarp();
 
+    // Columns spread over the lanes; the splits' partial rows are kSplitStep independent loads at a time (a split
+    // of weight 0 holds zeros), so that a warp waits for the memory latency once per kSplitStep splits, not per split.
     uint16_t* o = static_cast<uint16_t*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + qi * p.o_row_stride;
+    const int64_t split_stride = int64_t(p.batch) * p.nhead_q * p.seqlen_q * p.hdim_v;
+    const float* part = p.o_acc + acc_row(p, 0, b, h, qi) * p.hdim_v;
+    constexpr int kSplitStep = 8;
     for (int c = lane; c < p.hdim_v; c += 32) {
         float acc = 0.f;
-        for (int s = 0; s < splits; ++s) {
-            const float w = s_weight[warp][s];
-            if (w != 0.f) acc += w * p.o_acc[acc_row(p, s, b, h, qi) * p.hdim_v + c];
+        int s = 0;
+        for (; s + kSplitStep <= splits; s += kSplitStep) {
+            float x[kSplitStep];
+#pragma unroll
+            for (int u = 0; u < kSplitStep; ++u) x[u] = __ldg(part + (s + u) * split_stride + c);
+#pragma unroll
+            for (int u = 0; u < kSplitStep; ++u) acc = fmaf(s_weight[warp][s + u], x[u], acc);
         }
+        for (; s < splits; ++s) acc = fmaf(s_weight[warp][s], __ldg(part + s * split_stride + c), acc);
         o[c] = to_elem<kDtype>(acc);
     }
     if (p.lse != nullptr && lane == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + qi] = lse;
