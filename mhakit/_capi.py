@@ -517,6 +517,13 @@ class FwdLibrary(_Library):
             raise error_for(int(round(ret)), self.last_error())
         return ret
 
+    def splitkv_entry_points(self) -> tuple:
+        """Addresses of mhakit_mha_fwd_splitkv, mhakit_last_error and mhakit_mha_fwd_splitkv_acc_size, for the C
+        call path."""
+        return tuple(ctypes.cast(fn, ctypes.c_void_p).value or 0
+                     for fn in (self.cdll.mhakit_mha_fwd_splitkv, self.cdll.mhakit_last_error,
+                                self.cdll.mhakit_mha_fwd_splitkv_acc_size))
+
     def splitkv_kernel_name(self, args: MhakitFwdSplitkvArgs) -> Optional[str]:
         """Name of the split-KV instance the library would launch, or None (see last_error())."""
         name = self.cdll.mhakit_mha_fwd_splitkv_kernel_name(ctypes.byref(args))
