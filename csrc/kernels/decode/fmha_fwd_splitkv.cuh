@@ -17,14 +17,13 @@
 //   S = Q·Kᵀ (gemm_qk), element mask only on blocks that are not full for every row of the tile (MaskGeometry of
 //   the bottom-right / window / generic mask over seqlen_q queries and the batch's cache length + new rows),
 //   online softmax (OnlineSoftmax), O += P·V (gemm_pv).
-// Loads: a cp.async ring of K and V blocks (stages - 1 blocks in flight while one is computed; as many stages as let
-// two CTAs share an SM, up to the tile's);
+// Loads: a kStages-deep cp.async ring of K and V blocks (kStages - 1 blocks in flight while one is computed);
 // cache rows come through the block table when paged (one lookup per block when a page holds whole blocks);
 // rows past the cache end and columns past the real head dim are zero-filled; unaligned tensors take element-wise
 // loads into the same tiles (generic_tile_io.cuh).
 //
 // Tiles (catalogue [splitkv.decode]): block_m = query rows per CTA of the key split (16 · row tiles), block_n = keys
-// per block, warps, stages (the most; the arch's shared memory per SM, a catalogue trait, may allow fewer). A tile of at most 16 rows (MQA/GQA decode with seqlen_q · group <= 16) runs a one-row-
+// per block, warps, stages. A tile of at most 16 rows (MQA/GQA decode with seqlen_q · group <= 16) runs a one-row-
 // tile kernel of the same instance, so that small groups do not pay for padded rows.
 #pragma once
 
@@ -56,44 +55,33 @@ using generic::detail::load_chunk;
 namespace ptx = generic::ptx;
 
 template <mhakit_dtype kDtype_, int kHdimQ_, int kHdimV_, int kRowTiles_, int kWarps_, int kKeysPerWarp_,
-          int kMaxStages_, int kSmemPerSm_, int kSmemPerBlock_>
+          int kStages_>
 struct SplitkvConfig {
     static constexpr mhakit_dtype kDtype = kDtype_;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_;
     static constexpr int kRowTiles = kRowTiles_, kWarps = kWarps_, kKeysPerWarp = kKeysPerWarp_;
-    static constexpr int kMaxStages = kMaxStages_;
-    static constexpr int kSmemPerSm = kSmemPerSm_, kSmemPerBlock = kSmemPerBlock_;  // the arch's (catalogue)
+    static constexpr int kStages = kStages_;
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kBlockM = 16 * kRowTiles;        // packed query rows per CTA (the larger kernel)
     static constexpr int kBlockN = kWarps * kKeysPerWarp;  // keys per pipeline stage
     static constexpr int kSQ = kHdimQ + 8, kSV = kHdimV + 8;  // padded shared row strides (elements)
     static_assert(kHdimQ % 16 == 0 && kHdimV % 16 == 0, "head-dim buckets are multiples of 16");
     static_assert(kKeysPerWarp % 16 == 0, "a warp takes keys in steps of 16");
-    static_assert(kMaxStages >= 2, "the cp.async ring needs two stages at least");
+    static_assert(kStages >= 2, "the cp.async ring needs two stages at least");
 
     // Rows of a CTA's query tile: kMT row tiles (key split), or kMT row tiles per warp (row split).
     template <int kMT, bool kRowSplit>
     static constexpr int tile_rows() { return kRowSplit ? kWarps * 16 * kMT : 16 * kMT; }
 
-    // Shared memory of a kernel with `stages` ring stages: the Q tile and the K/V ring; after the key loop the same
-    // bytes hold the partial O (fp32) and row statistics of every warp (key split) or of the tile (row split).
+    // Shared memory of a kernel: the Q tile and the K/V ring; after the key loop the same bytes hold the partial O
+    // (fp32) and row statistics of every warp (key split) or of the tile (row split).
     template <int kMT, bool kRowSplit>
-    static constexpr int smem_bytes_with(int stages) {
-        const int rows = tile_rows<kMT, kRowSplit>();
-        const int pipe = (rows * kSQ + stages * kBlockN * (kSQ + kSV)) * 2;
-        const int combine = (kRowSplit ? 1 : kWarps) * rows * (kHdimV + 2) * 4;
+    static constexpr int smem_bytes() {
+        constexpr int rows = tile_rows<kMT, kRowSplit>();
+        constexpr int pipe = (rows * kSQ + kStages * kBlockN * (kSQ + kSV)) * 2;
+        constexpr int combine = (kRowSplit ? 1 : kWarps) * rows * (kHdimV + 2) * 4;
         return pipe > combine ? pipe : combine;
     }
-    // Ring stages of a kernel: the most (up to the tile's) with which two CTAs still fit an SM, at least two.
-    // Decode is memory bound: blocks in flight per SM are CTAs x (stages - 1), and the shared memory bounds both.
-    template <int kMT, bool kRowSplit>
-    static constexpr int stages() {
-        int s = kMaxStages;
-        while (s > 2 && smem_bytes_with<kMT, kRowSplit>(s) + 1024 > kSmemPerSm / 2) --s;
-        return s;
-    }
-    template <int kMT, bool kRowSplit>
-    static constexpr int smem_bytes() { return smem_bytes_with<kMT, kRowSplit>(stages<kMT, kRowSplit>()); }
 };
 
 // What the generic family's warp-level pieces (gemm_qk, gemm_pv, mask_s, pack_p) read of a config: one warp's share
@@ -234,8 +222,7 @@ template <class Cfg, int kMT, bool kRowSplit>
 __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvParams p, const int align_flags) {
     using W = WarpView<Cfg, kMT, kRowSplit>;
     constexpr int kBlockM = Cfg::template tile_rows<kMT, kRowSplit>();
-    constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::template stages<kMT, kRowSplit>();
-    constexpr int kThreads = Cfg::kThreads;
+    constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
     constexpr int kSQ = Cfg::kSQ, kSV = Cfg::kSV, kWarps = Cfg::kWarps;
     constexpr int kParts = kRowSplit ? 1 : kWarps;  // partial results per row after the key loop
 
@@ -409,18 +396,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
 
 }  // namespace detail
 
-// kStages: the most ring stages of the tile (fewer where two CTAs would not fit an SM); kSmemPerSm /
-// kSmemPerBlock: the arch's shared memory per multiprocessor and its opt-in limit per block (catalogue traits).
-template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages,
-          int kSmemPerSm, int kSmemPerBlock>
+template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages>
 struct SplitkvKernel {
     static_assert(kBlockM % 16 == 0 && kBlockN % (16 * kWarps) == 0, "tile: 16-row tiles, 16-key warp steps");
-    using Cfg = detail::SplitkvConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kBlockN / kWarps, kStages,
-                                      kSmemPerSm, kSmemPerBlock>;
-    static_assert(Cfg::template smem_bytes<1, false>() <= kSmemPerBlock &&
-                      Cfg::template smem_bytes<Cfg::kRowTiles, false>() <= kSmemPerBlock &&
-                      Cfg::template smem_bytes<1, true>() <= kSmemPerBlock,
-                  "decode tile needs more shared memory than the arch gives a block");
+    using Cfg = detail::SplitkvConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kBlockN / kWarps, kStages>;
+    // 99 KB: the smallest opt-in shared memory per block of the sm_80+ parts the family is built for.
+    static_assert(Cfg::template smem_bytes<Cfg::kRowTiles, false>() <= 101376, "decode tile needs more than 99 KB");
+    static_assert(Cfg::template smem_bytes<1, true>() <= 101376, "decode row-split tile needs more than 99 KB");
 
     // The kernel a call runs: one row tile (<= 16 packed rows), the key split's full tile (<= block_m rows), or the
     // row split (more rows: warps x 16 rows per CTA).
