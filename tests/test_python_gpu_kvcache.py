@@ -4,7 +4,6 @@ where it is installed: the C call path through its DLPack exchange table): conti
 heuristic splits, both call paths."""
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
@@ -12,25 +11,11 @@ import pytest
 
 import mhakit
 from mhakit import reference
-from test_python_gpu import assert_close, host_of, round_to, to_float
+from test_python_gpu import assert_close, host_of, kernel_cache, round_to, to_float, torch  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 
 cp = pytest.importorskip("cupy")
-try:
-    import torch
-    if not torch.cuda.is_available():
-        torch = None
-except ImportError:
-    torch = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    path = os.environ.get("MHAKIT_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("mhakit_cache"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MHAKIT_CACHE_DIR", path)
-        yield path
 
 
 def make_case(rng, dtype, b, sq, hq, hk, d, dv, lens, page, s_new, cache_batch_idx):

@@ -9,7 +9,7 @@ import mhakit
 from conftest import have_gpu, have_nvcc
 from mhakit import jit
 from mhakit._arrays import DeviceArray, dtype_by_name
-from test_python_api import FakeDriver
+from test_python_api import install_fake_driver
 
 
 def arr(shape, dtype="float16", strides=None, device=0, ptr=0x7F0000000000):
@@ -85,16 +85,12 @@ def test_python_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypa
     """With a fake driver, a paged call with appended rows, GQA, a host cache_seqlens and forced splits builds the
     decode library for the fake device's arch (sm_80), uploads the lengths, asks the library for the accumulator
     sizes, allocates them on the call's stream, and the library accepts every argument up to its device check."""
-    from mhakit import _capi, _cuda
+    from mhakit import _capi
     if not have_nvcc():
         pytest.skip("nvcc not found")
     if have_gpu():
         pytest.skip("the GPU tests cover this path for real")
-    fake = FakeDriver()
-    monkeypatch.setattr(_cuda, "_DRIVER", fake)
-    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
-        monkeypatch.setattr(module, memo, {})
-    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    fake = install_fake_driver(monkeypatch, tmp_path)
     q = arr((2, 4, 8, 64))
     kc, vc = arr((9, 16, 2, 64)), arr((9, 16, 2, 64))
     kn, vn = arr((2, 3, 2, 64)), arr((2, 3, 2, 64))

@@ -829,6 +829,30 @@ static int prepare_launch(Call* c, PyObject* log_level, mhakit_stream_config* sc
     return enter_call(c, scope) != 0 ? FAILED : 0;
 }
 
+// The outputs of a forward call (O, and LSE when given or wanted): the caller's `out` / `lse_out` (a new reference to
+// each; their views already read into *ov / *lv) or new arrays allocated like `like` (O in its storage, LSE fp32).
+static int fwd_outputs(Call* c, const View* like, PyObject* out, PyObject* lse_out, int o_ndim, const int64_t* o_shape,
+                       int lse_ndim, const int64_t* lse_shape, int want_lse, View** ov, View** lv, PyObject** o_obj,
+                       PyObject** lse_obj) {
+    int rc;
+    if (*ov == NULL) {
+        if ((rc = call_allocate(c, like, o_ndim, o_shape, like->code, like->bits, o_obj, ov)) != HANDLED) return rc;
+    } else {
+        *o_obj = Py_NewRef(out);
+    }
+    if (*lv == NULL && want_lse) {
+        if ((rc = call_allocate(c, like, lse_ndim, lse_shape, mhk_kDLFloat, 32, lse_obj, lv)) != HANDLED) return rc;
+    } else if (*lv != NULL) {
+        *lse_obj = Py_NewRef(lse_out);
+    }
+    return HANDLED;
+}
+
+// What a forward call returns: O, or (O, LSE) with return_lse.
+static PyObject* fwd_result(PyObject* o_obj, PyObject* lse_obj, int return_lse) {
+    return return_lse ? PyTuple_Pack(2, o_obj, lse_obj ? lse_obj : Py_None) : Py_NewRef(o_obj);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // fwd(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, layout, mask_type, left, right, scale,
 //     return_lse, stream, dtype_override, log_level) -> o | (o, lse) | NotImplemented
@@ -869,21 +893,11 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     // The library next (built on first use; None from the resolver: head dims it does not serve), then outputs.
     const Library* lib = library_for(API_FWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
     if (lib == NULL) goto done_rc;
-    if (ov == NULL) {
-        if ((rc = call_allocate(&c, in.q, o_ndim, o_shape, in.q->code, in.q->bits, &o_obj, &ov)) != HANDLED)
-            goto done_rc;
-        layout_strides(ov, layout, in.hq, in.sq, in.dv, os);
-    } else {
-        o_obj = a[3];
-        Py_INCREF(o_obj);
-    }
-    if (lv == NULL && return_lse) {
-        if ((rc = call_allocate(&c, in.q, lse_ndim, lse_shape, mhk_kDLFloat, 32, &lse_obj, &lv)) != HANDLED)
-            goto done_rc;
-    } else if (lv != NULL) {
-        lse_obj = a[4];
-        Py_INCREF(lse_obj);
-    }
+    const int new_o = ov == NULL;
+    if ((rc = fwd_outputs(&c, in.q, a[3], a[4], o_ndim, o_shape, lse_ndim, lse_shape, return_lse, &ov, &lv, &o_obj,
+                          &lse_obj)) != HANDLED)
+        goto done_rc;
+    if (new_o) layout_strides(ov, layout, in.hq, in.sq, in.dv, os);
 
 
     mhakit_fwd_args f;
@@ -925,12 +939,7 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
         library_error(lib, ret);
         goto fail;
     }
-    if (return_lse) {
-        result = PyTuple_Pack(2, o_obj, lse_obj ? lse_obj : Py_None);
-    } else {
-        result = o_obj;
-        Py_INCREF(result);
-    }
+    result = fwd_result(o_obj, lse_obj, return_lse);
     goto fail;  // cleanup only
 
 done_rc:
@@ -1164,16 +1173,9 @@ static PyObject* ext_kvcache(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     if (lv != NULL && (lv->readonly || !lse_readable(lv, 3, lse_shape, sq))) goto not_handled;
     const Library* lib = library_for(API_SPLITKV, c.device, dtype, (int)d, (int)dv, 0, 1, &rc);
     if (lib == NULL) goto done_rc;
-    if (ov == NULL) {
-        if ((rc = call_allocate(&c, q, 4, o_shape, q->code, q->bits, &o_obj, &ov)) != HANDLED) goto done_rc;
-    } else {
-        o_obj = Py_NewRef(a[8]);
-    }
-    if (lv == NULL && return_lse) {
-        if ((rc = call_allocate(&c, q, 3, lse_shape, mhk_kDLFloat, 32, &lse_obj, &lv)) != HANDLED) goto done_rc;
-    } else if (lv != NULL) {
-        lse_obj = Py_NewRef(a[9]);
-    }
+    if ((rc = fwd_outputs(&c, q, a[8], a[9], 4, o_shape, 3, lse_shape, return_lse, &ov, &lv, &o_obj, &lse_obj)) !=
+        HANDLED)
+        goto done_rc;
 
     mhakit_fwd_splitkv_args f;
     memset(&f, 0, sizeof(f));
@@ -1252,11 +1254,7 @@ static PyObject* ext_kvcache(PyObject* self, PyObject* const* a, Py_ssize_t n) {
         goto fail;
     }
     if (recorded != 0) goto fail;
-    if (return_lse) {
-        result = PyTuple_Pack(2, o_obj, lse_obj ? lse_obj : Py_None);
-    } else {
-        result = Py_NewRef(o_obj);
-    }
+    result = fwd_result(o_obj, lse_obj, return_lse);
     goto fail;  // cleanup only
 
 done_rc:

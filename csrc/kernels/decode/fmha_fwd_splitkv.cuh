@@ -125,23 +125,58 @@ __device__ __forceinline__ void load_rows(uint16_t* smem, RowPtr&& row_ptr, cons
     }
 }
 
-// After the key loop: every warp's (max, sum, O) of the same rows into one result per row, in shared memory.
-// Writes the per-warp O (scaled to the common max and divided by the common sum) to s_o[warp][row][col] and the
-// rows' maxima and sums to s_m / s_l [warp][row]; the caller sums s_o over warps.
+// Row (mt, hf)'s sum over the keys this warp saw (the four threads of a row hold a quarter each).
+template <int kMT>
+__device__ __forceinline__ float row_sum_of(const generic::detail::OnlineSoftmax<kMT>& sm, int mt, int hf) {
+    float l = sm.row_sum[mt][hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    return l;
+}
+
+// This thread's columns of O row (mt, hf), times f, into dst (the row in shared memory; columns below hdim_v).
+template <class W>
+__device__ __forceinline__ void store_row(float* dst, const float (&acc_o)[W::kMT][W::kOT][4], int mt, int hf, float f,
+                                          int hdim_v) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < W::kOT; ++nt) {
+        if (nt * 8 >= hdim_v) break;
+        dst[nt * 8 + 2 * t4] = acc_o[mt][nt][2 * hf] * f;
+        dst[nt * 8 + 2 * t4 + 1] = acc_o[mt][nt][2 * hf + 1] * f;
+    }
+}
+
+// The max and sum of row r over kParts partial results (s_m / s_l [part][row], rows of a part kRows apart): the
+// largest max, and every part's sum rescaled to it (0 when no part saw a key).
+template <int kParts, int kRows>
+__device__ __forceinline__ void merged_row(const float* s_m, const float* s_l, int r, float scale_log2, float* m_all,
+                                           float* l_all) {
+    float m = -INFINITY, l = 0.f;
+#pragma unroll
+    for (int w = 0; w < kParts; ++w) m = fmaxf(m, s_m[w * kRows + r]);
+    if (m != -INFINITY)
+#pragma unroll
+        for (int w = 0; w < kParts; ++w) l += s_l[w * kRows + r] * ptx::ex2((s_m[w * kRows + r] - m) * scale_log2);
+    *m_all = m;
+    *l_all = l;
+}
+
+// After the key loop (key split): every warp's (max, sum, O) of the same rows into one result per row, in shared
+// memory. Writes the per-warp O (scaled to the common max and divided by the common sum) to s_o[warp][row][col] and
+// the rows' maxima and sums to s_m / s_l [warp][row]; the caller sums s_o over warps.
 template <class W, int kWarps>
 __device__ __forceinline__ void combine_warps(float* s_o, float* s_m, float* s_l,
-                                              float (&acc_o)[W::kMT][W::kOT][4],
+                                              const float (&acc_o)[W::kMT][W::kOT][4],
                                               const generic::detail::OnlineSoftmax<W::kMT>& sm, float scale_log2,
                                               int hdim_v) {
     constexpr int kRows = 16 * W::kMT;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
 #pragma unroll
     for (int mt = 0; mt < W::kMT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float l = sm.row_sum[mt][hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float l = row_sum_of(sm, mt, hf);
             if (t4 == 0) {
                 const int r = mt * 16 + g + 8 * hf;
                 s_m[warp * kRows + r] = sm.row_max[mt][hf];
@@ -154,23 +189,11 @@ __device__ __forceinline__ void combine_warps(float* s_o, float* s_m, float* s_l
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const int r = mt * 16 + g + 8 * hf;
-            float m_all = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_m[w * kRows + r]);
-            float l_all = 0.f;
-            if (m_all != -INFINITY)
-#pragma unroll
-                for (int w = 0; w < kWarps; ++w)
-                    l_all += s_l[w * kRows + r] * ptx::ex2((s_m[w * kRows + r] - m_all) * scale_log2);
+            float m_all, l_all;
+            merged_row<kWarps, kRows>(s_m, s_l, r, scale_log2, &m_all, &l_all);
             const float mine = sm.row_max[mt][hf];
             const float f = (l_all > 0.f && mine != -INFINITY) ? ptx::ex2((mine - m_all) * scale_log2) / l_all : 0.f;
-            float* dst = s_o + (warp * kRows + r) * W::kOT * 8;
-#pragma unroll
-            for (int nt = 0; nt < W::kOT; ++nt) {
-                if (nt * 8 >= hdim_v) break;
-                dst[nt * 8 + 2 * t4] = acc_o[mt][nt][2 * hf] * f;
-                dst[nt * 8 + 2 * t4 + 1] = acc_o[mt][nt][2 * hf + 1] * f;
-            }
+            store_row<W>(s_o + (warp * kRows + r) * W::kOT * 8, acc_o, mt, hf, f, hdim_v);
         }
 }
 
@@ -180,27 +203,18 @@ template <class W>
 __device__ __forceinline__ void stage_own_rows(float* s_o, float* s_m, float* s_l, const float (&acc_o)[W::kMT][W::kOT][4],
                                                const generic::detail::OnlineSoftmax<W::kMT>& sm, int warp_row0,
                                                int hdim_v) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int g = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
 #pragma unroll
     for (int mt = 0; mt < W::kMT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float l = sm.row_sum[mt][hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float l = row_sum_of(sm, mt, hf);
             const int r = warp_row0 + mt * 16 + g + 8 * hf;
             if (t4 == 0) {
                 s_m[r] = sm.row_max[mt][hf];
                 s_l[r] = l;
             }
-            const float f = l > 0.f ? 1.f / l : 0.f;
-            float* dst = s_o + r * W::kOT * 8;
-#pragma unroll
-            for (int nt = 0; nt < W::kOT; ++nt) {
-                if (nt * 8 >= hdim_v) break;
-                dst[nt * 8 + 2 * t4] = acc_o[mt][nt][2 * hf] * f;
-                dst[nt * 8 + 2 * t4 + 1] = acc_o[mt][nt][2 * hf + 1] * f;
-            }
+            store_row<W>(s_o + r * W::kOT * 8, acc_o, mt, hf, l > 0.f ? 1.f / l : 0.f, hdim_v);
         }
 }
 
@@ -378,13 +392,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     }
     if (direct && p.lse == nullptr) return;
     for (int r = tid; r < rows; r += kThreads) {
-        float m_all = -INFINITY, l_all = 0.f;
-#pragma unroll
-        for (int w = 0; w < kParts; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + r]);
-        if (m_all != -INFINITY)
-#pragma unroll
-            for (int w = 0; w < kParts; ++w)
-                l_all += s_l[w * kBlockM + r] * ptx::ex2((s_m[w * kBlockM + r] - m_all) * p.scale_log2);
+        float m_all, l_all;
+        merged_row<kParts, kBlockM>(s_m, s_l, r, p.scale_log2, &m_all, &l_all);
         const float lse = l_all > 0.f ? m_all * p.scale + logf(l_all) : -INFINITY;
         const PackedRow pr = packed_row(row0 + r, group, hk);
         if (direct)
