@@ -878,8 +878,8 @@ def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolc
 def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str = "fwd",
              name_filter: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[KernelCache] = None,
              quiet: bool = False) -> list[Path]:
-    """Fill the cache with every library a call of `api` ("fwd": mha_fwd / mha_varlen_fwd, "bwd": mha_bwd /
-    mha_varlen_bwd) could need within a build profile (see codegen/profiles.toml), so that deployment needs no
+    """Fill the cache with every library a call of `api` ("fwd": mha_fwd / mha_varlen_fwd / mha_fwd_kvcache, "bwd":
+    mha_bwd / mha_varlen_bwd) could need within a build profile (see codegen/profiles.toml), so that deployment needs no
     compiler. Reuses the JIT path: the same entries, keys and atomic installs. All instance objects are compiled
     first in one parallel ninja run; each library then only compiles its dispatch table and links. Returns the
     library paths. Already cached entries are kept."""
