@@ -125,6 +125,17 @@ __device__ __forceinline__ void load_rows(uint16_t* smem, RowPtr&& row_ptr, cons
     }
 }
 
+// Every element of a warp's mma accumulator fragments [row tiles][column tiles][4] to 0.
+template <int kM, int kN>
+__device__ __forceinline__ void zero_fragments(float (&acc)[kM][kN][4]) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+}
+
 // Row (mt, hf)'s sum over the keys this warp saw (the four threads of a row hold a quarter each).
 template <int kMT>
 __device__ __forceinline__ float row_sum_of(const generic::detail::OnlineSoftmax<kMT>& sm, int mt, int hf) {
@@ -304,12 +315,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     };
 
     float acc_o[kMT][W::kOT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < W::kOT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+    zero_fragments(acc_o);
     generic::detail::OnlineSoftmax<kMT> softmax;
 
     if (n_blocks > 0) {
@@ -345,12 +351,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
         const uint32_t sK_b = ptx::smem_addr(sK + st * kBlockN * kSQ + k_off);
         const uint32_t sV_b = ptx::smem_addr(sV + st * kBlockN * kSV + v_off);
         float s[kMT][W::kNT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < W::kNT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+        zero_fragments(s);
         if (q_full)
             generic::detail::gemm_qk<W, true>(s, unused_q_frag, sQ_a, sK_b, p.hdim_q);
         else
