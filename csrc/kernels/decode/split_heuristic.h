@@ -4,8 +4,8 @@
 // Without splitting the grid has `ctas` CTAs, each walking `key_blocks` key blocks. When those already fill most of
 // one wave of the GPU's CTA slots (SMs x CTAs resident per SM) splitting only adds the combine pass. Otherwise the
 // split count is the smallest one whose grid keeps the last wave nearly as busy as the best count would (waves
-// rounded up waste the idle part of the last), never more parts than key blocks or MHAKIT_MAX_SPLITS, and finally
-// evened out so that no part is empty.
+// rounded up waste the idle part of the last), among the counts that leave no part empty (parts of equal size),
+// never more parts than key blocks or MHAKIT_MAX_SPLITS.
 #pragma once
 
 #include "../../include/mha_common.h"
@@ -17,6 +17,12 @@ inline int choose_num_splits(long long ctas, int key_blocks, int num_sms, int ct
     const long long slots = (long long)num_sms * (ctas_per_sm > 0 ? ctas_per_sm : 1);
     if (ctas * 10 >= slots * 8) return 1;
     const int cap = key_blocks < MHAKIT_MAX_SPLITS ? key_blocks : MHAKIT_MAX_SPLITS;
+    // s parts of ceil(key_blocks / s) blocks each leave the last ones empty unless s is "even": the count the kernel
+    // really runs is key_blocks over that part size, rounded up.
+    auto even = [&](int s) {
+        const int per = (key_blocks + s - 1) / s;
+        return (key_blocks + per - 1) / per;
+    };
     auto efficiency = [&](int s) {
         const double waves = double(ctas * s) / double(slots);
         const double whole = double((ctas * s + slots - 1) / slots);
@@ -24,15 +30,10 @@ inline int choose_num_splits(long long ctas, int key_blocks, int num_sms, int ct
     };
     double best = 0.0;
     for (int s = 1; s <= cap; ++s)
-        if (efficiency(s) > best) best = efficiency(s);
-    int chosen = cap;
+        if (efficiency(even(s)) > best) best = efficiency(even(s));
     for (int s = 1; s <= cap; ++s)
-        if (efficiency(s) >= 0.9 * best) {
-            chosen = s;
-            break;
-        }
-    const int per = (key_blocks + chosen - 1) / chosen;
-    return (key_blocks + per - 1) / per;
+        if (efficiency(even(s)) >= 0.9 * best) return even(s);
+    return even(cap);
 }
 
 }  // namespace mhakit::decode
