@@ -38,13 +38,13 @@ if want tests; then
     note "pytest -m gpu: $(tail -1 "$logs/pytest_gpu.log")"
     # The same Python GPU tests through the pure-Python call path (the C path above is the default).
     MHAKIT_NO_EXT=1 MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \
-        python3 -m pytest -q -m gpu tests/test_python_gpu.py tests/test_python_gpu_bwd.py 2>&1 \
+        python3 -m pytest -q -m gpu tests/test_python_gpu.py tests/test_python_gpu_bwd.py tests/test_python_gpu_kvcache.py 2>&1 \
         | tee "$logs/pytest_gpu_python_path.log" | tail -5
     note "pytest -m gpu, pure-Python call path: $(tail -1 "$logs/pytest_gpu_python_path.log")"
 fi
 
 if want smoke; then
-    for api in fwd bwd; do
+    for api in fwd bwd decode; do  # decode: benchmark_mha_fwd's split-KV path
         start=$(date +%s)
         (cd "$lib_dir" && bash "$repo/smoke_tests/smoke_test_$api.sh" -j "$(nproc)") >"$logs/smoke_$api.log" 2>&1
         note "smoke_test_$api (full grid, -v=1): $(tail -1 "$logs/smoke_$api.log") in $(( $(date +%s) - start )) s"
@@ -94,6 +94,9 @@ bwd -prec=fp16 -mode=1 -b=3 -h=4 -h_k=2 -s=300,0,129 -s_k=257,64,500 -d=64 -mask
 bwd -prec=bf16 -b=1 -h=2 -s=300 -s_k=400 -d=256 -mask=b -deterministic=1
 bwd -prec=fp16 -b=1 -h=4 -h_k=2 -s=300 -s_k=257 -d=192 -mask=t -deterministic=1
 fwd -prec=bf16 -b=2 -h=4 -h_k=1 -s=300 -s_k=517 -d=64 -d_v=128 -mask=t -lse=1
+fwd -prec=bf16 -b=2 -h=8 -h_k=2 -s=1 -s_k=3000,700 -page_block_size=64 -num_splits=0 -s_knew=2 -lse=1
+fwd -prec=bf16 -b=2 -h=16 -h_k=2 -s=16 -s_k=1500,77 -page_block_size=16 -num_splits=3 -mask=b -lse=1
+fwd -prec=fp16 -b=3 -h=8 -h_k=8 -s=3 -s_k=900,1,0 -num_splits=4 -cache_batch_idx=1 -s_knew=1 -d=59 -d_v=100 -lse=1
 CASES
     note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
 fi
@@ -107,7 +110,9 @@ if want bench; then
         --json "$logs/bench_varlen.json" 2>&1 | tee "$logs/bench_varlen.md" | tail -25
     MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_overhead.py --json "$logs/bench_overhead.json" 2>&1 \
         | tee "$logs/bench_overhead.md" | tail -30
-    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md"
+    MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_decode.py --json "$logs/bench_decode.json" 2>&1 \
+        | tee "$logs/bench_decode.md" | tail -20
+    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md"
 fi
 
 echo

@@ -34,7 +34,7 @@ from .toolchain import CSRC, Toolchain, ToolchainError, backend_of_arch, make_to
 # Hand-written runtime sources linked into each API's library.
 _SHARED_RUNTIME = ["runtime/api_common.cpp", "runtime/error.cpp", "runtime/device.cpp"]
 RUNTIME_SOURCES = {
-    "fwd": ["runtime/mha_fwd.cpp", *_SHARED_RUNTIME],
+    "fwd": ["runtime/mha_fwd.cpp", "runtime/mha_fwd_splitkv.cpp", *_SHARED_RUNTIME],
     "bwd": ["runtime/mha_bwd.cpp", *_SHARED_RUNTIME],
 }
 # The libraries export the C ABI and nothing else: without this, inline functions of the C++ standard library that

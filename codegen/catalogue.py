@@ -96,7 +96,10 @@ class HeadDims:
         return span if self.multiple == 1 else f"multiples of {self.multiple} {span}"
 
 
-APIS = ("fwd", "bwd")
+APIS = ("fwd", "bwd", "splitkv")
+# APIs whose instances live in another API's library: the split-KV (decode) instances are part of libmha_fwd.so,
+# selected, rendered and linked with the forward's.
+LIBRARY_OF_API = {"fwd": "fwd", "bwd": "bwd", "splitkv": "fwd"}
 
 # The key of an [arch.*] table that names the compiler target, per backend.
 TARGET_KEY = {"cuda": "gencode", "rocm": "offload_arch"}

@@ -65,7 +65,9 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
     arch_record = cat.arch(arch)
     selection = Selection(specs=[])
     seen: dict[str, str] = {}
-    for fam in cat.families_for(base_api, arch):
+    families = [fam for lib_api in catalogue_mod.APIS if catalogue_mod.LIBRARY_OF_API[lib_api] == base_api
+                for fam in cat.families_for(lib_api, arch)]
+    for fam in families:
         if v3_only and not fam.v3:
             continue
         knobs = (*cat.tables, *arch_record.traits, *fam.knobs)
@@ -75,7 +77,7 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
                     for mask in fam.masks:
                         for variant, rank in _variant_choices(fam):
                             spec = KernelSpec(
-                                signature=Signature(base_api, dtype, tile.hdim_q, tile.hdim_v, mode, mask),
+                                signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask),
                                 algorithm=Algorithm(fam.name, arch, tile.params, variant),
                                 priority=fam.priority * VARIANT_SCALE + rank if fam.variants else fam.priority,
                                 template=fam.template,

@@ -49,9 +49,11 @@ def render_dispatch(api: str, arch: str, specs: list[KernelSpec], env: jinja2.En
     major, minor = (int(x) for x in record.compute_capabilities[0].split("."))
     arch_ctx = {"name": record.name, "major": major, "minor": minor,
                 "arch_specific": "true" if record.arch_specific else "false"}
+    # Instances of an API that lives in this library (the forward's split-KV ones) get a table of their own.
     return env.get_template("dispatch.cu.j2").render(
         api=api, Api=api.capitalize(), arch=arch_ctx, head_dims=cat.head_dims,
-        instances=[spec.template_context() for spec in specs])
+        instances=[spec.template_context() for spec in specs if spec.signature.api == api],
+        splitkv_instances=[spec.template_context() for spec in specs if spec.signature.api == "splitkv"])
 
 
 def _named(rel: str, text: str) -> str:

@@ -6,6 +6,7 @@
     o, lse = mhakit.mha_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True)
     o, lse = mhakit.mha_fwd(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = mhakit.mha_bwd(do, q, k, v, o, lse, causal=True)   # gradients; mha_varlen_bwd: group mode
+    o = mhakit.mha_fwd_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=bt, k=k_new, v=v_new, causal=True)
     mhakit.prebuild(profile="default")                    # fill the kernel cache ahead of time (also: python -m mhakit)
     mhakit.prebuild(profile="default", api="bwd")         # ... and for the backward
     mhakit.reference.attention_fwd(q, k, v, mask_type=1)   # the NumPy reference
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 _LAZY_ATTRS = {
     "mha_fwd": "api",
     "mha_varlen_fwd": "api",
+    "mha_fwd_kvcache": "api",
     "mha_bwd": "api",
     "mha_varlen_bwd": "api",
     "prebuild": "jit",
@@ -44,7 +46,8 @@ _LAZY_ATTRS = {
 # later are found too (see __getattr__); this tuple only feeds dir() and documents what exists today.
 _LAZY_SUBMODULES = ("reference", "_capi", "api", "jit", "codegen")
 
-__all__ = ["__version__", "reference", "mha_fwd", "mha_varlen_fwd", "mha_bwd", "mha_varlen_bwd", "prebuild",
+__all__ = ["__version__", "reference", "mha_fwd", "mha_varlen_fwd", "mha_fwd_kvcache", "mha_bwd", "mha_varlen_bwd",
+           "prebuild",
            "cache_dir", "DeviceArray", "MhakitError", "CudaUnavailableError", "HipUnavailableError",
            "DeviceUnavailableError", "JitError", "NoCompilerError"]
 

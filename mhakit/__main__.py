@@ -19,8 +19,8 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--profile", default="default", help="build profile from codegen/profiles.toml (default: default)")
     pre.add_argument("--arch", default=None, help="target arch, e.g. sm_90a (default: the GPU present, else sm_90a)")
     pre.add_argument("--api", default="fwd", choices=("fwd", "bwd", "all"),
-                     help="whose kernels: fwd (mha_fwd, mha_varlen_fwd), bwd (mha_bwd, mha_varlen_bwd) or all "
-                          "(default: fwd)")
+                     help="whose kernels: fwd (mha_fwd, mha_varlen_fwd, mha_fwd_kvcache), bwd (mha_bwd, "
+                          "mha_varlen_bwd) or all (default: fwd)")
     pre.add_argument("--filter", default=None, dest="name_filter", help="keep instances whose name matches (glob)")
     pre.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     pre.add_argument("--list", action="store_true",

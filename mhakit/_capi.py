@@ -119,6 +119,66 @@ class MhakitFwdArgs(ctypes.Structure):
         return f"MhakitFwdArgs({fields})"
 
 
+class MhakitFwdSplitkvArgs(ctypes.Structure):
+    """``mhakit_fwd_splitkv_args`` (mha_fwd.h): decode against a (paged) KV cache."""
+
+    _fields_ = [
+        ("data_type", ctypes.c_int),
+        ("has_lse", ctypes.c_int),
+        ("q_ptr", ctypes.c_void_p),
+        ("k_cache_ptr", ctypes.c_void_p),
+        ("v_cache_ptr", ctypes.c_void_p),
+        ("k_new_ptr", ctypes.c_void_p),
+        ("v_new_ptr", ctypes.c_void_p),
+        ("o_ptr", ctypes.c_void_p),
+        ("lse_ptr", ctypes.c_void_p),
+        ("lse_acc_ptr", ctypes.c_void_p),
+        ("o_acc_ptr", ctypes.c_void_p),
+        ("seqlen_k_ptr", ctypes.c_void_p),
+        ("block_table_ptr", ctypes.c_void_p),
+        ("cache_batch_idx_ptr", ctypes.c_void_p),
+        ("seqlen_q", ctypes.c_int),
+        ("seqlen_knew", ctypes.c_int),
+        ("max_seqlen_k", ctypes.c_int),
+        ("batch", ctypes.c_int),
+        ("hdim_q", ctypes.c_int),
+        ("hdim_v", ctypes.c_int),
+        ("nhead_q", ctypes.c_int),
+        ("nhead_k", ctypes.c_int),
+        ("page_block_size", ctypes.c_int),
+        ("num_splits", ctypes.c_int),
+        ("scale_s", ctypes.c_float),
+        ("stride_q", ctypes.c_int64),
+        ("stride_k", ctypes.c_int64),
+        ("stride_v", ctypes.c_int64),
+        ("stride_knew", ctypes.c_int64),
+        ("stride_vnew", ctypes.c_int64),
+        ("stride_o", ctypes.c_int64),
+        ("nhead_stride_q", ctypes.c_int64),
+        ("nhead_stride_k", ctypes.c_int64),
+        ("nhead_stride_v", ctypes.c_int64),
+        ("nhead_stride_knew", ctypes.c_int64),
+        ("nhead_stride_vnew", ctypes.c_int64),
+        ("nhead_stride_o", ctypes.c_int64),
+        ("nhead_stride_lse", ctypes.c_int64),
+        ("batch_stride_q", ctypes.c_int64),
+        ("batch_stride_k", ctypes.c_int64),
+        ("batch_stride_v", ctypes.c_int64),
+        ("batch_stride_knew", ctypes.c_int64),
+        ("batch_stride_vnew", ctypes.c_int64),
+        ("batch_stride_o", ctypes.c_int64),
+        ("batch_stride_lse", ctypes.c_int64),
+        ("batch_stride_block_table", ctypes.c_int64),
+        ("mask_type", ctypes.c_int),
+        ("window_size_left", ctypes.c_int),
+        ("window_size_right", ctypes.c_int),
+    ]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields_)
+        return f"MhakitFwdSplitkvArgs({fields})"
+
+
 class MhakitBwdArgs(ctypes.Structure):
     """``mhakit_bwd_args`` (mha_bwd.h). ``data_type`` is the C enum ``mhakit_dtype`` (an int)."""
 
@@ -445,11 +505,57 @@ class _Library:
 
 
 class FwdLibrary(_Library):
-    """A loaded libmha_fwd.so."""
+    """A loaded libmha_fwd.so, with the split-KV (decode) entry points beside mha_fwd's."""
 
     API, ARGS = "fwd", MhakitFwdArgs
     mha_fwd_raw = _Library.run_raw
     mha_fwd = _Library.run
+
+    def __init__(self, cdll: ctypes.CDLL, path: str):
+        super().__init__(cdll, path)
+        splitkv = cdll.mhakit_mha_fwd_splitkv
+        splitkv.argtypes = [ctypes.POINTER(MhakitFwdSplitkvArgs), ctypes.POINTER(MhakitStreamConfig)]
+        splitkv.restype = ctypes.c_float
+        cdll.mhakit_mha_fwd_splitkv_kernel_name.argtypes = [ctypes.POINTER(MhakitFwdSplitkvArgs)]
+        cdll.mhakit_mha_fwd_splitkv_kernel_name.restype = ctypes.c_char_p
+        cdll.mhakit_mha_fwd_splitkv_acc_size.argtypes = [
+            ctypes.POINTER(MhakitFwdSplitkvArgs), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t),
+            ctypes.POINTER(ctypes.c_int)]
+        cdll.mhakit_mha_fwd_splitkv_acc_size.restype = ctypes.c_float
+
+    def mha_fwd_splitkv_raw(self, args: MhakitFwdSplitkvArgs, config: Optional[MhakitStreamConfig] = None) -> float:
+        """mhakit_mha_fwd_splitkv's return value as is: ms (>= 0) or a negative MHAKIT_ERROR_* code."""
+        if config is None:
+            config = make_stream_config()
+        return float(self.cdll.mhakit_mha_fwd_splitkv(ctypes.byref(args), ctypes.byref(config)))
+
+    def mha_fwd_splitkv(self, args: MhakitFwdSplitkvArgs, config: Optional[MhakitStreamConfig] = None) -> float:
+        """Append and attend; returns ms (0 when not timing); raises MhakitError on failure."""
+        ret = self.mha_fwd_splitkv_raw(args, config)
+        if ret < 0:
+            raise error_for(int(round(ret)), self.last_error())
+        return ret
+
+    def splitkv_entry_points(self) -> tuple:
+        """Addresses of mhakit_mha_fwd_splitkv, mhakit_last_error and mhakit_mha_fwd_splitkv_acc_size, for the C
+        call path."""
+        return tuple(ctypes.cast(fn, ctypes.c_void_p).value or 0
+                     for fn in (self.cdll.mhakit_mha_fwd_splitkv, self.cdll.mhakit_last_error,
+                                self.cdll.mhakit_mha_fwd_splitkv_acc_size))
+
+    def splitkv_kernel_name(self, args: MhakitFwdSplitkvArgs) -> Optional[str]:
+        """Name of the split-KV instance the library would launch, or None (see last_error())."""
+        name = self.cdll.mhakit_mha_fwd_splitkv_kernel_name(ctypes.byref(args))
+        return name.decode("utf-8", "replace") if name else None
+
+    def splitkv_acc_size(self, args: MhakitFwdSplitkvArgs) -> tuple:
+        """(lse_acc bytes, o_acc bytes, num_splits) the call needs on the current device; raises MhakitError."""
+        lse, o, n = ctypes.c_size_t(0), ctypes.c_size_t(0), ctypes.c_int(0)
+        ret = float(self.cdll.mhakit_mha_fwd_splitkv_acc_size(ctypes.byref(args), ctypes.byref(lse),
+                                                               ctypes.byref(o), ctypes.byref(n)))
+        if ret < 0:
+            raise error_for(int(round(ret)), self.last_error())
+        return lse.value, o.value, n.value
 
 
 class BwdLibrary(_Library):

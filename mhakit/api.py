@@ -1,5 +1,5 @@
-"""The Python calls: ``mha_fwd`` / ``mha_bwd`` (batch mode) and ``mha_varlen_fwd`` / ``mha_varlen_bwd`` (group
-mode, packed tokens).
+"""The Python calls: ``mha_fwd`` / ``mha_bwd`` (batch mode), ``mha_varlen_fwd`` / ``mha_varlen_bwd`` (group
+mode, packed tokens) and ``mha_fwd_kvcache`` (decode against a contiguous or paged KV cache).
 
 Arrays come in through DLPack or ``__cuda_array_interface__`` (CuPy, PyTorch, JAX, ...): pointers, shapes and
 element strides are read, nothing is copied. Outputs are allocated on the inputs' device, stream-ordered on the call's
@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence, Tuple
 from . import _arrays, _codegen
 from ._arrays import ArrayView, DeviceArray
 
-__all__ = ["mha_fwd", "mha_varlen_fwd", "mha_bwd", "mha_varlen_bwd"]
+__all__ = ["mha_fwd", "mha_varlen_fwd", "mha_fwd_kvcache", "mha_bwd", "mha_varlen_bwd"]
 
 # MHAKIT_LOG_LEVEL=1: each call prints the kernel instance it launches ("[mhakit] mha_fwd -> <name>", likewise
 # mha_bwd) to stdout.
@@ -488,6 +488,25 @@ class _Call:
         if LOG_LEVEL > 0:  # the library printf()s the chosen instance; show it now, not at exit
             ctypes.CDLL(None).fflush(None)
 
+    def launch_splitkv(self, lib, args, device: int) -> None:
+        """mha_fwd_splitkv with its split accumulators allocated on the call's stream for the split count the
+        library resolves on this device, freed after the launch (stream-ordered)."""
+        from . import _capi
+        config = _capi.make_stream_config(self.stream, log_level=LOG_LEVEL)
+        with self.layer.device_scope(device):
+            lse_bytes, o_bytes, _ = lib.splitkv_acc_size(args)  # MhakitError when refused; nothing allocated
+            acc = []
+            try:
+                if lse_bytes > 0:
+                    acc = [self.layer.allocate(n, device, self.stream, self.stream_ref) for n in (lse_bytes, o_bytes)]
+                    args.lse_acc_ptr, args.o_acc_ptr = acc[0].ptr, acc[1].ptr
+                lib.mha_fwd_splitkv(args, config)
+            finally:
+                for a in acc:
+                    a.free()
+        if LOG_LEVEL > 0:
+            ctypes.CDLL(None).fflush(None)
+
     def launch_bwd(self, lib, args, device: int) -> None:
         """Ask the library how much scratch the instance it chooses for `args` needs, allocate it on the call's
         stream, launch, and free it on the same stream (the free is ordered after the kernels that use it)."""
@@ -786,6 +805,210 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
 # Backward
 # ------------------------------------------------------------------------------------------------------------------
 
+# ------------------------------------------------------------------------------------------------------------------
+# Decode against a KV cache
+# ------------------------------------------------------------------------------------------------------------------
+
+def _int32_vector(call: "_Call", obj: Any, name: str, length: int, what: str):
+    """A per-batch int32 vector: (device view, None) as given, or (None, int32 numpy array) for a host sequence or,
+    for cache_seqlens, one int that holds for every batch."""
+    if _arrays.is_device_array(obj):
+        view = call.view(obj, name)
+        if view.ndim != 1 or view.shape[0] != length:
+            raise ValueError(f"{name}: expected shape ({length},) ({what}), got {view.shape}")
+        if view.dtype.name != "int32":
+            raise TypeError(f"{name}: expected dtype int32, got {view.dtype.name}")
+        if length > 1 and view.strides[0] != 1:
+            raise ValueError(f"{name}: must be contiguous (stride 1), got stride {view.strides[0]}")
+        return view, None
+    import numpy as np
+    if isinstance(obj, numbers.Integral) and not isinstance(obj, bool) and name == "cache_seqlens":
+        host = np.full(length, int(obj), dtype=np.int64)
+    else:
+        try:
+            host = np.asarray(obj)
+        except Exception:
+            raise TypeError(f"{name}: expected an int32 array of {length} entries ({what}), got "
+                            f"{type(obj).__name__}") from None
+        if host.shape != (length,) or host.dtype.kind not in "iu":
+            raise ValueError(f"{name}: expected {length} integers ({what}), got shape {host.shape} dtype {host.dtype}")
+    return None, host.astype(np.int64)
+
+
+def _mha_fwd_kvcache_py(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: Any, *, block_table: Any = None,
+                        k: Any = None, v: Any = None, cache_batch_idx: Any = None, causal: bool = False,
+                        window: Any = None, scale: Optional[float] = None, num_splits: int = 0,
+                        return_lse: bool = False, out: Any = None, lse_out: Any = None, stream: Any = None,
+                        dtype: Any = None):
+    """Decode attention against a KV cache, with FlashAttention's ``flash_attn_with_kvcache`` semantics.
+
+    q: [b, s_q, h_q, d]. k_cache / v_cache: [b_c, s_cache, h_k, d] / [..., d_v], or, with ``block_table`` (int32
+    [b, max_blocks] page indices), paged [num_blocks, page_block_size, h_k, d] (any page size >= 1). cache_seqlens:
+    the cache rows each batch holds (int32 [b] device array, a host sequence, or one int). k / v (optional,
+    [b, s_new, h_k, d] / [..., d_v]): new rows written into the cache at rows cache_seqlens[i] .. + s_new before
+    attending (cache_seqlens itself is not changed; the cache must have room). cache_batch_idx (int32 [b], contiguous
+    caches only): the cache batch of each batch. Every layout with a contiguous head dim works.
+
+    causal: bottom-right aligned (query row i sees keys up to cache_seqlens + s_new - s_q + i); window=(left, right)
+    a bottom-right sliding window (-1 = unbounded). scale defaults to 1/sqrt(d). GQA/MQA: the query heads of one kv
+    head are computed together, so each K/V byte is read once. num_splits: parts each (batch, kv head)'s keys are
+    cut into (0: chosen from the GPU's SM count; at most 128); the split accumulators are allocated on the call's
+    stream.
+
+    Returns O [b, s_q, h_q, d_v] (q's storage dtype; ``out`` is filled when given) and, with ``return_lse``,
+    (O, LSE) with LSE float32 [b, h_q, s_q] (``lse_out`` may supply it).
+    """
+    call = _Call(stream, dtype)
+    qv, kcv, vcv = call.view(q, "q"), call.view(k_cache, "k_cache"), call.view(v_cache, "v_cache")
+    paged = block_table is not None
+    cache_dims = ("[num_blocks, page_block_size, nheads_k, headdim]" if paged
+                  else "[batch_cache, seqlen_cache, nheads_k, headdim]")
+    _check_ndim(qv, 4, "[batch, seqlen_q, nheads, headdim]")
+    _check_ndim(kcv, 4, cache_dims)
+    _check_ndim(vcv, 4, cache_dims)
+    kind = _same_dtype((qv, kcv, vcv), qv, call.override)
+    b, sq, hq, d = qv.shape
+    nbc, cap, hk, dk = kcv.shape
+    if dk != d:
+        raise ValueError(f"k_cache: head dim {dk} does not match q's head dim {d}")
+    if tuple(vcv.shape[:3]) != (nbc, cap, hk):
+        raise ValueError(f"v_cache: shape {vcv.shape} does not match k_cache's {kcv.shape} in its first three dims")
+    dv = vcv.shape[3]
+    if hk < 1 or hq % hk:
+        raise ValueError(f"k_cache: {hk} kv heads; q's head count {hq} must be a positive multiple of it (GQA/MQA)")
+    _check_head_dim(qv, d, "head dim")
+    _check_head_dim(kcv, d, "head dim")
+    _check_head_dim(vcv, dv, "head dim of v")
+    _check_fits_int32(qv, batch=b, seqlen=sq, nheads=hq)
+    _check_fits_int32(kcv, seqlen=cap)
+    mask_type, left, right = _resolve_mask(causal, None, window)
+    scale = _resolve_scale(scale, d)
+    num_splits = _as_int(num_splits, "num_splits")
+    if not 0 <= num_splits <= 128:
+        raise ValueError(f"num_splits: must be 0 (chosen from the GPU) or in [1, 128], got {num_splits}")
+    return_lse = _as_flag(return_lse, "return_lse")
+
+    # the block table, the batch map, the new rows
+    btv = None
+    max_blocks = 0
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: works with contiguous caches only; a paged cache maps batches to pages "
+                             "through block_table")
+        btv = call.view(block_table, "block_table")
+        if btv.ndim != 2 or btv.shape[0] != b:
+            raise ValueError(f"block_table: expected shape ({b}, max_blocks) (int32 page indices), got {btv.shape}")
+        if btv.dtype.name != "int32":
+            raise TypeError(f"block_table: expected dtype int32, got {btv.dtype.name}")
+        max_blocks = btv.shape[1]
+        if max_blocks > 1 and btv.strides[1] != 1:
+            raise ValueError(f"block_table: rows must be contiguous (stride 1), got strides {btv.strides}")
+    elif cache_batch_idx is None and nbc != b:
+        raise ValueError(f"k_cache: batch {nbc} does not match q's batch {b} (cache_batch_idx maps batches to other "
+                         "cache batches)")
+    idx_view, idx_host = (None, None)
+    if cache_batch_idx is not None:
+        idx_view, idx_host = _int32_vector(call, cache_batch_idx, "cache_batch_idx", b, "one cache batch per batch")
+        if idx_host is not None and b and (idx_host.min() < 0 or idx_host.max() >= nbc):
+            raise ValueError(f"cache_batch_idx: entries must be in [0, {nbc}), got {idx_host.tolist()}")
+    capacity = max_blocks * cap if paged else cap
+    seq_view, seq_host = _int32_vector(call, cache_seqlens, "cache_seqlens", b, "cache rows per batch")
+    if (k is None) != (v is None):
+        raise ValueError("k / v: give both new keys and new values, or neither")
+    knv = vnv = None
+    s_new = 0
+    if k is not None:
+        knv, vnv = call.view(k, "k"), call.view(v, "v")
+        _check_ndim(knv, 4, "[batch, seqlen_new, nheads_k, headdim]")
+        _check_ndim(vnv, 4, "[batch, seqlen_new, nheads_k, headdim_v]")
+        s_new = knv.shape[1]
+        _check_input_shape(knv, (b, s_new, hk, d), "the new keys: [batch, seqlen_new, nheads_k, headdim]")
+        _check_input_shape(vnv, (b, s_new, hk, dv), "the new values: [batch, seqlen_new, nheads_k, headdim_v]")
+        _same_dtype((knv, vnv), qv, call.override)
+        _check_head_dim(knv, d, "head dim")
+        _check_head_dim(vnv, dv, "head dim of v")
+    if seq_host is not None and b and (seq_host.min() < 0 or seq_host.max() + s_new > capacity):
+        raise ValueError(f"cache_seqlens: each batch's cache rows plus the {s_new} new ones must fit the cache's "
+                         f"{capacity} rows, got {seq_host.tolist()}")
+    if capacity + s_new > _INT32_MAX:
+        raise ValueError(f"k_cache: {capacity} rows plus {s_new} new ones exceed the C API's 32-bit limit")
+
+    storage = qv.dtype.name
+    o_shape, lse_shape = (b, sq, hq, dv), (b, hq, sq)
+    ov = call.output(out, "out", o_shape, storage, "[batch, seqlen_q, nheads, headdim_v]")
+    if ov is not None:
+        _check_head_dim(ov, dv, "head dim")
+    lv = call.output(lse_out, "lse_out", lse_shape, "float32", "[batch, nheads, seqlen_q] float32")
+    if lv is not None and sq > 1 and lv.strides[2] != 1:
+        raise ValueError(f"lse_out: the seqlen dimension must be contiguous (stride 1), got strides {lv.strides}")
+    views = [x for x in (qv, kcv, vcv, btv, idx_view, seq_view, knv, vnv, ov, lv) if x is not None]
+    device = call.resolve_device(views)
+    o = out if ov is not None else call.allocate(device, o_shape, storage)
+    if ov is None:
+        ov = call.view(o, "out")
+    lse = None
+    if return_lse or lv is not None:
+        lse = lse_out if lv is not None else call.allocate(device, lse_shape, "float32")
+        if lv is None:
+            lv = call.view(lse, "lse_out")
+    if b == 0 or (sq == 0 and s_new == 0) or hq == 0:
+        return (o, lse) if return_lse else o
+
+    from . import _capi
+    lib = call.library("splitkv", device, kind, d, dv, "batch", True)
+    call.order_inputs(views, device)
+    uploads = []
+    try:
+        def device_vector(view, host):
+            if view is not None:
+                return view.ptr
+            import numpy as np
+            arr = host.astype(np.int32)
+            alloc = call.layer.allocate(arr.nbytes, device, call.stream, call.stream_ref)
+            call.layer.copy_from_host(alloc.ptr, arr.ctypes.data, arr.nbytes, device, call.stream)
+            uploads.append(alloc)
+            return alloc.ptr
+
+        a = _capi.MhakitFwdSplitkvArgs()
+        a.data_type = _capi.dtype_code(kind)
+        a.has_lse = 1 if lv is not None else 0
+        a.q_ptr, a.k_cache_ptr, a.v_cache_ptr, a.o_ptr = qv.ptr, kcv.ptr, vcv.ptr, ov.ptr
+        a.lse_ptr = lv.ptr if lv is not None else None
+        a.seqlen_k_ptr = device_vector(seq_view, seq_host)
+        if paged:
+            a.block_table_ptr = btv.ptr
+            a.page_block_size = cap
+            a.batch_stride_block_table = _stride(btv, 0, b)
+        if cache_batch_idx is not None:
+            a.cache_batch_idx_ptr = device_vector(idx_view, idx_host)
+        if s_new:
+            a.k_new_ptr, a.v_new_ptr = knv.ptr, vnv.ptr
+            a.batch_stride_knew, a.stride_knew, a.nhead_stride_knew = (
+                _stride(knv, 0, b), _stride(knv, 1, s_new, row_align=d), _stride(knv, 2, hk))
+            a.batch_stride_vnew, a.stride_vnew, a.nhead_stride_vnew = (
+                _stride(vnv, 0, b), _stride(vnv, 1, s_new, row_align=dv), _stride(vnv, 2, hk))
+        a.seqlen_q, a.seqlen_knew, a.max_seqlen_k = sq, s_new, capacity
+        a.batch, a.hdim_q, a.hdim_v, a.nhead_q, a.nhead_k = b, d, dv, hq, hk
+        a.num_splits = num_splits
+        a.scale_s = scale
+        a.batch_stride_q, a.stride_q, a.nhead_stride_q = (
+            _stride(qv, 0, b), _stride(qv, 1, sq, row_align=d), _stride(qv, 2, hq))
+        a.batch_stride_o, a.stride_o, a.nhead_stride_o = (
+            _stride(ov, 0, b), _stride(ov, 1, sq, row_align=dv), _stride(ov, 2, hq))
+        a.batch_stride_k, a.stride_k, a.nhead_stride_k = (
+            _stride(kcv, 0, nbc), _stride(kcv, 1, cap, row_align=d), _stride(kcv, 2, hk))
+        a.batch_stride_v, a.stride_v, a.nhead_stride_v = (
+            _stride(vcv, 0, nbc), _stride(vcv, 1, cap, row_align=dv), _stride(vcv, 2, hk))
+        if lv is not None:
+            a.batch_stride_lse, a.nhead_stride_lse = _stride(lv, 0, b), _stride(lv, 1, hq)
+        a.mask_type, a.window_size_left, a.window_size_right = mask_type, left, right
+        call.launch_splitkv(lib, a, device)
+    finally:
+        for u in uploads:
+            u.free()
+    return (o, lse) if return_lse else o
+
+
 def _check_query_heads(hq: int, keys: int) -> None:
     if hq == 0 and keys > 0:
         raise ValueError("q: has 0 heads; the backward needs at least one query head (with none, dK and dV are zero)")
@@ -1003,7 +1226,8 @@ def _ext_callbacks():
         head_dims = _codegen.submodule("catalogue").load("cuda").head_dims
         if not (head_dims.accepts(hdim_q) and head_dims.accepts(hdim_v)):
             return None  # the Python path says why
-        return jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked).entry_points()
+        lib = jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked)
+        return lib.splitkv_entry_points() if api_name == "splitkv" else lib.entry_points()
 
     def allocate(device, shape, storage, stream, stream_ref):
         # The allocation keeps the caller's stream object alive: it is freed on that stream.
@@ -1055,6 +1279,24 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                               stream=stream, dtype=dtype, **mods)
 
 
+def mha_fwd_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: Any, *, block_table: Any = None, k: Any = None,
+                    v: Any = None, cache_batch_idx: Any = None, causal: bool = False, window: Any = None,
+                    scale: Optional[float] = None, num_splits: int = 0, return_lse: bool = False, out: Any = None,
+                    lse_out: Any = None, stream: Any = None, dtype: Any = None):
+    ext = _ext()
+    if ext is not None:
+        mask_type, left, right = _resolve_mask(causal, None, window)
+        result = ext.kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v, cache_batch_idx, out, lse_out,
+                             mask_type, left, right, scale, num_splits, return_lse, stream, _dtype_code(dtype),
+                             LOG_LEVEL)
+        if result is not NotImplemented:
+            return result
+    return _mha_fwd_kvcache_py(q, k_cache, v_cache, cache_seqlens, block_table=block_table, k=k, v=v,
+                               cache_batch_idx=cache_batch_idx, causal=causal, window=window, scale=scale,
+                               num_splits=num_splits, return_lse=return_lse, out=out, lse_out=lse_out, stream=stream,
+                               dtype=dtype)
+
+
 def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
             window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
             dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None, **mods: Any):
@@ -1090,6 +1332,6 @@ def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens
 
 
 for _public, _python_path in ((mha_fwd, _mha_fwd_py), (mha_varlen_fwd, _mha_varlen_fwd_py), (mha_bwd, _mha_bwd_py),
-                              (mha_varlen_bwd, _mha_varlen_bwd_py)):
+                              (mha_varlen_bwd, _mha_varlen_bwd_py), (mha_fwd_kvcache, _mha_fwd_kvcache_py)):
     _public.__doc__ = _python_path.__doc__
 del _public, _python_path

@@ -137,10 +137,17 @@ def _read_json(path: Path):
 _SPECS_BY_API_ARCH: dict = {}
 
 
+def _library_api(api: str) -> str:
+    """The library an API's instances live in: "splitkv" (mha_fwd_kvcache) is part of libmha_fwd.so."""
+    return _codegen.submodule("catalogue").LIBRARY_OF_API[api]
+
+
 def _catalogue_specs(api: str, arch: str) -> list:
+    """The catalogue's specs of `api` on `arch` (only that API's, not those of others sharing its library)."""
     specs = _SPECS_BY_API_ARCH.get((api, arch))
     if specs is None:
-        specs = _codegen.submodule("profiles").enumerate_specs(api, arch).specs
+        specs = [sp for sp in _codegen.submodule("profiles").enumerate_specs(_library_api(api), arch).specs
+                 if sp.signature.api == api]
         _SPECS_BY_API_ARCH[(api, arch)] = specs
     return specs
 
@@ -200,7 +207,7 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
             break
     specs = sorted((sp for sp in pool if (sp.algorithm.family, sp.signature) in chosen),
                    key=lambda sp: (-sp.priority, sp.name))
-    return Entry(api, arch, tuple(specs))
+    return Entry(_library_api(api), arch, tuple(specs))
 
 
 def _representative_head_dims(api: str, arch: str) -> list[int]:
@@ -774,7 +781,7 @@ def _load_bwd(path: Path):
 
 
 # How each API's library is loaded: libmha_fwd.so as _capi.FwdLibrary, libmha_bwd.so as _capi.BwdLibrary.
-LOADERS: dict[str, Callable[[Path], object]] = {"fwd": _load_fwd, "bwd": _load_bwd}
+LOADERS: dict[str, Callable[[Path], object]] = {"fwd": _load_fwd, "bwd": _load_bwd, "splitkv": _load_fwd}
 
 _LIBS: dict = {}
 _LIBS_LOCK = threading.RLock()
@@ -871,13 +878,13 @@ def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolc
 def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str = "fwd",
              name_filter: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[KernelCache] = None,
              quiet: bool = False) -> list[Path]:
-    """Fill the cache with every library a call of `api` ("fwd": mha_fwd / mha_varlen_fwd, "bwd": mha_bwd /
-    mha_varlen_bwd) could need within a build profile (see codegen/profiles.toml), so that deployment needs no
+    """Fill the cache with every library a call of `api` ("fwd": mha_fwd / mha_varlen_fwd / mha_fwd_kvcache, "bwd":
+    mha_bwd / mha_varlen_bwd) could need within a build profile (see codegen/profiles.toml), so that deployment needs no
     compiler. Reuses the JIT path: the same entries, keys and atomic installs. All instance objects are compiled
     first in one parallel ninja run; each library then only compiles its dispatch table and links. Returns the
     library paths. Already cached entries are kept."""
-    if api not in LOADERS:
-        raise ValueError(f"api must be one of {sorted(LOADERS)}, got {api!r}")
+    if api not in LOADERS or _library_api(api) != api:
+        raise ValueError(f"api must be one of {sorted(a for a in LOADERS if _library_api(a) == a)}, got {api!r}")
     cache = cache or default_cache()
     log = (lambda *_: None) if quiet else cache.log
     arch = arch or default_arch()
@@ -885,7 +892,9 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
     tc_mod.require_available_backend(arch)
     profiles = _codegen.submodule("profiles")
     selection = profiles.select(api, arch, profile, name_filter)
-    entries = entries_within(api, arch, selection.specs)
+    # The forward library also holds the split-KV (decode) instances: their entries come along.
+    entries = [e for lib_api in LOADERS if _library_api(lib_api) == api
+               for e in entries_within(lib_api, arch, selection.specs)]
     if not entries:
         raise profiles.SelectionError(
             f"profile '{profile}'{' with filter ' + name_filter if name_filter else ''} holds no complete {api} "

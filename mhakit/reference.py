@@ -40,6 +40,7 @@ __all__ = [
     "parse_mask",
     "attention_fwd",
     "attention_varlen_fwd",
+    "attention_fwd_kvcache",
     "attention_bwd",
     "attention_varlen_bwd",
     "check_close",
@@ -339,6 +340,64 @@ def _check_seqstarts(cu, total: int, name: str) -> np.ndarray:
     if np.any(np.diff(arr) < 0) or arr[0] < 0 or arr[-1] > total:
         raise ValueError(f"{name} must be non-decreasing offsets within [0, {total}], got {arr.tolist()}")
     return arr
+
+
+def attention_fwd_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None, k=None, v=None,
+                          cache_batch_idx=None, scale: Optional[float] = None, mask_type: int = MASK_NONE,
+                          window_left: int = -1, window_right: int = -1, return_lse: bool = False,
+                          compute_dtype=np.float64, out_dtype=np.float32):
+    """Decode against a KV cache (``mhakit.mha_fwd_kvcache``, FlashAttention's ``flash_attn_with_kvcache``).
+
+    q: [b, s_q, h_q, d]; k_cache / v_cache: [b_c, s_cache, h_k, d / d_v], or paged [num_blocks, page_block_size,
+    h_k, ...] with ``block_table`` [b, max_blocks] (row j of batch i lives in page block_table[i, j // page_size] at
+    row j % page_size); cache_seqlens [b]: rows each batch's cache holds; k / v [b, s_new, h_k, d / d_v]: new rows
+    appended at rows cache_seqlens[i] .. + s_new; cache_batch_idx [b]: the cache batch of each batch (contiguous
+    caches). Batch i attends to its cache_seqlens[i] + s_new rows with the mask over (s_q, that many) keys
+    (mask_type 2 with (-1, 0) is the bottom-right causal mask).
+    Returns (O float32 [b, s_q, h_q, d_v], k_cache', v_cache') where the caches are copies holding the appended rows
+    (the device call writes them in place), and with ``return_lse`` LSE float32 [b, h_q, s_q] after O.
+    """
+    dt = _check_compute_dtype(compute_dtype)
+    q = _as_float(q, dt, "q")
+    kc, vc = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
+    if q.ndim != 4 or kc.ndim != 4 or vc.ndim != 4:
+        raise ValueError("q, k_cache, v_cache must be 4-D arrays")
+    b, sq, hq, d = q.shape
+    seqlens = np.asarray(cache_seqlens, dtype=np.int64).reshape(-1)
+    if seqlens.shape[0] != b or np.any(seqlens < 0):
+        raise ValueError(f"cache_seqlens must hold {b} non-negative lengths, got {seqlens.tolist()}")
+    s_new = 0 if k is None else np.asarray(k).shape[1]
+    page = kc.shape[1]
+    table = None if block_table is None else np.asarray(block_table, dtype=np.int64)
+    batch_map = np.arange(b) if cache_batch_idx is None else np.asarray(cache_batch_idx, dtype=np.int64)
+
+    def rows(i, j0, j1):  # (cache batch or page index, row) of batch i's rows j0 .. j1 - 1
+        j = np.arange(j0, j1)
+        if table is None:
+            return np.full_like(j, batch_map[i]), j
+        return table[i, j // page], j % page
+
+    if k is not None:
+        kn, vn = np.asarray(k), np.asarray(v)
+        for i in range(b):
+            cb, r = rows(i, int(seqlens[i]), int(seqlens[i]) + s_new)
+            kc[cb, r], vc[cb, r] = kn[i], vn[i]
+    hk, dv = kc.shape[2], vc.shape[3]
+    group = _kv_group(hq, hk)
+    scale = _default_scale(scale, d)
+    odt = _check_compute_dtype(out_dtype, "out_dtype")
+    o = np.zeros((b, sq, hq, dv), dtype=odt)
+    lse = np.full((b, hq, sq), -np.inf, dtype=odt)
+    for i in range(b):
+        n = int(seqlens[i]) + s_new
+        cb, r = rows(i, 0, n)
+        keys, values = _as_float(kc[cb, r], dt, "k_cache"), _as_float(vc[cb, r], dt, "v_cache")  # [n, h_k, d]
+        c = mask_coord(mask_type, window_left, window_right, sq, n)
+        for h in range(hq):
+            buf = np.empty((sq, dv), dtype=odt)
+            _attend_one_head(q[i, :, h], keys[:, h // group], values[:, h // group], scale, c, buf, lse[i, h])
+            o[i, :, h] = buf
+    return (o, lse, kc, vc) if return_lse else (o, kc, vc)
 
 
 def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,

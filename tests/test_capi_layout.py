@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 INCLUDE = REPO / "csrc" / "include"
 STRUCTS = {
     "mhakit_fwd_args": (_capi.MhakitFwdArgs, INCLUDE / "mha_fwd.h"),
+    "mhakit_fwd_splitkv_args": (_capi.MhakitFwdSplitkvArgs, INCLUDE / "mha_fwd.h"),
     "mhakit_bwd_args": (_capi.MhakitBwdArgs, INCLUDE / "mha_bwd.h"),
     "mhakit_stream_config": (_capi.MhakitStreamConfig, INCLUDE / "mha_common.h"),
 }
@@ -234,6 +235,20 @@ const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* a) {
     if (a->hdim_q != 64) { g_err = "hdim 64 only"; return NULL; }
     return a->window_size_right == 0 ? "fake_causal" : "fake";
 }
+float mhakit_mha_fwd_splitkv(const mhakit_fwd_splitkv_args* a, const mhakit_stream_config* c) {
+    if (a->page_block_size < 0) { g_err = "bad page size"; return MHAKIT_ERROR_INVALID_ARGS; }
+    g_err = "";
+    return c->time_kernel ? (float)a->batch_stride_block_table + a->num_splits : 0.0f;
+}
+const char* mhakit_mha_fwd_splitkv_kernel_name(const mhakit_fwd_splitkv_args* a) {
+    return a->block_table_ptr ? "fake_paged" : "fake_contiguous";
+}
+float mhakit_mha_fwd_splitkv_acc_size(const mhakit_fwd_splitkv_args* a, size_t* lse, size_t* o, int* n) {
+    *n = a->num_splits;
+    *lse = (size_t)a->num_splits * a->seqlen_q * 4;
+    *o = *lse * a->hdim_v;
+    return 0.0f;
+}
 ''')
     lib_path = tmp_path / "libmha_fwd.so"
     subprocess.run([cc, "-std=c11", "-shared", "-fPIC", "-I", str(INCLUDE), str(src), "-o", str(lib_path)],
@@ -257,6 +272,16 @@ const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* a) {
     with pytest.raises(_capi.MhakitError) as e:
         lib.mha_fwd(args(128))
     assert e.value.code == _capi.ERROR_UNSUPPORTED and "hdim 64 only" in str(e.value)
+
+    kv = _capi.MhakitFwdSplitkvArgs(num_splits=3, seqlen_q=2, hdim_v=5, batch_stride_block_table=1 << 40,
+                                    block_table_ptr=8)
+    assert lib.mha_fwd_splitkv(kv, _capi.make_stream_config(time_kernel=True)) == pytest.approx(float(1 << 40))
+    assert lib.splitkv_kernel_name(kv) == "fake_paged"
+    assert lib.splitkv_acc_size(kv) == (24, 120, 3)
+    kv.page_block_size = -1
+    assert lib.mha_fwd_splitkv_raw(kv) == _capi.ERROR_INVALID_ARGS
+    with pytest.raises(_capi.MhakitValueError, match="bad page size"):
+        lib.mha_fwd_splitkv(kv)
 
 
 def test_load_bwd_library_sets_signatures(tmp_path):

@@ -21,8 +21,8 @@ def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mod
 class TestCatalogue:
     def test_cuda_catalogue_loads_with_both_families(self):
         cat = catalogue.load("cuda")
-        assert set(cat.families) >= {("fwd", "hopper"), ("fwd", "generic")}
-        assert cat.arch("sm_90a").families == ("hopper", "generic")
+        assert set(cat.families) >= {("fwd", "hopper"), ("fwd", "generic"), ("splitkv", "decode")}
+        assert cat.arch("sm_90a").families == ("hopper", "generic", "decode")
         assert cat.arch("sm_90a").gencode == "arch=compute_90a,code=sm_90a"
 
     def test_every_arch_lists_known_families_only(self):
@@ -89,19 +89,23 @@ class TestNames:
         names = [s.name for s in specs]
         assert len(names) == len(set(names))
         pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16)_(batch|group)_(n?mask)_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
-        assert all(pattern.match(n) for n in names), [n for n in names if not pattern.match(n)]
+        # the forward library's split-KV (decode) instances: batch "mode", one mask class serving every mask
+        decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode_b\d+x\d+w\d+$")
+        assert all(pattern.match(n) or decode.match(n) for n in names), [n for n in names if not pattern.match(n)]
+        assert sum(bool(decode.match(n)) for n in names) == 6
 
 
 class TestProfiles:
     def test_counts(self):
-        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4
+        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 1
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x 2 modes x 2 masks in the
-        # default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 32
+        # default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the forward library also
+        # holds the decode family's split-KV instances (2 dtypes x 3 buckets)
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 32 + 6
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 32
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 40 + 48
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 40 + 48 + 6
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 40 + 48
-        assert len(profiles.select("fwd", "sm_80", "default").specs) == 40
+        assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 6
 
     def test_v3_keeps_only_the_hopper_family(self):
         specs = profiles.select("fwd_v3", "sm_90a", "default").specs
@@ -137,9 +141,15 @@ class TestRendering:
         assert f"bool {spec.name}_supports(" in hopper and f"dev::Error {spec.name}_run(" in hopper
 
     def test_dispatch_lists_every_instance_with_its_traits(self):
-        specs = profiles.select("fwd", "sm_90a", "minimal").specs
-        text = render.render_dispatch("fwd", "sm_90a", specs)
+        everything = profiles.select("fwd", "sm_90a", "minimal").specs
+        text = render.render_dispatch("fwd", "sm_90a", everything)
+        specs = [s for s in everything if s.signature.api == "fwd"]
+        splitkv = [s for s in everything if s.signature.api == "splitkv"]
         assert f"const int kNumFwdInstances = {len(specs)};" in text
+        assert len(splitkv) == 1 and "const int kNumSplitkvInstances = 1;" in text
+        assert f'{{"{splitkv[0].name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/1,' in text
+        alone = render.render_dispatch("fwd", "sm_90a", splitkv)  # a decode-only library: an empty mha_fwd table
+        assert "kFwdInstances[1] = {\n};" in alone and "const int kNumFwdInstances = 0;" in alone
         assert 'const BuiltArch kFwdBuiltArch = {"sm_90a", 9, 0, /*arch_specific=*/true};' in text
         assert "const HeadDimRule kFwdHeadDims = {/*multiple=*/1, /*max=*/256};" in text
         for s in specs:

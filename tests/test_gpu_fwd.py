@@ -228,3 +228,12 @@ def test_benchmark_smoke_subset(lib):
                           text=True, timeout=1200, env=dict(os.environ, BENCH=str(bench)))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " 0 failed" in proc.stdout
+
+
+def test_decode_smoke_grid(lib):
+    """benchmark_mha_fwd's split-KV path over the decode smoke grid, bf16 (smoke_tests/smoke_test_decode.sh -q)."""
+    bench = Path(lib.path).parent / "benchmark_mha_fwd"
+    proc = subprocess.run(["bash", str(REPO / "smoke_tests" / "smoke_test_decode.sh"), "-q", "-j", "0"],
+                          capture_output=True, text=True, timeout=1200, env=dict(os.environ, BENCH=str(bench)))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " 0 failed" in proc.stdout

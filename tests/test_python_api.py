@@ -281,6 +281,18 @@ class FakeDriver:
         return call
 
 
+def install_fake_driver(monkeypatch, tmp_path) -> FakeDriver:
+    """mhakit._cuda on a FakeDriver (fresh per-process memos, so the fake device's arch is asked again) and a kernel
+    cache under tmp_path; returns the fake, whose .calls record every driver call."""
+    from mhakit import _cuda
+    fake = FakeDriver()
+    monkeypatch.setattr(_cuda, "_DRIVER", fake)
+    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
+        monkeypatch.setattr(module, memo, {})  # per-process memos start empty for the fake device
+    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    return fake
+
+
 @pytest.mark.compile
 @pytest.mark.usefixtures("python_path")
 def test_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatch):
@@ -288,16 +300,12 @@ def test_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkeypatc
     on the call's stream, uploads host offsets, and the C library accepts every argument and chooses an instance
     (it then stops at its own device check: there is no GPU here)."""
     from conftest import have_nvcc
-    from mhakit import _capi, _cuda
+    from mhakit import _capi
     if not have_nvcc():
         pytest.skip("nvcc not found")
     if have_gpu():
         pytest.skip("the GPU tests cover this path for real")
-    fake = FakeDriver()
-    monkeypatch.setattr(_cuda, "_DRIVER", fake)
-    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
-        monkeypatch.setattr(module, memo, {})  # per-process memos start empty for the fake device
-    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    fake = install_fake_driver(monkeypatch, tmp_path)
     q, k, v = arr((30, 4, 64)), arr((40, 2, 64)), arr((40, 2, 64))
     with pytest.raises(_capi.MhakitError, match="no CUDA device/driver is available") as info:
         mhakit.mha_varlen_fwd(q, k, v, [0, 10, 10, 30], [0, 0, 25, 40], 20, 25, causal=True, return_lse=True,
@@ -347,16 +355,11 @@ def test_c_path_resolves_allocates_then_needs_the_driver(tmp_path, monkeypatch, 
     points, allocates O and LSE through mhakit's allocator on the call's stream, and stops only where it needs the
     real driver for the launch (there is none here)."""
     from conftest import have_nvcc
-    from mhakit import _cuda
     if call_path != "c":
         pytest.skip("the Python path's version of this is test_call_path_reaches_the_library_with_valid_arguments")
     if not have_nvcc() or have_gpu():
         pytest.skip("needs nvcc and a machine without a GPU")
-    fake = FakeDriver()
-    monkeypatch.setattr(_cuda, "_DRIVER", fake)
-    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
-        monkeypatch.setattr(module, memo, {})
-    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    fake = install_fake_driver(monkeypatch, tmp_path)
     q = arr((2, 33, 4, 64), strides=(4 * 33 * 64, 64, 33 * 64, 1))
     k = arr((2, 47, 2, 64), strides=(2 * 47 * 64, 64, 47 * 64, 1))
     with pytest.raises(mhakit.CudaUnavailableError, match="libcuda.so.1 could not be loaded"):
@@ -517,16 +520,12 @@ def test_bwd_call_path_reaches_the_library_with_valid_arguments(tmp_path, monkey
     finds the workspace large enough (it then stops at its own device check: there is no GPU here); the workspace is
     freed on the call's stream."""
     from conftest import have_nvcc
-    from mhakit import _capi, _cuda
+    from mhakit import _capi
     if not have_nvcc():
         pytest.skip("nvcc not found")
     if have_gpu():
         pytest.skip("the GPU tests cover this path for real")
-    fake = FakeDriver()
-    monkeypatch.setattr(_cuda, "_DRIVER", fake)
-    for module, memo in ((_cuda, "_CC"), (_cuda, "_PRIMARY"), (_cuda, "_POOLS"), (jit, "_LIBS"), (jit, "_ARCHS")):
-        monkeypatch.setattr(module, memo, {})
-    monkeypatch.setenv("MHAKIT_CACHE_DIR", str(tmp_path / "cache"))
+    fake = install_fake_driver(monkeypatch, tmp_path)
     launches = []
     original = _capi.BwdLibrary.mha_bwd
 

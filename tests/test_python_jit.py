@@ -126,6 +126,17 @@ class TestDerive:
         assert entry(arch="sm_100", mode="group", masked=True).instance_names == [
             "fwd_d128_bf16_group_mask_sm100_generic_b128x64w4"]
 
+    def test_splitkv_entries_live_in_the_forward_library(self):
+        """mha_fwd_kvcache's calls derive entries of the decode family alone (one instance per bucket serves every
+        mask), built as libmha_fwd.so; mha_fwd's entries never pull a decode instance in."""
+        for hq, hv, bucket in [(128, 128, 128), (59, 100, 128), (1, 64, 64), (200, 64, 256)]:
+            e = jit.derive_entry("splitkv", "sm_90a", "fp16", hq, hv, "batch", True)
+            assert e.api == "fwd" and e.instance_names == [f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_"
+                                                           + {64: "b64x64w4", 128: "b32x64w4", 256: "b16x32w2"}[bucket]]
+        assert jit.derive_entry("splitkv", "sm_80", "bf16", 128, 128, "batch", True).instance_names == [
+            "splitkv_d128_bf16_batch_mask_sm80_decode_b32x64w4"]
+        assert all(not n.startswith("splitkv") for n in entry(masked=True).instance_names)
+
     def test_unknown_values_are_refused(self):
         with pytest.raises(ValueError, match="dtype must be one of"):
             jit.derive_entry("fwd", "sm_90a", "fp32", 128, 128, "batch", False)
@@ -432,13 +443,15 @@ class TestPrebuild:
         compiled = []
         monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
-        assert len(paths) == 4 and builder.calls == 4 and compiled == [4]
+        # four mha_fwd libraries and the split-KV (decode) one: the forward library's entries
+        assert len(paths) == 5 and builder.calls == 5 and compiled == [5]
         from mhakit import _ext
         assert _ext.compiler() is None or _ext.cached(cache) is not None, "prebuild fills in the C call path too"
-        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 4
+        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 5
         # a first call of a prebuilt configuration finds it without building or rendering
         monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
-        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 4
+        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 5
+        assert cache.library_for("splitkv", "sm_90a", "bf16", 128, 128, "batch", True) in paths
         assert cache.library_for("fwd", "sm_90a", "bf16", 112, 64, "batch", False) in paths  # generic-only entry
 
     def test_prebuild_errors(self, tmp_path, monkeypatch):

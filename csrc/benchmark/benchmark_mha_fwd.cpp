@@ -31,6 +31,7 @@
 #include "../reference/bench_cli.hpp"
 #include "bench_device.hpp"
 #include "../reference/host_attention.hpp"
+#include "bench_splitkv.hpp"
 
 namespace {
 
@@ -77,6 +78,12 @@ void register_args(mhakit::bench::ArgParser& ap) {
              "init method. ui or 0, uniform random int, ni, normalized random int\n"
              "uf or 1, uniform random float, nf, normalized random float, tf or 2, trig float")
         .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
+        .add("num_splits", "1",
+             "split-KV: parts each (batch, kv head)'s keys are cut into; 0: the library's heuristic\n"
+             "anything but 1 (or a kv-cache argument below) runs mha_fwd_splitkv")
+        .add("page_block_size", "0", "paged kv-cache: rows per page (any size >= 1); 0: contiguous cache")
+        .add("cache_batch_idx", "0", "1: a contiguous kv-cache with a shuffled batch index map (not with paging)")
+        .add("s_knew", "0", "new k/v rows per batch appended into the kv-cache before attending")
         .add("warmup", "10", "number of iterations before benchmark the kernel")
         .add("repeat", "10", "number of iterations to benchmark the kernel");
     mhakit::bench::add_score_mod_args(ap);
@@ -112,12 +119,8 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add_unsupported("drop_seed", "1", "1", int_is(1))
         .add_unsupported("drop_offset", "0", "0", int_is(0))
         .add_unsupported("drop_prefs", "0", "0", bool_is(false))
-        .add_unsupported("num_splits", "1", "1", int_is(1))
-        .add_unsupported("page_block_size", "0", "0", int_is(0))
-        .add_unsupported("cache_batch_idx", "0", "0", bool_is(false))
         .add_unsupported("s_kpad", "-1", "-1", int_negative)
         .add_unsupported("s_qpad", "-1", "-1", int_negative)
-        .add_unsupported("s_knew", "0", "0", int_is(0))
         .add_unsupported("rotary_dim", "0", "0", int_not_positive)
         .add_unsupported("rotary_interleaved", "1", "1", bool_is(true))
         .add_unsupported("qscale", "n", "n or 0", one_of({"n", "0"}))
@@ -187,6 +190,31 @@ int run(int argc, char** argv) {
         seed = std::random_device{}();
         if (seed == 0) seed = 1;
         std::fprintf(stderr, "%s: -seed=0, using random seed %u\n", kProg, seed);
+    }
+
+    int num_splits, page_block_size, s_knew;
+    bool cache_batch_idx;
+    if (!ap.get_int("num_splits", &num_splits, &err) || !ap.get_int("page_block_size", &page_block_size, &err) ||
+        !ap.get_bool("cache_batch_idx", &cache_batch_idx, &err) || !ap.get_int("s_knew", &s_knew, &err))
+        usage_error(err);
+    if (num_splits != 1 || page_block_size != 0 || cache_batch_idx || s_knew != 0) {  // aiter: mha_fwd_splitkv
+        if (group) usage_error("-num_splits, -page_block_size, -cache_batch_idx and -s_knew need -mode=0 (batch)");
+        if (num_splits < 0 || num_splits > MHAKIT_MAX_SPLITS)
+            usage_error("-num_splits must be in [0, " + std::to_string(MHAKIT_MAX_SPLITS) + "]");
+        if (page_block_size < 0) usage_error("-page_block_size must be >= 0");
+        if (page_block_size > 0 && cache_batch_idx) usage_error("-cache_batch_idx does not go with -page_block_size");
+        if (s_knew < 0) usage_error("-s_knew must be >= 0");
+        bench::SplitkvRun r{};
+        r.dtype = dtype, r.prec = prec, r.batch = batch, r.nhead = nhead, r.nhead_k = nhead_k;
+        r.hdim_q = hdim_q, r.hdim_v = hdim_v, r.s_knew = s_knew, r.num_splits = num_splits;
+        r.page_block_size = page_block_size, r.cache_batch_idx = cache_batch_idx, r.lse = lse;
+        r.validate = do_validation == 1;
+        if (!bench::parse_int(ap.str("s"), &r.seqlen_q) || r.seqlen_q < 0)
+            usage_error("-s must be one query length >= 0 with the kv-cache arguments");
+        if (!bench::parse_cache_lens(ap.str("s_k"), batch, r.seqlen_q, &r.cache_lens, &err)) usage_error(err);
+        r.scale_s = scale_s == 0.0f ? 1.0f / std::sqrt(float(hdim_q)) : scale_s;
+        r.mask = mask, r.init = init, r.seed = seed, r.kname = kname, r.warmup = warmup, r.repeat = repeat;
+        return bench::run_splitkv(r);
     }
 
     std::vector<int> seqlen_qs, seqlen_ks;

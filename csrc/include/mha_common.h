@@ -71,6 +71,7 @@ enum {
     MHAKIT_MAX_NHEAD = 65535,
     MHAKIT_MAX_HDIM = 256,
     MHAKIT_WORKSPACE_ALIGNMENT = 256,
+    MHAKIT_MAX_SPLITS = 128,  // split-KV: the most parts one (batch, kv head) is cut into
 };
 
 // How to run: which stream, and whether to time. Mirrors ck_tile::stream_config as aiter uses it.

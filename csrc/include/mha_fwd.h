@@ -25,6 +25,8 @@
 // Rows that see no key at all (seqlen_k = 0, or a window that excludes every key) get O = 0 and LSE = -inf.
 #pragma once
 
+#include <stddef.h>
+
 #include "mha_common.h"
 
 #ifdef __cplusplus
@@ -84,6 +86,88 @@ float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_stream_config* co
 // when the arguments are invalid or unsupported. Launches nothing.
 const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* args);
 
+// ---------------------------------------------------------------------------------------------------------------
+// Decode against a KV cache: split-KV forward (aiter's mha_fwd_splitkv, FlashAttention's flash_attn_with_kvcache).
+//
+// Per batch b, query head h (kv head h / (nhead_q / nhead_k)) and query row i < seqlen_q:
+//   keys and values are rows 0 .. L_b - 1 of the cache, L_b = seqlen_k_ptr[b] + seqlen_knew; the optional new rows
+//   (k_new / v_new, seqlen_knew of them per batch) are first written into the cache at rows seqlen_k_ptr[b] ..
+//   L_b - 1, then attended to like every other row (seqlen_k_ptr itself is not changed).
+//   The mask sees seqlen_q queries and L_b keys: MHAKIT_MASK_BOTTOM_RIGHT with (-1, 0) is FlashAttention's causal
+//   (query row i sees keys j <= i + L_b - seqlen_q), and window sizes work as in mha_fwd.
+// Cache row j of batch b, kv head hk lives at
+//   contiguous cache (block_table_ptr == NULL):
+//       k_cache_ptr + c·batch_stride_k + j·stride_k + hk·nhead_stride_k,  c = cache_batch_idx_ptr ? [b] : b;
+//   paged cache (block_table_ptr != NULL; the cache is [num_pages, page_block_size, nhead_k, hdim]):
+//       k_cache_ptr + page·batch_stride_k + (j % page_block_size)·stride_k + hk·nhead_stride_k,
+//       page = block_table_ptr[b·batch_stride_block_table + j / page_block_size]
+//   (batch_stride_k / _v are then the strides between pages). The caller guarantees that the cache holds every row
+//   up to L_b - 1 (its capacity, or enough pages in the block table) and that seqlen_k_ptr[b] >= 0.
+// Splits: the keys of each (batch, kv head) are cut into num_splits parts computed in parallel; each part writes its
+//   normalised O and LSE in fp32 to o_acc_ptr / lse_acc_ptr (caller memory, dense
+//   lse_acc[num_splits][batch][nhead_q][seqlen_q] and o_acc[num_splits][batch][nhead_q][seqlen_q][hdim_v]; sizes
+//   from mhakit_mha_fwd_splitkv_acc_size), and a combine kernel writes O (and LSE). One split needs no accumulators.
+//   num_splits = 0 lets the library choose from the GPU's SM count, batch, heads and max_seqlen_k.
+// All query heads of one kv head (and all seqlen_q rows) share one tile, so each K/V byte is read once per group.
+// Rows that see no key get O = 0 and LSE = -inf.
+typedef struct mhakit_fwd_splitkv_args {
+    mhakit_dtype data_type;  // q, k/v cache, new k/v, o element type
+    int has_lse;             // non-zero: write LSE (fp32) to lse_ptr, [batch][nhead_q][seqlen_q] by the strides below
+
+    const void* q_ptr;
+    void* k_cache_ptr;       // written only where new keys are appended
+    void* v_cache_ptr;
+    const void* k_new_ptr;   // [batch, seqlen_knew, nhead_k, hdim_q] by its strides; NULL when seqlen_knew == 0
+    const void* v_new_ptr;   // [batch, seqlen_knew, nhead_k, hdim_v]
+    void* o_ptr;
+    void* lse_ptr;           // float*, used only when has_lse
+    void* lse_acc_ptr;       // float*, split accumulators (see above); may be NULL when one split is used
+    void* o_acc_ptr;         // float*
+
+    const int32_t* seqlen_k_ptr;         // device [batch]: cache rows already filled per batch (before appending)
+    const int32_t* block_table_ptr;      // device [batch, max_blocks] page indices, or NULL for a contiguous cache
+    const int32_t* cache_batch_idx_ptr;  // device [batch] cache batch of each batch, or NULL (identity); contiguous
+                                         // caches only
+
+    int seqlen_q;            // query rows per batch (decode: 1 .. a few)
+    int seqlen_knew;         // new k/v rows per batch appended before attending (0: none)
+    int max_seqlen_k;        // an upper bound of seqlen_k_ptr[b] (sizes the split heuristic only; 0 when unknown)
+    int batch;
+    int hdim_q;              // head dim of q and k
+    int hdim_v;              // head dim of v and o
+    int nhead_q;
+    int nhead_k;
+    int page_block_size;     // rows per page (>= 1) with block_table_ptr; 0 without
+    int num_splits;          // 0: heuristic; 1 .. MHAKIT_MAX_SPLITS
+
+    float scale_s;           // softmax scale, finite and > 0
+
+    // Element strides (head dimension contiguous). stride_*: between tokens; nhead_stride_*: between heads;
+    // batch_stride_*: between batches (k / v cache: between pages when paged).
+    int64_t stride_q, stride_k, stride_v, stride_knew, stride_vnew, stride_o;
+    int64_t nhead_stride_q, nhead_stride_k, nhead_stride_v, nhead_stride_knew, nhead_stride_vnew, nhead_stride_o,
+        nhead_stride_lse;
+    int64_t batch_stride_q, batch_stride_k, batch_stride_v, batch_stride_knew, batch_stride_vnew, batch_stride_o,
+        batch_stride_lse;
+    int64_t batch_stride_block_table;  // elements between the block-table rows of consecutive batches
+
+    int mask_type;           // mhakit_mask_type, over seqlen_q queries and L_b keys (see above)
+    int window_size_left;
+    int window_size_right;
+} mhakit_fwd_splitkv_args;
+
+// Appends (when seqlen_knew > 0) and attends. Returns the mean time in ms of all its kernels when timing, 0 otherwise,
+// or a negative MHAKIT_ERROR_* code (nothing launched, except for MHAKIT_ERROR_CUDA).
+float mhakit_mha_fwd_splitkv(const mhakit_fwd_splitkv_args* args, const mhakit_stream_config* config);
+
+// Name of the split-KV instance the call would run, or NULL (with last_error set). Launches nothing.
+const char* mhakit_mha_fwd_splitkv_kernel_name(const mhakit_fwd_splitkv_args* args);
+
+// Bytes of lse_acc and o_acc the call needs (both 0 when it runs one split), and the split count it will use, for
+// the current device (num_splits = 0 reads its SM count). Returns 0, or a negative MHAKIT_ERROR_* code.
+float mhakit_mha_fwd_splitkv_acc_size(const mhakit_fwd_splitkv_args* args, size_t* lse_acc_bytes,
+                                      size_t* o_acc_bytes, int* num_splits);
+
 #ifdef __cplusplus
 }  // extern "C"
 
@@ -91,5 +175,16 @@ namespace mhakit {
 using mha_fwd_args = ::mhakit_fwd_args;
 inline float mha_fwd(const mha_fwd_args& args, const stream_config& config) { return ::mhakit_mha_fwd(&args, &config); }
 inline const char* mha_fwd_kernel_name(const mha_fwd_args& args) { return ::mhakit_mha_fwd_kernel_name(&args); }
+using mha_fwd_splitkv_args = ::mhakit_fwd_splitkv_args;
+inline float mha_fwd_splitkv(const mha_fwd_splitkv_args& args, const stream_config& config) {
+    return ::mhakit_mha_fwd_splitkv(&args, &config);
+}
+inline const char* mha_fwd_splitkv_kernel_name(const mha_fwd_splitkv_args& args) {
+    return ::mhakit_mha_fwd_splitkv_kernel_name(&args);
+}
+inline float mha_fwd_splitkv_acc_size(const mha_fwd_splitkv_args& args, size_t* lse_acc_bytes, size_t* o_acc_bytes,
+                                      int* num_splits) {
+    return ::mhakit_mha_fwd_splitkv_acc_size(&args, lse_acc_bytes, o_acc_bytes, num_splits);
+}
 }  // namespace mhakit
 #endif

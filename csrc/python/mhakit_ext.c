@@ -168,7 +168,8 @@ static int order_streams(int64_t producer, int64_t consumer) {
     return ok ? 0 : cuda_fail("ordering the call's stream after the producer's stream failed");
 }
 
-// The backward's scratch: one grow-only buffer per device, stream-ordered. A buffer that is outgrown is kept (never
+// Scratch of the backward (its workspace) and of mha_fwd_kvcache (its split accumulators): one grow-only buffer per
+// device, stream-ordered. A buffer that is outgrown is kept (never
 // freed): a CUDA graph captured earlier may still address it. With doubling growth the retired buffers together
 // stay smaller than the live one. The order between uses on different streams goes through an event recorded after
 // each use, never through the stream of the last use: that stream may have been destroyed since.
@@ -187,19 +188,20 @@ static int workspace_get(int device, size_t need, int64_t stream, void** out) {
         if (capturing)
             return raise_from(g_make_error,
                               Py_BuildValue("(is)", MHAKIT_ERROR_INVALID_ARGS,
-                                            "the backward's workspace must grow, which is not possible inside a CUDA "
+                                            "mhakit's scratch buffer (the backward's workspace, mha_fwd_kvcache's "
+                                            "split accumulators) must grow, which is not possible inside a CUDA "
                                             "graph capture; run the same call once before capturing it"));
         size_t size = g_workspace[device].size * 2;
         if (size < need) size = need;
         size = (size + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
         CUdeviceptr ptr = 0;
         if (drv.mem_alloc_async(&ptr, size, (CUstream)(intptr_t)stream) != 0)
-            return cuda_fail("cuMemAllocAsync of the backward's workspace failed (out of device memory?)");
+            return cuda_fail("cuMemAllocAsync of mhakit's scratch buffer failed (out of device memory?)");
         g_workspace[device].ptr = ptr;
         g_workspace[device].size = size;
     } else if (!capturing && g_workspace[device].done != NULL && !same_stream(g_workspace[device].stream, stream)) {
         if (drv.stream_wait_event((CUstream)(intptr_t)stream, g_workspace[device].done, 0) != 0)
-            return cuda_fail("ordering the call's stream after the last use of the backward's workspace failed");
+            return cuda_fail("ordering the call's stream after the last use of mhakit's scratch buffer failed");
     }
     *out = (void*)(uintptr_t)g_workspace[device].ptr;
     return 0;
@@ -214,7 +216,7 @@ static int workspace_used(int device, int64_t stream) {
         return cuda_fail("cuEventCreate failed");
     }
     if (drv.event_record(g_workspace[device].done, (CUstream)(intptr_t)stream) != 0)
-        return cuda_fail("recording the last use of the backward's workspace failed");
+        return cuda_fail("recording the last use of mhakit's scratch buffer failed");
     g_workspace[device].stream = stream;
     return 0;
 }
@@ -618,12 +620,17 @@ typedef float (*fwd_fn)(const mhakit_fwd_args*, const mhakit_stream_config*);
 typedef float (*bwd_fn)(const mhakit_bwd_args*, const mhakit_stream_config*);
 typedef size_t (*ws_fn)(const mhakit_bwd_args*);
 typedef const char* (*err_fn)(void);
+typedef float (*splitkv_fn)(const mhakit_fwd_splitkv_args*, const mhakit_stream_config*);
+typedef float (*acc_fn)(const mhakit_fwd_splitkv_args*, size_t*, size_t*, int*);
+
+enum { API_FWD = 0, API_BWD = 1, API_SPLITKV = 2 };
+static const char* const k_api_names[] = {"fwd", "bwd", "splitkv"};
 
 typedef struct {
     int api, device, dtype, hdim_q, hdim_v, group, masked;
     void* run;
     err_fn last_error;
-    ws_fn workspace;
+    void* aux;  // bwd: the workspace size (ws_fn); splitkv: the accumulator size (acc_fn)
 } Library;
 
 #define MAX_LIBS 128
@@ -641,7 +648,7 @@ static const Library* library_for(int api, int device, int dtype, int hdim_q, in
             return l;
         }
     }
-    PyObject* r = PyObject_CallFunction(g_resolve, "sisiisO", api ? "bwd" : "fwd", device,
+    PyObject* r = PyObject_CallFunction(g_resolve, "sisiisO", k_api_names[api], device,
                                         dtype == MHAKIT_DTYPE_BF16 ? "bf16" : "fp16", hdim_q, hdim_v,
                                         group ? "group" : "batch", masked ? Py_True : Py_False);
     if (r == NULL) {
@@ -662,7 +669,7 @@ static const Library* library_for(int api, int device, int dtype, int hdim_q, in
         return NULL;
     }
     Library l = {api, device, dtype, hdim_q, hdim_v, group, masked, (void*)(uintptr_t)run,
-                 (err_fn)(uintptr_t)err, (ws_fn)(uintptr_t)ws};
+                 (err_fn)(uintptr_t)err, (void*)(uintptr_t)ws};
     *rc = HANDLED;
     if (g_nlibs < MAX_LIBS) {
         g_libs[g_nlibs] = l;
@@ -822,6 +829,30 @@ static int prepare_launch(Call* c, PyObject* log_level, mhakit_stream_config* sc
     return enter_call(c, scope) != 0 ? FAILED : 0;
 }
 
+// The outputs of a forward call (O, and LSE when given or wanted): the caller's `out` / `lse_out` (a new reference to
+// each; their views already read into *ov / *lv) or new arrays allocated like `like` (O in its storage, LSE fp32).
+static int fwd_outputs(Call* c, const View* like, PyObject* out, PyObject* lse_out, int o_ndim, const int64_t* o_shape,
+                       int lse_ndim, const int64_t* lse_shape, int want_lse, View** ov, View** lv, PyObject** o_obj,
+                       PyObject** lse_obj) {
+    int rc;
+    if (*ov == NULL) {
+        if ((rc = call_allocate(c, like, o_ndim, o_shape, like->code, like->bits, o_obj, ov)) != HANDLED) return rc;
+    } else {
+        *o_obj = Py_NewRef(out);
+    }
+    if (*lv == NULL && want_lse) {
+        if ((rc = call_allocate(c, like, lse_ndim, lse_shape, mhk_kDLFloat, 32, lse_obj, lv)) != HANDLED) return rc;
+    } else if (*lv != NULL) {
+        *lse_obj = Py_NewRef(lse_out);
+    }
+    return HANDLED;
+}
+
+// What a forward call returns: O, or (O, LSE) with return_lse.
+static PyObject* fwd_result(PyObject* o_obj, PyObject* lse_obj, int return_lse) {
+    return return_lse ? PyTuple_Pack(2, o_obj, lse_obj ? lse_obj : Py_None) : Py_NewRef(o_obj);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Score modifiers: mods is None or (softcap, alibi_slopes, bias, sink[, dbias, dsink]) as mhakit.api passes them;
 // what this path does not take (a varlen bias, shapes or dtypes the Python path refuses) goes back to Python.
@@ -947,23 +978,13 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     Mods mods;
     if ((rc = read_mods(&c, a[16], &in, group, &mods)) != HANDLED) goto done_rc;
     // The library next (built on first use; None from the resolver: head dims it does not serve), then outputs.
-    const Library* lib = library_for(0, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
+    const Library* lib = library_for(API_FWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
     if (lib == NULL) goto done_rc;
-    if (ov == NULL) {
-        if ((rc = call_allocate(&c, in.q, o_ndim, o_shape, in.q->code, in.q->bits, &o_obj, &ov)) != HANDLED)
-            goto done_rc;
-        layout_strides(ov, layout, in.hq, in.sq, in.dv, os);
-    } else {
-        o_obj = a[3];
-        Py_INCREF(o_obj);
-    }
-    if (lv == NULL && return_lse) {
-        if ((rc = call_allocate(&c, in.q, lse_ndim, lse_shape, mhk_kDLFloat, 32, &lse_obj, &lv)) != HANDLED)
-            goto done_rc;
-    } else if (lv != NULL) {
-        lse_obj = a[4];
-        Py_INCREF(lse_obj);
-    }
+    const int new_o = ov == NULL;
+    if ((rc = fwd_outputs(&c, in.q, a[3], a[4], o_ndim, o_shape, lse_ndim, lse_shape, return_lse, &ov, &lv, &o_obj,
+                          &lse_obj)) != HANDLED)
+        goto done_rc;
+    if (new_o) layout_strides(ov, layout, in.hq, in.sq, in.dv, os);
 
 
     mhakit_fwd_args f;
@@ -1006,12 +1027,7 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
         library_error(lib, ret);
         goto fail;
     }
-    if (return_lse) {
-        result = PyTuple_Pack(2, o_obj, lse_obj ? lse_obj : Py_None);
-    } else {
-        result = o_obj;
-        Py_INCREF(result);
-    }
+    result = fwd_result(o_obj, lse_obj, return_lse);
     goto fail;  // cleanup only
 
 done_rc:
@@ -1082,7 +1098,7 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     }
     Mods mods;
     if ((rc = read_mods(&c, a[21], &in, group, &mods)) != HANDLED) goto done_rc;
-    const Library* lib = library_for(1, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
+    const Library* lib = library_for(API_BWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
     if (lib == NULL) goto done_rc;
     for (int i = 0; i < 3; ++i) {
         if (gv[i] != NULL) {
@@ -1128,7 +1144,7 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     g.dbias_ptr = (void*)mods.dbias, g.dsink_ptr = (float*)mods.dsink;
     g.batch_stride_dbias = mods.dbias_s[0], g.nhead_stride_dbias = mods.dbias_s[1], g.stride_dbias = mods.dbias_s[2];
 
-    const size_t need = lib->workspace(&g);
+    const size_t need = ((ws_fn)(uintptr_t)lib->aux)(&g);
     if (need == 0) {
         const char* msg = lib->last_error();
         if (msg && msg[0]) {
@@ -1173,6 +1189,179 @@ fail:
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v, cache_batch_idx, out, lse_out, mask_type, left,
+//         right, scale, num_splits, return_lse, stream, dtype_override, log_level) -> o | (o, lse) | NotImplemented
+// Device arrays only (cache_seqlens / cache_batch_idx as int32 device vectors); ints, host sequences and every
+// error are the Python path's. The split accumulators come from the per-device scratch buffer.
+// ---------------------------------------------------------------------------------------------------------------
+
+// An int32 device vector of `n` entries (contiguous).
+static int int32_vector(const View* v, int64_t n) {
+    return v->ndim == 1 && v->shape[0] == n && v->code == mhk_kDLInt && v->bits == 32 && (n <= 1 || v->strides[0] == 1);
+}
+
+static PyObject* ext_kvcache(PyObject* self, PyObject* const* a, Py_ssize_t n) {
+    (void)self;
+    if (n != 19) {
+        PyErr_SetString(PyExc_TypeError, "_mhakit_ext.kvcache takes 19 arguments");
+        return NULL;
+    }
+    Call c;
+    PyObject *o_obj = NULL, *lse_obj = NULL, *result = NULL;
+    int rc = call_init(&c, a[16], a[17]);
+    if (rc != HANDLED || (a[15] != Py_True && a[15] != Py_False) || !PyLong_CheckExact(a[14])) goto not_handled;
+    const int return_lse = a[15] == Py_True;
+    const int mask_type = (int)PyLong_AsLong(a[10]), left = (int)PyLong_AsLong(a[11]),
+              right = (int)PyLong_AsLong(a[12]);
+    const long num_splits = PyLong_AsLong(a[14]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        goto not_handled;
+    }
+    if (num_splits < 0 || num_splits > MHAKIT_MAX_SPLITS) goto not_handled;
+    View *q, *kc, *vc, *seq, *bt, *kn, *vn, *idx;
+    if ((rc = call_read(&c, a[0], &q)) != HANDLED || (rc = call_read(&c, a[1], &kc)) != HANDLED ||
+        (rc = call_read(&c, a[2], &vc)) != HANDLED || (rc = call_read(&c, a[3], &seq)) != HANDLED ||
+        (rc = call_read(&c, a[4], &bt)) != HANDLED || (rc = call_read(&c, a[5], &kn)) != HANDLED ||
+        (rc = call_read(&c, a[6], &vn)) != HANDLED || (rc = call_read(&c, a[7], &idx)) != HANDLED)
+        goto done_rc;
+    if (q == NULL || kc == NULL || vc == NULL || seq == NULL || (kn == NULL) != (vn == NULL)) goto not_handled;
+    if (q->ndim != 4 || kc->ndim != 4 || vc->ndim != 4) goto not_handled;
+    const int dtype = kernel_dtype(q, c.override);
+    if (dtype < 0 || !same_storage(q, kc) || !same_storage(q, vc)) goto not_handled;
+    const int64_t b = q->shape[0], sq = q->shape[1], hq = q->shape[2], d = q->shape[3];
+    const int64_t nbc = kc->shape[0], cap = kc->shape[1], hk = kc->shape[2], dv = vc->shape[3];
+    if (kc->shape[3] != d || vc->shape[0] != nbc || vc->shape[1] != cap || vc->shape[2] != hk) goto not_handled;
+    if (hk < 1 || hq < 1 || hq % hk || !fits_int(b) || !fits_int(sq) || !fits_int(hq) || !fits_int(d) ||
+        !fits_int(dv) || !fits_int(cap))
+        goto not_handled;
+    if (!head_contiguous(q) || !head_contiguous(kc) || !head_contiguous(vc) || !int32_vector(seq, b)) goto not_handled;
+    int64_t max_blocks = 0;
+    if (bt != NULL) {
+        if (idx != NULL || bt->ndim != 2 || bt->shape[0] != b || bt->code != mhk_kDLInt || bt->bits != 32 ||
+            (bt->shape[1] > 1 && bt->strides[1] != 1))
+            goto not_handled;
+        max_blocks = bt->shape[1];
+    } else if (idx != NULL ? !int32_vector(idx, b) : nbc != b) {
+        goto not_handled;
+    }
+    int64_t s_new = 0;
+    if (kn != NULL) {
+        s_new = kn->shape[1];
+        const int64_t kshape[4] = {b, s_new, hk, d}, vshape[4] = {b, s_new, hk, dv};
+        if (!has_shape(kn, 4, kshape) || !has_shape(vn, 4, vshape) || !same_storage(q, kn) || !same_storage(q, vn) ||
+            !head_contiguous(kn) || !head_contiguous(vn))
+            goto not_handled;
+    }
+    const int64_t capacity = bt != NULL ? max_blocks * cap : cap;
+    if (capacity + s_new > INT32_MAX) goto not_handled;
+    float scale;
+    if ((rc = read_scale(a[13], d, &scale)) != HANDLED) goto not_handled;
+    if (b == 0 || (sq == 0 && s_new == 0)) goto not_handled;  // empty: the Python path's
+
+    const int64_t o_shape[4] = {b, sq, hq, dv}, lse_shape[3] = {b, hq, sq};
+    View *ov = NULL, *lv = NULL;
+    if ((rc = call_read(&c, a[8], &ov)) != HANDLED || (rc = call_read(&c, a[9], &lv)) != HANDLED) goto done_rc;
+    if (ov != NULL && !check_output(ov, 4, o_shape, q)) goto not_handled;
+    if (lv != NULL && (lv->readonly || !lse_readable(lv, 3, lse_shape, sq))) goto not_handled;
+    const Library* lib = library_for(API_SPLITKV, c.device, dtype, (int)d, (int)dv, 0, 1, &rc);
+    if (lib == NULL) goto done_rc;
+    if ((rc = fwd_outputs(&c, q, a[8], a[9], 4, o_shape, 3, lse_shape, return_lse, &ov, &lv, &o_obj, &lse_obj)) !=
+        HANDLED)
+        goto done_rc;
+
+    mhakit_fwd_splitkv_args f;
+    memset(&f, 0, sizeof(f));
+    f.data_type = (mhakit_dtype)dtype;
+    f.has_lse = lv != NULL;
+    f.q_ptr = (const void*)q->ptr;
+    f.k_cache_ptr = (void*)kc->ptr;
+    f.v_cache_ptr = (void*)vc->ptr;
+    f.k_new_ptr = kn ? (const void*)kn->ptr : NULL;
+    f.v_new_ptr = vn ? (const void*)vn->ptr : NULL;
+    f.o_ptr = (void*)ov->ptr;
+    f.lse_ptr = lv ? (void*)lv->ptr : NULL;
+    f.seqlen_k_ptr = (const int32_t*)seq->ptr;
+    f.block_table_ptr = bt ? (const int32_t*)bt->ptr : NULL;
+    f.cache_batch_idx_ptr = idx ? (const int32_t*)idx->ptr : NULL;
+    f.seqlen_q = (int)sq, f.seqlen_knew = (int)s_new, f.max_seqlen_k = (int)capacity, f.batch = (int)b;
+    f.hdim_q = (int)d, f.hdim_v = (int)dv, f.nhead_q = (int)hq, f.nhead_k = (int)hk;
+    f.page_block_size = bt ? (int)cap : 0;
+    f.num_splits = (int)num_splits;
+    f.scale_s = scale;
+    // [batch, rows, heads, hdim] arrays: (batch, row, head) strides, the row stride normalised as the layouts' are
+    int ok = api_stride(q->strides[0], b, 0, &f.batch_stride_q) && api_stride(q->strides[1], sq, d, &f.stride_q) &&
+             api_stride(q->strides[2], hq, 0, &f.nhead_stride_q) &&
+             api_stride(ov->strides[0], b, 0, &f.batch_stride_o) && api_stride(ov->strides[1], sq, dv, &f.stride_o) &&
+             api_stride(ov->strides[2], hq, 0, &f.nhead_stride_o) &&
+             api_stride(kc->strides[0], nbc, 0, &f.batch_stride_k) && api_stride(kc->strides[1], cap, d, &f.stride_k) &&
+             api_stride(kc->strides[2], hk, 0, &f.nhead_stride_k) &&
+             api_stride(vc->strides[0], nbc, 0, &f.batch_stride_v) &&
+             api_stride(vc->strides[1], cap, dv, &f.stride_v) && api_stride(vc->strides[2], hk, 0, &f.nhead_stride_v);
+    if (kn != NULL)
+        ok = ok && api_stride(kn->strides[0], b, 0, &f.batch_stride_knew) &&
+             api_stride(kn->strides[1], s_new, d, &f.stride_knew) &&
+             api_stride(kn->strides[2], hk, 0, &f.nhead_stride_knew) &&
+             api_stride(vn->strides[0], b, 0, &f.batch_stride_vnew) &&
+             api_stride(vn->strides[1], s_new, dv, &f.stride_vnew) &&
+             api_stride(vn->strides[2], hk, 0, &f.nhead_stride_vnew);
+    if (bt != NULL) ok = ok && api_stride(bt->strides[0], b, 0, &f.batch_stride_block_table);
+    if (lv != NULL) {
+        int64_t ls[2];
+        ok = ok && lse_strides(lv, 0, b, hq, ls);
+        f.batch_stride_lse = ls[0], f.nhead_stride_lse = ls[1];
+    }
+    if (!ok) goto not_handled;
+    f.mask_type = mask_type, f.window_size_left = left, f.window_size_right = right;
+
+    mhakit_stream_config sc;
+    DeviceScope scope;
+    if (prepare_launch(&c, a[n - 1], &sc, &scope) != 0) goto fail;
+    size_t lse_bytes = 0, o_bytes = 0;
+    int splits = 0;
+    const float qrc = ((acc_fn)(uintptr_t)lib->aux)(&f, &lse_bytes, &o_bytes, &splits);  // reads the SM count
+    if (qrc < 0) {
+        device_exit(&scope);
+        library_error(lib, qrc);
+        goto fail;
+    }
+    const size_t lse_span = (lse_bytes + 255) & ~(size_t)255;
+    if (lse_bytes > 0) {
+        void* ws = NULL;
+        if (workspace_get(c.device, lse_span + o_bytes, c.stream, &ws) != 0) {
+            device_exit(&scope);
+            goto fail;
+        }
+        f.lse_acc_ptr = ws;
+        f.o_acc_ptr = (char*)ws + lse_span;
+        f.num_splits = splits;  // the count the sizes were computed for
+    }
+    // The GIL stays held, as for the backward: the scratch buffer's stream order is recorded before another thread
+    // can take it.
+    const float ret = ((splitkv_fn)lib->run)(&f, &sc);
+    const int recorded = lse_bytes > 0 && ret >= 0 ? workspace_used(c.device, c.stream) : 0;
+    device_exit(&scope);
+    flush_log(sc.log_level);
+    if (ret < 0) {
+        library_error(lib, ret);
+        goto fail;
+    }
+    if (recorded != 0) goto fail;
+    result = fwd_result(o_obj, lse_obj, return_lse);
+    goto fail;  // cleanup only
+
+done_rc:
+    if (rc == FAILED) goto fail;
+not_handled:
+    result = Py_NewRef(Py_NotImplemented);
+fail:
+    Py_XDECREF(o_obj);
+    Py_XDECREF(lse_obj);
+    call_release(&c);
+    return result;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // configure(resolve, allocate, make_error, cuda_error); workspace_bytes(device) for tests
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -1201,6 +1390,8 @@ static PyObject* ext_workspace_bytes(PyObject* self, PyObject* arg) {
 static PyMethodDef methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))ext_fwd, METH_FASTCALL, "The forward call path (see mhakit.api)."},
     {"bwd", (PyCFunction)(void (*)(void))ext_bwd, METH_FASTCALL, "The backward call path (see mhakit.api)."},
+    {"kvcache", (PyCFunction)(void (*)(void))ext_kvcache, METH_FASTCALL,
+     "The decode call path, mha_fwd_kvcache (see mhakit.api)."},
     {"configure", ext_configure, METH_VARARGS, "Set the Python callbacks."},
     {"workspace_bytes", ext_workspace_bytes, METH_O, "Bytes of the backward's workspace held for a device."},
     {NULL, NULL, 0, NULL},

@@ -88,4 +88,29 @@ float check_device_arch(const BuiltArch& arch) {
     return 0.f;
 }
 
+float device_multiprocessors(int* count, int* smem_per_sm) {
+    static std::atomic<int> cached_count[kMaxDevices], cached_smem[kMaxDevices];
+    int device = 0;
+    if (dev::Error err = dev::get_device(&device); err != dev::kSuccess)
+        return device_failure(err, "reading the current device", device);
+    const bool cacheable = device >= 0 && device < kMaxDevices;
+    if (cacheable && cached_count[device].load(std::memory_order_acquire) > 0) {
+        *count = cached_count[device].load(std::memory_order_relaxed);
+        *smem_per_sm = cached_smem[device].load(std::memory_order_relaxed);
+        return 0.f;
+    }
+    int n = 0, smem = 0;
+    if (dev::Error err = dev::multiprocessor_count(&n, device); err != dev::kSuccess)
+        return device_failure(err, "reading the multiprocessor count", device);
+    if (dev::Error err = dev::shared_memory_per_multiprocessor(&smem, device); err != dev::kSuccess)
+        return device_failure(err, "reading the shared memory per multiprocessor", device);
+    if (cacheable) {
+        cached_smem[device].store(smem, std::memory_order_relaxed);
+        cached_count[device].store(n, std::memory_order_release);  // after smem: a reader seeing n sees it too
+    }
+    *count = n;
+    *smem_per_sm = smem;
+    return 0.f;
+}
+
 }  // namespace mhakit

@@ -10,4 +10,8 @@ namespace mhakit {
 // device/driver available, or the device runtime failed), with last_error set. Cached per device after the first call.
 float check_device_arch(const BuiltArch& arch);
 
+// The current device's multiprocessor count and shared memory per multiprocessor (bytes), read once per device.
+// Returns 0, or MHAKIT_ERROR_CUDA with last_error set.
+float device_multiprocessors(int* count, int* smem_per_sm);
+
 }  // namespace mhakit

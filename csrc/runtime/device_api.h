@@ -43,6 +43,21 @@ inline Error malloc(void** p, size_t n) { return MHAKIT_DEV_API(Malloc)(p, n); }
 inline Error free(void* p) { return MHAKIT_DEV_API(Free)(p); }
 inline Error memset(void* p, int v, size_t n) { return MHAKIT_DEV_API(Memset)(p, v, n); }
 inline Error memset_async(void* p, int v, size_t n, Stream s) { return MHAKIT_DEV_API(MemsetAsync)(p, v, n, s); }
+#if defined(MHAKIT_HIP)
+inline Error multiprocessor_count(int* n, int device) {
+    return hipDeviceGetAttribute(n, hipDeviceAttributeMultiprocessorCount, device);
+}
+inline Error shared_memory_per_multiprocessor(int* n, int device) {
+    return hipDeviceGetAttribute(n, hipDeviceAttributeMaxSharedMemoryPerMultiprocessor, device);
+}
+#else
+inline Error multiprocessor_count(int* n, int device) {
+    return cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, device);
+}
+inline Error shared_memory_per_multiprocessor(int* n, int device) {
+    return cudaDeviceGetAttribute(n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+}
+#endif
 inline Error copy_to_device(void* dst, const void* src, size_t n) {
     return MHAKIT_DEV_API(Memcpy)(dst, src, n, MHAKIT_DEV_API(MemcpyHostToDevice));
 }

@@ -5,6 +5,7 @@
 
 #include "kernels/common/bwd_params.h"
 #include "kernels/common/fwd_params.h"
+#include "kernels/common/splitkv_params.h"
 #include "mha_common.h"
 #include "runtime/device_api.h"
 
@@ -44,6 +45,19 @@ struct KernelInstance {
 };
 
 using FwdInstance = KernelInstance<FwdParams>;
+
+// A split-KV (decode) instance of libmha_fwd.so: one per dtype and head-dim bucket, serving every mask, layout,
+// paging and GQA ratio at run time.
+struct SplitkvInstance {
+    const char* name;
+    mhakit_dtype dtype;
+    int hdim_q;     // compiled bucket: serves real head dims <= it
+    int hdim_v;
+    int priority;   // family rank from the catalogue (higher is faster)
+    bool (*supports)(const SplitkvParams&);                    // run-time guard (pure host arithmetic)
+    int (*num_splits)(const SplitkvParams&, int smem_per_sm);  // the split heuristic for num_splits = 0
+    dev::Error (*run)(const SplitkvParams&, dev::Stream);      // append, attend, combine; no sync, no allocation
+};
 using BwdInstance = KernelInstance<BwdParams>;
 
 // Defined by the generated dispatch source of each library.
@@ -51,6 +65,9 @@ extern const BuiltArch kFwdBuiltArch;
 extern const HeadDimRule kFwdHeadDims;
 extern const FwdInstance kFwdInstances[];
 extern const int kNumFwdInstances;
+// The split-KV instances of the forward library (nullptr and 0 when a build selected none).
+extern const SplitkvInstance* const kSplitkvInstances;
+extern const int kNumSplitkvInstances;
 
 extern const BuiltArch kBwdBuiltArch;
 extern const HeadDimRule kBwdHeadDims;

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Decode peer comparison on one GPU: mhakit.mha_fwd_kvcache (the C call path, torch tensors, out=) vs PyTorch SDPA
+with the cuDNN backend and with the FlashAttention-2 backend, all in one process, on the same tensors.
+
+Rows: issue 10's decode shapes (bf16, head dim 128; b, h_q/h_k, s_k) at s_q = 1, 4 and 16, plus mhakit on a paged
+cache (64-token pages, shuffled) beside the contiguous one. Memory: q [b, s_q, h_q, d] and a full cache
+[b, s_k, h_k, d] (FlashAttention's kv-cache layout); SDPA gets the same memory as [b, h, s, d] views with
+enable_gqa=True. s_q > 1 is causal, bottom-right aligned (mhakit's causal=True; SDPA's causal_lower_right bias where
+the backend takes it, else no mask, noted). The metric is K+V bytes read per second: b * s_k * h_k * (d + d_v) * 2
+bytes over the median time, so GQA peers are not credited for reading K/V once per query head. A device-to-device
+copy of 2 GiB in the same process gives the bandwidth the rows are measured against.
+
+Timing: 5 warm-up launches, then the median of 30 launches, each between its own pair of CUDA events, behind a
+spin-wait that keeps the GPU busy while the host enqueues (host overhead is not timed). mhakit's output is checked
+against the first peer that runs (CK's rule, bf16 1e-2/1e-2).
+
+    python3 bench/bench_decode.py                       # every row
+    python3 bench/bench_decode.py --rows 1,16 --sq 1 --json decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run in place: the repository root holds mhakit/
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench_fwd.py (shared timing)
+
+import torch  # noqa: E402  (torch lives in bench/ only, never in mhakit/)
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import sdpa_kernel  # noqa: E402
+
+import mhakit  # noqa: E402
+from bench_fwd import DTYPES, PEERS, time_launches  # noqa: E402
+from mhakit.reference import tolerances  # noqa: E402
+
+# (batch, h_q, h_k, s_k): issue 10's rows
+ROWS = [(1, 32, 8, 32768), (16, 32, 8, 8192), (64, 32, 8, 4096), (8, 64, 8, 65536), (128, 32, 32, 2048)]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--hdim", type=int, default=128)
+    p.add_argument("--rows", default=None, help="comma list of batch sizes selecting issue rows (default: all)")
+    p.add_argument("--sq", default="1,4,16", help="comma list of query lengths (default 1,4,16)")
+    p.add_argument("--page", type=int, default=64, help="page size of the paged runs (0: none; default 64)")
+    p.add_argument("--num-splits", type=int, default=0, help="mhakit's num_splits (default 0: its heuristic)")
+    p.add_argument("--cache-layout", default="bshd", choices=["bshd", "bhsd"],
+                   help="memory order of the cache (and of each page): bshd (FlashAttention's kv-cache, default) or "
+                        "bhsd (each head's keys contiguous); the calls see [b, s, h, d] views either way")
+    p.add_argument("--peers", default="cudnn,fa2", help="comma list of SDPA backends: cudnn, fa2")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--json", metavar="OUT.json")
+    args = p.parse_args(argv)
+    args.sq_list = [int(x) for x in args.sq.split(",") if x]
+    want = None if args.rows is None else {int(x) for x in args.rows.split(",") if x}
+    args.row_list = [r for r in ROWS if want is None or r[0] in want]
+    args.peer_list = [x for x in args.peers.split(",") if x]
+    for x in args.peer_list:
+        if x not in PEERS:
+            p.error(f"--peers: unknown {x!r}; use cudnn and/or fa2")
+    return args
+
+
+def copy_bandwidth() -> float:
+    """TB/s of a device-to-device copy of 2 GiB (read + write counted)."""
+    src = torch.empty(1 << 30, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_launches(lambda: dst.copy_(src), 3, 20)
+    del src, dst
+    return 2 * (2 << 30) / (ms * 1e-3) / 1e12
+
+
+def new_cache(shape, dt, layout: str, gen) -> torch.Tensor:
+    """A random [n, s, h, d] tensor stored in `layout` order (bhsd: a transposed view of [n, h, s, d] memory)."""
+    n, s, h, d = shape
+    if layout == "bshd":
+        return torch.randn((n, s, h, d), device="cuda", dtype=dt, generator=gen)
+    return torch.randn((n, h, s, d), device="cuda", dtype=dt, generator=gen).transpose(1, 2)
+
+
+def paged_copy(cache: torch.Tensor, page: int, perm: torch.Tensor, layout: str) -> torch.Tensor:
+    """The cache [b, s, h, d] as pages [b * s / page, page, h, d] (each page stored in `layout` order): logical
+    block i of the flattened cache goes to page perm[i] (the block table is perm viewed as [b, s / page])."""
+    b, s, h, d = cache.shape
+    pages = new_cache((b * s // page, page, h, d), cache.dtype, layout, None)
+    pages[perm] = cache.reshape(b * s // page, page, h, d)
+    return pages
+
+
+def sdpa_call(name, q, k, v, sq, sk, scale):
+    """A closure running one SDPA backend on [b, h, s, d] views (GQA native), and the mask it applies."""
+    mask, note = None, "no mask"
+    if sq > 1:
+        from torch.nn.attention.bias import causal_lower_right
+        mask, note = causal_lower_right(sq, sk), "causal lower right"
+
+    def run(m):
+        with sdpa_kernel(PEERS[name]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale, enable_gqa=True)
+    try:
+        out = run(mask)
+    except RuntimeError as e:
+        if mask is None:
+            raise
+        first = str(e).splitlines()[0]
+        out, mask, note = run(None), None, f"no mask ({first[:80]})"
+    return (lambda: run(mask)), out, note
+
+
+def run_row(opts, b, hq, hk, sk, sq, gen) -> dict:
+    dt, d = DTYPES[opts.dtype], opts.hdim
+    scale = 1.0 / math.sqrt(d)
+    kv_bytes = 2.0 * b * sk * hk * (d + d)
+    row = {"dtype": opts.dtype, "b": b, "hq": hq, "hk": hk, "sq": sq, "sk": sk, "d": d, "kv_bytes": kv_bytes,
+           "notes": []}
+    q = torch.randn((b, sq, hq, d), device="cuda", dtype=dt, generator=gen)
+    kc = new_cache((b, sk, hk, d), dt, opts.cache_layout, gen)
+    vc = new_cache((b, sk, hk, d), dt, opts.cache_layout, gen)
+    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    out = torch.empty((b, sq, hq, d), device="cuda", dtype=dt)
+    causal = sq > 1
+
+    def ours():
+        mhakit.mha_fwd_kvcache(q, kc, vc, lens, causal=causal, num_splits=opts.num_splits, out=out)
+
+    ours()
+    torch.cuda.synchronize()
+    ref, ref_note = None, None
+    peer_runs = {}
+    for name in opts.peer_list:
+        try:
+            fn, o_peer, note = sdpa_call(name, q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), sq, sk,
+                                         scale)
+            torch.cuda.synchronize()
+            peer_runs[name] = fn
+            row[f"{name}_mask"] = note
+            if ref is None and (note == "causal lower right" or not causal):
+                ref, ref_note = o_peer.transpose(1, 2), name
+        except RuntimeError as e:
+            row["notes"].append(f"{name}: {str(e).splitlines()[0][:120]}")
+    row["verified"] = None
+    if ref is not None:
+        rtol, atol = tolerances(opts.dtype)
+        diff = (out.float() - ref.float()).abs()
+        row["max_abs_err"] = diff.max().item()
+        row["verified"] = bool((diff <= atol + rtol * ref.float().abs()).all().item())
+        row["reference"] = ref_note
+        del diff
+    del ref
+
+    def tbs(ms):
+        return kv_bytes / (ms * 1e-3) / 1e12
+
+    row["mhakit_tbs"] = tbs(time_launches(ours, opts.warmup, opts.repeat))
+    for name, fn in peer_runs.items():
+        row[f"{name}_tbs"] = tbs(time_launches(fn, opts.warmup, opts.repeat))
+    if opts.page and sk % opts.page == 0:
+        perm = torch.randperm(b * sk // opts.page, device="cuda", generator=gen)
+        pk, pv = paged_copy(kc, opts.page, perm, opts.cache_layout), paged_copy(vc, opts.page, perm, opts.cache_layout)
+        table = perm.view(b, sk // opts.page).to(torch.int32)
+        out_p = torch.empty_like(out)
+
+        def ours_paged():
+            mhakit.mha_fwd_kvcache(q, pk, pv, lens, block_table=table, causal=causal, num_splits=opts.num_splits,
+                                   out=out_p)
+        ours_paged()
+        torch.cuda.synchronize()
+        rtol, atol = tolerances(opts.dtype)
+        row["paged_matches"] = bool(torch.allclose(out_p.float(), out.float(), rtol=rtol, atol=atol))
+        row["mhakit_paged_tbs"] = tbs(time_launches(ours_paged, opts.warmup, opts.repeat))
+        del pk, pv, table, out_p, perm
+    best = max([row.get(f"{n}_tbs") or 0.0 for n in opts.peer_list] + [0.0])
+    row["mhakit_over_best_peer"] = row["mhakit_tbs"] / best if best else None
+    del q, kc, vc, out
+    torch.cuda.empty_cache()
+    return row
+
+
+def fmt(x, spec=".2f"):
+    return "-" if x is None else f"{x:{spec}}"
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_decode: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    copy_tbs = copy_bandwidth()
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cache_layout": opts.cache_layout,
+           "cudnn": torch.backends.cudnn.version(), "copy_tbs": copy_tbs, "warmup": opts.warmup,
+           "repeat": opts.repeat, "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None
+                                                                                 else sys.argv[1:]))}
+    print(f"# {env['device']}, torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}); device copy "
+          f"{copy_tbs:.2f} TB/s; {opts.dtype} d{opts.hdim}, cache {opts.cache_layout}; median of {opts.repeat} "
+          "launches; K+V bytes read per second", flush=True)
+    rows = []
+    for sq in opts.sq_list:
+        for b, hq, hk, sk in opts.row_list:
+            row = run_row(opts, b, hq, hk, sk, sq, gen)
+            rows.append(row)
+            print(f"# b={b} h={hq}/{hk} s_q={sq} s_k={sk}: mhakit {fmt(row['mhakit_tbs'])} paged "
+                  f"{fmt(row.get('mhakit_paged_tbs'))} cuDNN {fmt(row.get('cudnn_tbs'))} FA2 {fmt(row.get('fa2_tbs'))}"
+                  f" TB/s; check {row['verified']} ({row.get('reference', '-')}, max abs err "
+                  f"{fmt(row.get('max_abs_err'), '.2e')})" + "".join(f"; {n}" for n in row["notes"]),
+                  file=sys.stderr, flush=True)
+    print()
+    print("| b | h_q/h_k | s_q | s_k | mhakit TB/s | mhakit paged (64) | cuDNN | FA2 | mhakit / best peer | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        check = {True: "ok", False: "FAIL", None: "-"}[r["verified"]]
+        if r.get("paged_matches") is False:
+            check += ", paged differs"
+        print(f"| {r['b']} | {r['hq']}/{r['hk']} | {r['sq']} | {r['sk']} | {fmt(r['mhakit_tbs'])} | "
+              f"{fmt(r.get('mhakit_paged_tbs'))} | {fmt(r.get('cudnn_tbs'))} | {fmt(r.get('fa2_tbs'))} | "
+              f"{fmt(r['mhakit_over_best_peer'])}x | {check} |")
+    if opts.json:
+        Path(opts.json).write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
+    ok = all(r["verified"] is not False and r.get("paged_matches") is not False for r in rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

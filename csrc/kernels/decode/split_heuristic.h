@@ -1,0 +1,39 @@
+// mhakit decode family — how many parts to cut each (batch, kv head)'s keys into when the caller leaves it to us
+// (num_splits = 0). Pure host arithmetic over the GPU's SM count (read by the runtime, cached per device).
+//
+// Without splitting the grid has `ctas` CTAs, each walking `key_blocks` key blocks. When those already fill most of
+// one wave of the GPU's CTA slots (SMs x CTAs resident per SM) splitting only adds the combine pass. Otherwise the
+// split count is the smallest one whose grid keeps the last wave nearly as busy as the best count would (waves
+// rounded up waste the idle part of the last), among the counts that leave no part empty (parts of equal size),
+// never more parts than key blocks or MHAKIT_MAX_SPLITS.
+#pragma once
+
+#include "../../include/mha_common.h"
+
+namespace mhakit::decode {
+
+inline int choose_num_splits(long long ctas, int key_blocks, int num_sms, int ctas_per_sm) {
+    if (ctas <= 0 || key_blocks <= 1 || num_sms <= 0) return 1;
+    const long long slots = (long long)num_sms * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+    if (ctas * 10 >= slots * 8) return 1;
+    const int cap = key_blocks < MHAKIT_MAX_SPLITS ? key_blocks : MHAKIT_MAX_SPLITS;
+    // s parts of ceil(key_blocks / s) blocks each leave the last ones empty unless s is "even": the count the kernel
+    // really runs is key_blocks over that part size, rounded up.
+    auto even = [&](int s) {
+        const int per = (key_blocks + s - 1) / s;
+        return (key_blocks + per - 1) / per;
+    };
+    auto efficiency = [&](int s) {
+        const double waves = double(ctas * s) / double(slots);
+        const double whole = double((ctas * s + slots - 1) / slots);
+        return waves / whole;
+    };
+    double best = 0.0;
+    for (int s = 1; s <= cap; ++s)
+        if (efficiency(even(s)) > best) best = efficiency(even(s));
+    for (int s = 1; s <= cap; ++s)
+        if (efficiency(even(s)) >= 0.9 * best) return even(s);
+    return even(cap);
+}
+
+}  // namespace mhakit::decode

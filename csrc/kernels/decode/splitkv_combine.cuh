@@ -1,0 +1,93 @@
+// mhakit decode family — the combine step of split-KV attention: every split wrote its rows' normalised O and LSE in
+// fp32 (o_acc, lse_acc, dense [split][batch][head][row](+[col]), see mha_fwd.h); the row's LSE is the log-sum-exp of
+// the splits' LSEs, and O the sum of their O weighted by exp(lse_split - lse). Splits that saw no key carry
+// LSE = -inf and weigh 0; a row that no split saw gets O = 0, LSE = -inf. One warp per output row.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../../include/mha_common.h"
+#include "../common/splitkv_params.h"
+#include "../generic/generic_ptx.cuh"
+
+namespace mhakit::decode::detail {
+
+// Index of (split, b, h, qi) in the dense accumulators (multiply by hdim_v for o_acc).
+__host__ __device__ __forceinline__ int64_t acc_row(const SplitkvParams& p, int split, int b, int h, int qi) {
+    return ((int64_t(split) * p.batch + b) * p.nhead_q + h) * p.seqlen_q + qi;
+}
+
+// One output element (fp32) as the call's 16-bit type.
+template <mhakit_dtype kDtype>
+__device__ __forceinline__ uint16_t to_elem(float v) {
+    return static_cast<uint16_t>(generic::ptx::Mma<kDtype>::pack(v, 0.f) & 0xffffu);
+}
+
+#if defined(__CUDACC__)
+
+constexpr int kCombineWarps = 4;
+
+template <mhakit_dtype kDtype>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const SplitkvParams p) {
+    __shared__ float s_weight[kCombineWarps][MHAKIT_MAX_SPLITS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t rows = int64_t(p.batch) * p.nhead_q * p.seqlen_q;
+    const int64_t id = int64_t(blockIdx.x) * kCombineWarps + warp;
+    if (id >= rows) return;
+    const int qi = int(id % p.seqlen_q), h = int((id / p.seqlen_q) % p.nhead_q), b = int(id / (int64_t(p.seqlen_q) * p.nhead_q));
+    const int splits = p.num_splits;
+
+    float m = -INFINITY;
+    for (int s = lane; s < splits; s += 32) m = fmaxf(m, p.lse_acc[acc_row(p, s, b, h, qi)]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float sum = 0.f;
+    if (m != -INFINITY)
+        for (int s = lane; s < splits; s += 32) sum += expf(p.lse_acc[acc_row(p, s, b, h, qi)] - m);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
+    for (int s = lane; s < splits; s += 32)
+        s_weight[warp][s] = lse == -INFINITY ? 0.f : expf(p.lse_acc[acc_row(p, s, b, h, qi)] - lse);
+    __syncwarp();
+
+    // Columns spread over the lanes; the splits' partial rows are kSplitStep independent loads at a time (a split
+    // of weight 0 holds zeros), so that a warp waits for the memory latency once per kSplitStep splits, not per split.
+    uint16_t* o = static_cast<uint16_t*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + qi * p.o_row_stride;
+    const int64_t split_stride = int64_t(p.batch) * p.nhead_q * p.seqlen_q * p.hdim_v;
+    const float* part = p.o_acc + acc_row(p, 0, b, h, qi) * p.hdim_v;
+    constexpr int kSplitStep = 8;
+    for (int c = lane; c < p.hdim_v; c += 32) {
+        float acc = 0.f;
+        int s = 0;
+        for (; s + kSplitStep <= splits; s += kSplitStep) {
+            float x[kSplitStep];
+#pragma unroll
+            for (int u = 0; u < kSplitStep; ++u) x[u] = __ldg(part + (s + u) * split_stride + c);
+#pragma unroll
+            for (int u = 0; u < kSplitStep; ++u) acc = fmaf(s_weight[warp][s + u], x[u], acc);
+        }
+        for (; s < splits; ++s) acc = fmaf(s_weight[warp][s], __ldg(part + s * split_stride + c), acc);
+        o[c] = to_elem<kDtype>(acc);
+    }
+    if (p.lse != nullptr && lane == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + qi] = lse;
+}
+
+#endif  // __CUDACC__
+
+template <mhakit_dtype kDtype>
+inline cudaError_t combine_splits(const SplitkvParams& p, cudaStream_t stream) {
+#if defined(__CUDACC__)
+    const int64_t rows = int64_t(p.batch) * p.nhead_q * p.seqlen_q;
+    if (rows == 0) return cudaSuccess;
+    const int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
+    combine_kernel<kDtype><<<dim3(unsigned(blocks)), kCombineWarps * 32, 0, stream>>>(p);
+    return cudaGetLastError();
+#else
+    return cudaErrorNotSupported;
+#endif
+}
+
+}  // namespace mhakit::decode::detail
