@@ -11,9 +11,11 @@
 // (2) main kernel — one CTA per (key block, kv head, batch) recomputes P and accumulates dK, dV in registers and dQ
 // into the workspace (fmha_bwd_hopper_kernel.hpp); (3) convert — dQ = scale·accumulator into dq's dtype/strides.
 //
-// Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q == hdim_v, a
-// multiple of 8, <= kHdim (kHdim in {64, 96, 128, 192, 256}; smaller head dims are zero-padded by TMA; 96 and 192
-// use 64B-swizzled tiles: 192's query-split half, 96, is a canonical MN-major GMMA operand only with that swizzle).
+// Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q <= kHdim and
+// hdim_v <= kHdimV, multiples of 8 (buckets: multiples of 32 in [64, 256]; the catalogue builds 64, 96, 128, 192,
+// 256 with kHdimV = kHdim, and (192, 128); unequal buckets need the query split, kBlockN = 64; smaller head dims are
+// zero-padded by TMA; 96 and 192 use 64B-swizzled tiles: 192's query-split half, 96, is a canonical MN-major GMMA
+// operand only with that swizzle).
 // Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths,
 // empty ones included, packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /
 // total_k rows, which the caller must give (0 sends the call to the generic family).
@@ -71,7 +73,7 @@ struct BwdKernel {
 
     // The run-time guard beyond what the runtime already checked: the validator (head dims, heads, mask type,
     // pointers), the instance's traits (dtype, mode, head-dim bucket) and the family's static guards from the
-    // catalogue (equal head dims, not deterministic, 16-byte alignment).
+    // catalogue (16-byte alignment, head dims multiples of 8).
     // Rows (and batches) as the TMA descriptors see them: group mode: the packed row counts, in one batch.
     static int tma_rows_q(const BwdParams& p) { return kGroup ? p.total_q : p.seqlen_q; }
     static int tma_rows_k(const BwdParams& p) { return kGroup ? p.total_k : p.seqlen_k; }
