@@ -289,8 +289,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             if (p.dbias != nullptr) dbias = dbias_block(p, b, h);
         }
         auto p_ds = [&](auto cap, auto bias) {
-            constexpr bool kCap = decltype(cap)::value;
-            constexpr int kBias = decltype(bias)::value;
+            [[maybe_unused]] constexpr bool kCap = decltype(cap)::value;  // read by the kMods kernel only
+            [[maybe_unused]] constexpr int kBias = decltype(bias)::value;
 #pragma unroll
             for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
@@ -303,7 +303,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                         const float l = (e & 1) ? lse2.y : lse2.x, d = (e & 1) ? dsum.y : dsum.x;
                         const int j = n0 + wk * kSdpRows + mt * 16 + g + 8 * (e >> 1);
                         const int i = m0 + ql + (e & 1);
-                        float dcap = 1.f, pv;
+                        [[maybe_unused]] float dcap = 1.f;
+                        float pv;
                         if constexpr (kMods)
                             pv = ptx::ex2(logit_at<kDtype, kCap, kBias>(rmods, st[mt][nt][e], i, j, &dcap) * kLog2e - l);
                         else
@@ -534,8 +535,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
 
         const bool need_mask = !geom.template tile_full<kBN>(m0, m0 + rows_valid - 1, n0);
         auto p_ds = [&](auto cap, auto bias) {
-            constexpr bool kCap = decltype(cap)::value;
-            constexpr int kBias = decltype(bias)::value;
+            [[maybe_unused]] constexpr bool kCap = decltype(cap)::value;  // read by the kMods kernel only
+            [[maybe_unused]] constexpr int kBias = decltype(bias)::value;
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -545,7 +546,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
                         const int hf = e >> 1;
                         const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
                         const int i = m0 + row0 + mt * 16 + g + 8 * hf;
-                        float dcap = 1.f, pv;
+                        [[maybe_unused]] float dcap = 1.f;
+                        float pv;
                         if constexpr (kMods)
                             pv = ptx::ex2(logit_at<kDtype, kCap, kBias>(rmods, s[mt][nt][e], i, j, &dcap) * kLog2e -
                                           lse2[mt][hf]);
