@@ -238,21 +238,13 @@ struct HopperBwdKernelImpl {
         int64_t dv_row, dv_head, dv_batch;
     };
 
-    // The sequence a CTA works on: its first rows in the tensors TMA sees, its lengths and its clamped mask.
-    struct Sequence {
-        int q0, k0, sq, sk;
-        int x, y;
-    };
+    using Sequence = HopperSequence;
     CUTLASS_DEVICE static Sequence sequence(Params const& params, int b) {
         if constexpr (kGroup) {
-            const SeqRows q = seq_rows(params.seqstart_q, b, 0), k = seq_rows(params.seqstart_k, b, 0);
-            const MaskCoord c =
-                kMasked ? make_clamped_mask_coord(params.mask_type, params.window_left, params.window_right, q.len,
-                                                  k.len)
-                        : MaskCoord{q.len, k.len};
-            return Sequence{q.first, k.first, q.len, k.len, c.x, c.y};
+            return packed_sequence<kMasked>(params.seqstart_q, params.seqstart_k, b, params.mask_type,
+                                            params.window_left, params.window_right);
         } else {
-            return Sequence{0, 0, params.seqlen_q, params.seqlen_k, params.mask_x, params.mask_y};
+            return Sequence{0, 0, params.seqlen_q, params.seqlen_k, MaskCoord{params.mask_y, params.mask_x}};
         }
     }
 
@@ -320,7 +312,7 @@ struct HopperBwdKernelImpl {
 
     // x, y clamped (x in [-sq, sk], y in [-sk, sq]): on the host in batch mode, in sequence() in group mode.
     CUTLASS_DEVICE static Geometry geometry(Sequence const& seq) {
-        return Geometry::from_coord(MaskCoord{seq.y, seq.x}, seq.sq, seq.sk);
+        return Geometry::from_coord(seq.mask, seq.sq, seq.sk);
     }
 
     // The query tiles that key block n (< the sequence's key blocks) visits.
@@ -481,8 +473,8 @@ struct HopperBwdKernelImpl {
 
         const int tid = int(threadIdx.x) - 128;  // [0, 256)
         const int sk = seq.sk;
-        const int xr = seq.x;
-        const int yr = seq.y;
+        const int xr = seq.mask.x;
+        const int yr = seq.mask.y;
         const Geometry geom = geometry(seq);
         const float scale_log2 = params.scale_log2;
         const int n0 = n_block * kBlockN;

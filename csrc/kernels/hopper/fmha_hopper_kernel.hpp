@@ -140,19 +140,11 @@ struct HopperFwdKernelImpl {
         int mask_type, window_left, window_right;  // group mode: each sequence's mask is made on the device
     };
 
-    // The sequence a CTA works on: its first rows in the tensors TMA sees, its lengths and its (clamped) mask.
-    struct Sequence {
-        int q0, k0, sq, sk;
-        MaskCoord mask;
-    };
+    using Sequence = HopperSequence;
     CUTLASS_DEVICE static Sequence sequence(Params const& params, int b) {
         if constexpr (kGroup) {
-            const SeqRows q = seq_rows(params.seqstart_q, b, 0), k = seq_rows(params.seqstart_k, b, 0);
-            const MaskCoord c =
-                kMasked ? make_clamped_mask_coord(params.mask_type, params.window_left, params.window_right, q.len,
-                                                  k.len)
-                        : MaskCoord{q.len, k.len};
-            return Sequence{q.first, k.first, q.len, k.len, c};
+            return packed_sequence<kMasked>(params.seqstart_q, params.seqstart_k, b, params.mask_type,
+                                            params.window_left, params.window_right);
         } else {
             return Sequence{0, 0, get<2>(params.problem), get<3>(params.problem),
                             MaskCoord{get<6>(params.problem), get<5>(params.problem)}};

@@ -13,6 +13,7 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/numeric_types.h"
 
+#include "kernels/common/mask.h"
 #include "mha_common.h"
 
 namespace mhakit::hopper {
@@ -48,6 +49,22 @@ CUTLASS_DEVICE SeqRows seq_rows(const int32_t* seqstart, int b, int batch_len) {
     if (seqstart == nullptr) return SeqRows{0, batch_len};
     const int first = seqstart[b];
     return SeqRows{first, seqstart[b + 1] - first};
+}
+
+// The sequence a CTA of the forward or the backward works on: its first rows in the tensors TMA sees, its lengths
+// and its clamped mask coordinate (x in [-sq, sk], y in [-sk, sq], which keeps the tile tests in 32 bits).
+struct HopperSequence {
+    int q0, k0, sq, sk;
+    MaskCoord mask;
+};
+// Group mode: sequence b of the packed tensors, its mask made on the device (unmasked kernels: the whole rectangle).
+template <bool kMasked>
+CUTLASS_DEVICE HopperSequence packed_sequence(const int32_t* seqstart_q, const int32_t* seqstart_k, int b,
+                                              int mask_type, int window_left, int window_right) {
+    const SeqRows q = seq_rows(seqstart_q, b, 0), k = seq_rows(seqstart_k, b, 0);
+    const MaskCoord c = kMasked ? make_clamped_mask_coord(mask_type, window_left, window_right, q.len, k.len)
+                                : MaskCoord{q.len, k.len};
+    return HopperSequence{q.first, k.first, q.len, k.len, c};
 }
 
 namespace detail {
