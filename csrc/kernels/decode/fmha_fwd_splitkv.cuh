@@ -18,7 +18,8 @@
 //   the bottom-right / window / generic mask over seqlen_q queries and the batch's cache length + new rows),
 //   online softmax (OnlineSoftmax), O += P·V (gemm_pv).
 // Loads: a kStages-deep cp.async ring of K and V blocks (kStages - 1 blocks in flight while one is computed);
-// cache rows come through the block table when paged (one lookup per block when a page holds whole blocks);
+// cache rows come through the block table when paged (one lookup per block when a page holds whole blocks, read one
+// block ahead of the loads that use it);
 // rows past the cache end and columns past the real head dim are zero-filled. Aligned caches take BlockLoader (each
 // thread one chunk column, a fixed row walk: a few instructions per 16-byte copy); unaligned ones take element-wise
 // loads into the same tiles (generic_tile_io.cuh).
@@ -171,6 +172,31 @@ struct BlockLoader {
                 const bool ok = r0 + it * kRowStep < valid;
                 ptx::cp_async_16(dst, ok ? src + it * step : any, ok ? bytes : 0);
             }
+        }
+    }
+
+    // Paged, pages smaller than the block: the page of each of this thread's rows of the block at n0 (rows past
+    // valid get page 0, never read), read one block ahead of the loads that use them.
+    template <class T>
+    __device__ __forceinline__ void read_pages(int (&page)[kIters], const CacheRows<T>& c, int n0, int valid) const {
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+            const int r = r0 + it * kRowStep;
+            page[it] = r < valid ? __ldg(c.pages + c.page_slot(n0 + r)) : 0;
+        }
+    }
+
+    // Rows [0, valid) of the block at n0 of a paged cache, this thread's rows in the pages read_pages gave.
+    template <class T>
+    __device__ __forceinline__ void paged(uint32_t smem_tile, const CacheRows<T>& c, const int (&page)[kIters], int n0,
+                                          int valid, const uint16_t* any) const {
+        if (!active) return;
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+            const int r = r0 + it * kRowStep;
+            const bool ok = r < valid && bytes > 0;
+            ptx::cp_async_16(smem_tile + dst0 + uint32_t(it * kRowStep * kStride * 2),
+                             ok ? c.row_in_page(page[it], n0 + r) + col : any, ok ? bytes : 0);
         }
     }
 
@@ -364,26 +390,48 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     const VLoader v_ld(tid, v_chunks, p.hdim_v);
     const uint32_t sK_smem = ptx::smem_addr(sK), sV_smem = ptx::smem_addr(sV);
     const bool lean = alK && alV;
+    // Paged caches: the block table is read one key block ahead (pages[] holds the next block's pages), so that
+    // the lookup's latency overlaps a block of math instead of sitting between the wait and the next loads. A page
+    // that holds whole blocks needs one slot per block (pages[0]); smaller pages one per row this thread loads.
+    constexpr bool kSharedWalk = KLoader::kRowStep == VLoader::kRowStep;  // K and V rows of a thread coincide
+    const bool paged = kc.pages != nullptr;
+    const bool page_run = paged && kc.page_size % kBlockN == 0;
+    int pages[KLoader::kIters] = {};
+    auto read_pages = [&](int i) {
+        if (!paged || !lean) return;
+        const int n0 = (blk_begin + i) * kBlockN;
+        if (page_run)
+            pages[0] = __ldg(kc.pages + kc.page_slot(n0));
+        else
+            k_ld.read_pages(pages, kc, n0, min(kBlockN, sk - n0));
+    };
 
     auto load_block = [&](int i) {  // the split's i-th key block into stage i % kStages
         const int n0 = (blk_begin + i) * kBlockN, valid = min(kBlockN, sk - n0);
         const int st = i % kStages;
-        const uint16_t* k_run = kc.run_of_rows(n0, kBlockN);  // one page (or contiguous): no per-row lookup
-        const uint16_t* v_run = vc.run_of_rows(n0, kBlockN);
         if (lean) {
             const uint32_t dK = sK_smem + uint32_t(st * kBlockN * kSQ * 2), dV = sV_smem + uint32_t(st * kBlockN * kSV * 2);
-            if (k_run != nullptr && valid == kBlockN) {
-                k_ld.template run<true>(dK, k_run, kc.row_stride, valid, kc.base);
-                v_ld.template run<true>(dV, v_run, vc.row_stride, valid, vc.base);
-            } else if (k_run != nullptr) {
-                k_ld.template run<false>(dK, k_run, kc.row_stride, valid, kc.base);
-                v_ld.template run<false>(dV, v_run, vc.row_stride, valid, vc.base);
+            if (!paged || page_run) {  // one run of rows: contiguous, or one page
+                const uint16_t* k_run = paged ? kc.row_in_page(pages[0], n0) : kc.base + int64_t(n0) * kc.row_stride;
+                const uint16_t* v_run = paged ? vc.row_in_page(pages[0], n0) : vc.base + int64_t(n0) * vc.row_stride;
+                if (valid == kBlockN) {
+                    k_ld.template run<true>(dK, k_run, kc.row_stride, valid, kc.base);
+                    v_ld.template run<true>(dV, v_run, vc.row_stride, valid, vc.base);
+                } else {
+                    k_ld.template run<false>(dK, k_run, kc.row_stride, valid, kc.base);
+                    v_ld.template run<false>(dV, v_run, vc.row_stride, valid, vc.base);
+                }
             } else {
-                k_ld.rows(dK, [&](int r) { return kc.row(n0 + r); }, valid, kc.base);
-                v_ld.rows(dV, [&](int r) { return vc.row(n0 + r); }, valid, vc.base);
+                k_ld.paged(dK, kc, pages, n0, valid, kc.base);
+                if constexpr (kSharedWalk)
+                    v_ld.paged(dV, vc, pages, n0, valid, vc.base);
+                else
+                    v_ld.rows(dV, [&](int r) { return vc.row(n0 + r); }, valid, vc.base);
             }
             return;
         }
+        const uint16_t* k_run = kc.run_of_rows(n0, kBlockN);  // one page (or contiguous): no per-row lookup
+        const uint16_t* v_run = vc.run_of_rows(n0, kBlockN);
         uint16_t* dK = sK + st * kBlockN * kSQ;
         uint16_t* dV = sV + st * kBlockN * kSV;
         if (k_run != nullptr) {
@@ -413,9 +461,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
             q0, rows, q_chunks, p.hdim_q, alQ, tid);
 #pragma unroll
         for (int i = 0; i < kStages - 1; ++i) {
-            if (i < n_blocks) load_block(i);
+            if (i < n_blocks) {
+                read_pages(i);
+                load_block(i);
+            }
             ptx::cp_async_commit();
         }
+        if (kStages - 1 < n_blocks) read_pages(kStages - 1);
     }
 
     // ldmatrix lane offsets (elements), as in the generic forward, from the warp's first row and first key.
@@ -429,7 +481,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     for (int i = 0; i < n_blocks; ++i) {
         ptx::cp_async_wait<kStages - 2>();
         __syncthreads();  // block i landed for every thread; every warp is done with block i - 1's stage
-        if (i + kStages - 1 < n_blocks) load_block(i + kStages - 1);
+        if (i + kStages - 1 < n_blocks) {
+            load_block(i + kStages - 1);
+            if (i + kStages < n_blocks) read_pages(i + kStages);
+        }
         ptx::cp_async_commit();
 
         const int st = i % kStages, blk = blk_begin + i;
