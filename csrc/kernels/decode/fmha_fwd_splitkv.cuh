@@ -16,7 +16,7 @@
 // Per block of kBlockN keys, per warp (the generic family's mma.sync pieces over a warp-sized view, WarpView):
 //   S = Q·Kᵀ (gemm_qk), element mask only on blocks that are not full for every row of the tile (MaskGeometry of
 //   the bottom-right / window / generic mask over seqlen_q queries and the batch's cache length + new rows),
-//   online softmax (OnlineSoftmax), O += P·V (gemm_pv).
+//   online softmax (OnlineSoftmax; O is rescaled only when some row's max moved), O += P·V (gemm_pv).
 // Loads: a kStages-deep cp.async ring of K and V blocks (kStages - 1 blocks in flight while one is computed);
 // cache rows come through the block table when paged (one lookup per block when a page holds whole blocks, read one
 // block ahead of the loads that use it);
@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
         else
             generic::detail::gemm_qk<W, false>(s, unused_q_frag, sQ_a, sK_b, p.hdim_q);
         if (!full.contains(blk)) generic::detail::mask_s<W>(s, row_lo, row_hi, blk * kBlockN + warp_key0);
-        softmax.update(s, acc_o, p.scale_log2);
+        softmax.template update<true>(s, acc_o, p.scale_log2);
         uint32_t p_frag[kMT][W::kKV][4];
         generic::detail::pack_p<W>(p_frag, s);
         if (v_full)
