@@ -384,11 +384,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     const CacheRows<const uint16_t> vc = cache_rows<true, const uint16_t>(p, b, hk);
     const uint16_t* q0 = static_cast<const uint16_t*>(p.q) + b * p.q_batch_stride;
 
-    using KLoader = BlockLoader<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>;
-    using VLoader = BlockLoader<kBlockN, Cfg::kHdimV / 8, kSV, kThreads>;
-    const KLoader k_ld(tid, q_chunks, p.hdim_q);
-    const VLoader v_ld(tid, v_chunks, p.hdim_v);
-    const uint32_t sK_smem = ptx::smem_addr(sK), sV_smem = ptx::smem_addr(sV);
+    // Who loads which rows of a block (aligned caches). Key split: every warp loads the kKeysPerWarp keys it alone
+    // computes on, so that a warp waits for its own loads only (a __syncwarp, no CTA barrier per block: the warps
+    // drift apart and their loads stop arriving in bursts). Row split: every warp reads every key, so the CTA loads
+    // the block together and waits for it at a CTA barrier.
+    constexpr bool kWarpLoads = !kRowSplit;
+    constexpr int kLoadRows = kWarpLoads ? Cfg::kKeysPerWarp : kBlockN;
+    constexpr int kLoadThreads = kWarpLoads ? 32 : kThreads;
+    const int load_row0 = kWarpLoads ? warp_key0 : 0;  // first row of a block that this thread's group loads
+    using KLoader = BlockLoader<kLoadRows, Cfg::kHdimQ / 8, kSQ, kLoadThreads>;
+    using VLoader = BlockLoader<kLoadRows, Cfg::kHdimV / 8, kSV, kLoadThreads>;
+    const KLoader k_ld(kWarpLoads ? lane : tid, q_chunks, p.hdim_q);
+    const VLoader v_ld(kWarpLoads ? lane : tid, v_chunks, p.hdim_v);
+    const uint32_t sK_smem = ptx::smem_addr(sK + load_row0 * kSQ), sV_smem = ptx::smem_addr(sV + load_row0 * kSV);
     const bool lean = alK && alV;
     // Paged caches: the block table is read one key block ahead (pages[] holds the next block's pages), so that
     // the lookup's latency overlaps a block of math instead of sitting between the wait and the next loads. A page
@@ -403,30 +411,34 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
         if (page_run)
             pages[0] = __ldg(kc.pages + kc.page_slot(n0));
         else
-            k_ld.read_pages(pages, kc, n0, min(kBlockN, sk - n0));
+            k_ld.read_pages(pages, kc, n0 + load_row0, min(kLoadRows, sk - n0 - load_row0));
     };
 
     auto load_block = [&](int i) {  // the split's i-th key block into stage i % kStages
         const int n0 = (blk_begin + i) * kBlockN, valid = min(kBlockN, sk - n0);
         const int st = i % kStages;
         if (lean) {
+            // this thread's group: rows [load_row0, load_row0 + kLoadRows) of the block (none real when g_valid <= 0)
+            const int g0 = n0 + load_row0, g_valid = min(kLoadRows, sk - g0);
             const uint32_t dK = sK_smem + uint32_t(st * kBlockN * kSQ * 2), dV = sV_smem + uint32_t(st * kBlockN * kSV * 2);
             if (!paged || page_run) {  // one run of rows: contiguous, or one page
-                const uint16_t* k_run = paged ? kc.row_in_page(pages[0], n0) : kc.base + int64_t(n0) * kc.row_stride;
-                const uint16_t* v_run = paged ? vc.row_in_page(pages[0], n0) : vc.base + int64_t(n0) * vc.row_stride;
-                if (valid == kBlockN) {
-                    k_ld.template run<true>(dK, k_run, kc.row_stride, valid, kc.base);
-                    v_ld.template run<true>(dV, v_run, vc.row_stride, valid, vc.base);
+                const uint16_t* k_run = paged ? kc.row_in_page(pages[0], n0) + load_row0 * kc.row_stride
+                                              : kc.base + int64_t(g0) * kc.row_stride;
+                const uint16_t* v_run = paged ? vc.row_in_page(pages[0], n0) + load_row0 * vc.row_stride
+                                              : vc.base + int64_t(g0) * vc.row_stride;
+                if (g_valid == kLoadRows) {
+                    k_ld.template run<true>(dK, k_run, kc.row_stride, g_valid, kc.base);
+                    v_ld.template run<true>(dV, v_run, vc.row_stride, g_valid, vc.base);
                 } else {
-                    k_ld.template run<false>(dK, k_run, kc.row_stride, valid, kc.base);
-                    v_ld.template run<false>(dV, v_run, vc.row_stride, valid, vc.base);
+                    k_ld.template run<false>(dK, k_run, kc.row_stride, g_valid, kc.base);
+                    v_ld.template run<false>(dV, v_run, vc.row_stride, g_valid, vc.base);
                 }
             } else {
-                k_ld.paged(dK, kc, pages, n0, valid, kc.base);
+                k_ld.paged(dK, kc, pages, g0, g_valid, kc.base);
                 if constexpr (kSharedWalk)
-                    v_ld.paged(dV, vc, pages, n0, valid, vc.base);
+                    v_ld.paged(dV, vc, pages, g0, g_valid, vc.base);
                 else
-                    v_ld.rows(dV, [&](int r) { return vc.row(n0 + r); }, valid, vc.base);
+                    v_ld.rows(dV, [&](int r) { return vc.row(g0 + r); }, g_valid, vc.base);
             }
             return;
         }
@@ -478,9 +490,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     const bool q_full = p.hdim_q > Cfg::kHdimQ - 16, v_full = p.hdim_v > Cfg::kHdimV - 16;
     const uint32_t unused_q_frag[1][1][4] = {};
 
+    const bool warp_sync = kWarpLoads && lean;  // the warps' K/V rows are their own: a warp barrier suffices
     for (int i = 0; i < n_blocks; ++i) {
         ptx::cp_async_wait<kStages - 2>();
-        __syncthreads();  // block i landed for every thread; every warp is done with block i - 1's stage
+        // Block i landed for every thread that loaded it, and they are done with block i - 1's stage. The first
+        // block also brings the Q tile, which the whole CTA loaded: a CTA barrier then.
+        if (warp_sync && i > 0)
+            __syncwarp();
+        else
+            __syncthreads();
         if (i + kStages - 1 < n_blocks) {
             load_block(i + kStages - 1);
             if (i + kStages < n_blocks) read_pages(i + kStages);
