@@ -22,18 +22,17 @@ struct CacheRows {
     int page_size;
     int page_shift;         // log2(page_size) when it is a power of two (the usual 16, 64, 256), else -1
 
+    // Paged: the block-table slot of row j, and row j's address once its page is known (the kernel reads the block
+    // table one key block ahead, so that the lookup's latency is not paid between a block's loads).
+    __device__ __forceinline__ int page_slot(int j) const { return page_shift >= 0 ? j >> page_shift : j / page_size; }
+    __device__ __forceinline__ T* row_in_page(int page, int j) const {
+        const int in_page = page_shift >= 0 ? (j & (page_size - 1)) : j - (j / page_size) * page_size;
+        return base + int64_t(page) * page_stride + int64_t(in_page) * row_stride;
+    }
+
     __device__ __forceinline__ T* row(int j) const {
         if (pages == nullptr) return base + int64_t(j) * row_stride;
-        int page_idx, in_page;
-        if (page_shift >= 0) {
-            page_idx = j >> page_shift;
-            in_page = j & (page_size - 1);
-        } else {
-            page_idx = j / page_size;
-            in_page = j - page_idx * page_size;
-        }
-        const int page = __ldg(pages + page_idx);
-        return base + int64_t(page) * page_stride + int64_t(in_page) * row_stride;
+        return row_in_page(__ldg(pages + page_slot(j)), j);
     }
 
     // Rows [n0, n0 + n) with n0 a multiple of n: row n0 + r is at the result + r·row_stride when they lie in one

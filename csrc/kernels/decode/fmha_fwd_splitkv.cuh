@@ -16,10 +16,12 @@
 // Per block of kBlockN keys, per warp (the generic family's mma.sync pieces over a warp-sized view, WarpView):
 //   S = Q·Kᵀ (gemm_qk), element mask only on blocks that are not full for every row of the tile (MaskGeometry of
 //   the bottom-right / window / generic mask over seqlen_q queries and the batch's cache length + new rows),
-//   online softmax (OnlineSoftmax), O += P·V (gemm_pv).
+//   online softmax (OnlineSoftmax; O is rescaled only when some row's max moved), O += P·V (gemm_pv).
 // Loads: a kStages-deep cp.async ring of K and V blocks (kStages - 1 blocks in flight while one is computed);
-// cache rows come through the block table when paged (one lookup per block when a page holds whole blocks);
-// rows past the cache end and columns past the real head dim are zero-filled; unaligned tensors take element-wise
+// cache rows come through the block table when paged (one lookup per block when a page holds whole blocks, read one
+// block ahead of the loads that use it);
+// rows past the cache end and columns past the real head dim are zero-filled. Aligned caches take BlockLoader (each
+// thread one chunk column, a fixed row walk: a few instructions per 16-byte copy); unaligned ones take element-wise
 // loads into the same tiles (generic_tile_io.cuh).
 //
 // Tiles (catalogue [splitkv.decode]): block_m = query rows per CTA of the key split (16 · row tiles), block_n = keys
@@ -124,6 +126,93 @@ __device__ __forceinline__ void load_rows(uint16_t* smem, RowPtr&& row_ptr, cons
         }
     }
 }
+
+// The K / V block loads of the main loop, aligned tensors only (16-byte cp.async): thread tid owns one 16-byte chunk
+// column c = tid % kChunks and the rows r0 = tid / kChunks, r0 + kRowStep, ... of a kRows-row block, so that the
+// per-block work is one address computation and then one add per row (compile-time trip count, unrolled); which
+// bytes of its column are real (whole, partial, none) is fixed per call and computed once. The general loader
+// above (load_rows) walks rows of a run-time start and decides per chunk: it served every block before and cost
+// about 60 integer instructions per 16-byte copy (profiled on the H200), so it now loads only Q and unaligned data.
+template <int kRows, int kChunks, int kStride, int kThreads>
+struct BlockLoader {
+    static_assert(kThreads % kChunks == 0, "a thread owns one chunk column");
+    static constexpr int kRowStep = kThreads / kChunks;
+    static_assert(kRows % kRowStep == 0, "every thread walks the same number of rows");
+    static constexpr int kIters = kRows / kRowStep;
+
+    int r0;          // first row of this thread
+    int col;         // element offset of the chunk column in a row
+    int bytes;       // cp.async source bytes of the chunk (16 whole, 2..14 partial, 0 none: zero-filled)
+    bool active;     // the column is loaded at all (c < chunks_load; later columns are never read)
+    uint32_t dst0;   // shared-memory byte offset of (r0, c) within a tile
+
+    __device__ __forceinline__ BlockLoader(int tid, int chunks_load, int cols_valid) {
+        const int c = tid % kChunks;
+        r0 = tid / kChunks;
+        col = c * 8;
+        bytes = generic::detail::chunk_bytes(cols_valid - col);
+        active = c < chunks_load;
+        dst0 = uint32_t(r0 * kStride + col) * 2u;
+    }
+
+    // Rows [0, valid) of a run (row r at run + r·row_stride) into the tile at smem_tile; rows past valid zero-filled.
+    template <bool kFull>
+    __device__ __forceinline__ void run(uint32_t smem_tile, const uint16_t* run, int64_t row_stride, int valid,
+                                        const uint16_t* any) const {
+        if (!active) return;
+        const bool real = bytes > 0;  // a column past the head dim reads nothing: its source stays at `any`
+        const uint16_t* src = real ? run + r0 * row_stride + col : any;
+        const int64_t step = real ? kRowStep * row_stride : 0;
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+            const uint32_t dst = smem_tile + dst0 + uint32_t(it * kRowStep * kStride * 2);
+            if (kFull) {
+                ptx::cp_async_16(dst, src + it * step, bytes);
+            } else {
+                const bool ok = r0 + it * kRowStep < valid;
+                ptx::cp_async_16(dst, ok ? src + it * step : any, ok ? bytes : 0);
+            }
+        }
+    }
+
+    // Paged, pages smaller than the block: the page of each of this thread's rows of the block at n0 (rows past
+    // valid get page 0, never read), read one block ahead of the loads that use them.
+    template <class T>
+    __device__ __forceinline__ void read_pages(int (&page)[kIters], const CacheRows<T>& c, int n0, int valid) const {
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+            const int r = r0 + it * kRowStep;
+            page[it] = r < valid ? __ldg(c.pages + c.page_slot(n0 + r)) : 0;
+        }
+    }
+
+    // Rows [0, valid) of the block at n0 of a paged cache, this thread's rows in the pages read_pages gave.
+    template <class T>
+    __device__ __forceinline__ void paged(uint32_t smem_tile, const CacheRows<T>& c, const int (&page)[kIters], int n0,
+                                          int valid, const uint16_t* any) const {
+        if (!active) return;
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+            const int r = r0 + it * kRowStep;
+            const bool ok = r < valid && bytes > 0;
+            ptx::cp_async_16(smem_tile + dst0 + uint32_t(it * kRowStep * kStride * 2),
+                             ok ? c.row_in_page(page[it], n0 + r) + col : any, ok ? bytes : 0);
+        }
+    }
+
+    // Rows [0, valid) where row r starts at row_ptr(r) (a paged cache whose pages are smaller than the block).
+    template <class RowPtr>
+    __device__ __forceinline__ void rows(uint32_t smem_tile, RowPtr&& row_ptr, int valid, const uint16_t* any) const {
+        if (!active) return;
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+            const int r = r0 + it * kRowStep;
+            const bool ok = r < valid && bytes > 0;
+            ptx::cp_async_16(smem_tile + dst0 + uint32_t(it * kRowStep * kStride * 2), ok ? row_ptr(r) + col : any,
+                             ok ? bytes : 0);
+        }
+    }
+};
 
 // Every element of a warp's mma accumulator fragments [row tiles][column tiles][4] to 0.
 template <int kM, int kN>
@@ -295,12 +384,68 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     const CacheRows<const uint16_t> vc = cache_rows<true, const uint16_t>(p, b, hk);
     const uint16_t* q0 = static_cast<const uint16_t*>(p.q) + b * p.q_batch_stride;
 
+    // Who loads which rows of a block (aligned caches). Key split: every warp loads the kKeysPerWarp keys it alone
+    // computes on, so that a warp waits for its own loads only (a __syncwarp, no CTA barrier per block: the warps
+    // drift apart and their loads stop arriving in bursts). Row split: every warp reads every key, so the CTA loads
+    // the block together and waits for it at a CTA barrier.
+    constexpr bool kWarpLoads = !kRowSplit;
+    constexpr int kLoadRows = kWarpLoads ? Cfg::kKeysPerWarp : kBlockN;
+    constexpr int kLoadThreads = kWarpLoads ? 32 : kThreads;
+    const int load_row0 = kWarpLoads ? warp_key0 : 0;  // first row of a block that this thread's group loads
+    using KLoader = BlockLoader<kLoadRows, Cfg::kHdimQ / 8, kSQ, kLoadThreads>;
+    using VLoader = BlockLoader<kLoadRows, Cfg::kHdimV / 8, kSV, kLoadThreads>;
+    const KLoader k_ld(kWarpLoads ? lane : tid, q_chunks, p.hdim_q);
+    const VLoader v_ld(kWarpLoads ? lane : tid, v_chunks, p.hdim_v);
+    const uint32_t sK_smem = ptx::smem_addr(sK + load_row0 * kSQ), sV_smem = ptx::smem_addr(sV + load_row0 * kSV);
+    const bool lean = alK && alV;
+    // Paged caches: the block table is read one key block ahead (pages[] holds the next block's pages), so that
+    // the lookup's latency overlaps a block of math instead of sitting between the wait and the next loads. A page
+    // that holds whole blocks needs one slot per block (pages[0]); smaller pages one per row this thread loads.
+    constexpr bool kSharedWalk = KLoader::kRowStep == VLoader::kRowStep;  // K and V rows of a thread coincide
+    const bool paged = kc.pages != nullptr;
+    const bool page_run = paged && kc.page_size % kBlockN == 0;
+    int pages[KLoader::kIters] = {};
+    auto read_pages = [&](int i) {
+        if (!paged || !lean) return;
+        const int n0 = (blk_begin + i) * kBlockN;
+        if (page_run)
+            pages[0] = __ldg(kc.pages + kc.page_slot(n0));
+        else
+            k_ld.read_pages(pages, kc, n0 + load_row0, min(kLoadRows, sk - n0 - load_row0));
+    };
+
     auto load_block = [&](int i) {  // the split's i-th key block into stage i % kStages
         const int n0 = (blk_begin + i) * kBlockN, valid = min(kBlockN, sk - n0);
-        uint16_t* dK = sK + (i % kStages) * kBlockN * kSQ;
-        uint16_t* dV = sV + (i % kStages) * kBlockN * kSV;
+        const int st = i % kStages;
+        if (lean) {
+            // this thread's group: rows [load_row0, load_row0 + kLoadRows) of the block (none real when g_valid <= 0)
+            const int g0 = n0 + load_row0, g_valid = min(kLoadRows, sk - g0);
+            const uint32_t dK = sK_smem + uint32_t(st * kBlockN * kSQ * 2), dV = sV_smem + uint32_t(st * kBlockN * kSV * 2);
+            if (!paged || page_run) {  // one run of rows: contiguous, or one page
+                const uint16_t* k_run = paged ? kc.row_in_page(pages[0], n0) + load_row0 * kc.row_stride
+                                              : kc.base + int64_t(g0) * kc.row_stride;
+                const uint16_t* v_run = paged ? vc.row_in_page(pages[0], n0) + load_row0 * vc.row_stride
+                                              : vc.base + int64_t(g0) * vc.row_stride;
+                if (g_valid == kLoadRows) {
+                    k_ld.template run<true>(dK, k_run, kc.row_stride, g_valid, kc.base);
+                    v_ld.template run<true>(dV, v_run, vc.row_stride, g_valid, vc.base);
+                } else {
+                    k_ld.template run<false>(dK, k_run, kc.row_stride, g_valid, kc.base);
+                    v_ld.template run<false>(dV, v_run, vc.row_stride, g_valid, vc.base);
+                }
+            } else {
+                k_ld.paged(dK, kc, pages, g0, g_valid, kc.base);
+                if constexpr (kSharedWalk)
+                    v_ld.paged(dV, vc, pages, g0, g_valid, vc.base);
+                else
+                    v_ld.rows(dV, [&](int r) { return vc.row(g0 + r); }, g_valid, vc.base);
+            }
+            return;
+        }
         const uint16_t* k_run = kc.run_of_rows(n0, kBlockN);  // one page (or contiguous): no per-row lookup
         const uint16_t* v_run = vc.run_of_rows(n0, kBlockN);
+        uint16_t* dK = sK + st * kBlockN * kSQ;
+        uint16_t* dV = sV + st * kBlockN * kSV;
         if (k_run != nullptr) {
             load_rows<kBlockN, Cfg::kHdimQ / 8, kSQ, kThreads>(
                 dK, [&](int r) { return k_run + r * kc.row_stride; }, kc.base, valid, q_chunks, p.hdim_q, alK, tid);
@@ -328,9 +473,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
             q0, rows, q_chunks, p.hdim_q, alQ, tid);
 #pragma unroll
         for (int i = 0; i < kStages - 1; ++i) {
-            if (i < n_blocks) load_block(i);
+            if (i < n_blocks) {
+                read_pages(i);
+                load_block(i);
+            }
             ptx::cp_async_commit();
         }
+        if (kStages - 1 < n_blocks) read_pages(kStages - 1);
     }
 
     // ldmatrix lane offsets (elements), as in the generic forward, from the warp's first row and first key.
@@ -341,10 +490,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     const bool q_full = p.hdim_q > Cfg::kHdimQ - 16, v_full = p.hdim_v > Cfg::kHdimV - 16;
     const uint32_t unused_q_frag[1][1][4] = {};
 
+    const bool warp_sync = kWarpLoads && lean;  // the warps' K/V rows are their own: a warp barrier suffices
     for (int i = 0; i < n_blocks; ++i) {
         ptx::cp_async_wait<kStages - 2>();
-        __syncthreads();  // block i landed for every thread; every warp is done with block i - 1's stage
-        if (i + kStages - 1 < n_blocks) load_block(i + kStages - 1);
+        // Block i landed for every thread that loaded it, and they are done with block i - 1's stage. The first
+        // block also brings the Q tile, which the whole CTA loaded: a CTA barrier then.
+        if (warp_sync && i > 0)
+            __syncwarp();
+        else
+            __syncthreads();
+        if (i + kStages - 1 < n_blocks) {
+            load_block(i + kStages - 1);
+            if (i + kStages < n_blocks) read_pages(i + kStages);
+        }
         ptx::cp_async_commit();
 
         const int st = i % kStages, blk = blk_begin + i;
@@ -357,7 +515,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
         else
             generic::detail::gemm_qk<W, false>(s, unused_q_frag, sQ_a, sK_b, p.hdim_q);
         if (!full.contains(blk)) generic::detail::mask_s<W>(s, row_lo, row_hi, blk * kBlockN + warp_key0);
-        softmax.update(s, acc_o, p.scale_log2);
+        softmax.template update<true>(s, acc_o, p.scale_log2);
         uint32_t p_frag[kMT][W::kKV][4];
         generic::detail::pack_p<W>(p_frag, s);
         if (v_full)

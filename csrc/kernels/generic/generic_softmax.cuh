@@ -26,8 +26,11 @@ struct OnlineSoftmax {
             }
     }
 
-    // S of one key tile (masked) -> P; O *= exp2((old max - new max)·scale·log2e) row by row.
-    template <int kNT, int kOT>
+    // S of one key tile (masked) -> P; O *= exp2((old max - new max)·scale·log2e) row by row. kSkipUnitRescale: leave
+    // O alone when no row of the warp's row pair changed its max (every factor is exactly 1 then), a warp-uniform
+    // test that pays where the key tiles are small and O wide (decode: 16 keys a step, 128 columns; the max settles
+    // after a few tiles, and the rescale was 29 % of the decode loop's instructions).
+    template <bool kSkipUnitRescale = false, int kNT, int kOT>
     __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&acc_o)[kMT][kOT][4], float scale_log2) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
@@ -52,10 +55,12 @@ struct OnlineSoftmax {
                     sum += p0 + p1;
                 }
                 row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
+                if (!kSkipUnitRescale || __any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-                for (int nt = 0; nt < kOT; ++nt) {
-                    acc_o[mt][nt][2 * hf] *= alpha;
-                    acc_o[mt][nt][2 * hf + 1] *= alpha;
+                    for (int nt = 0; nt < kOT; ++nt) {
+                        acc_o[mt][nt][2 * hf] *= alpha;
+                        acc_o[mt][nt][2 * hf + 1] *= alpha;
+                    }
                 }
             }
         }
