@@ -44,6 +44,7 @@
 // the sequence read the next sequence's rows, whose workspace LSE is +inf: their P, hence their dS, is 0.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -188,6 +189,12 @@ struct HopperBwdKernelImpl {
     };
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
+    // The epilogue stages dK, then dV, in the Q and dO stages, which lie back to back.
+    static_assert(offsetof(SharedStorage, smem_do) ==
+                  offsetof(SharedStorage, smem_q) + sizeof(SharedStorage::smem_q));
+    using Epilogue = BwdEpilogue<Element, kBlockN>;
+    static_assert(Epilogue::template kStageElems<kHdim> <= cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutDO> &&
+                  Epilogue::template kStageElems<kHdimV> <= cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutDO>);
 
     // ---- TMA ----
     template <class SLayout>
@@ -708,10 +715,12 @@ struct HopperBwdKernelImpl {
             }
         }
 
-        // ---- dK (scaled), dV: registers -> global ----
+        // ---- dK (scaled), dV: registers -> shared memory -> global ----
+        // Every consumer is past its last product, so the Q and dO stages (adjacent) are free to stage them in.
+        NamedBarrier::sync(NumMmaThreads, kBarDS);
         const int64_t dk_seq = kGroup ? int64_t(seq.k0) * params.dk_row : int64_t(b) * params.dk_batch;
         const int64_t dv_seq = kGroup ? int64_t(seq.k0) * params.dv_row : int64_t(b) * params.dv_batch;
-        const BwdEpilogue<Element, kBlockN> epi{n0, sk};
+        const Epilogue epi{n0, sk, st.smem_q.data(), tid, NumMmaThreads, kBarDS};
         epi.template store<kHdim>(params.dk + dk_seq + hk * params.dk_head, params.dk_row, params.hdim, params.scale,
                                   acc_dK, thr_dkv);
         epi.template store<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, 1.f, acc_dV,

@@ -66,27 +66,46 @@ struct FwdEpilogue {
 namespace mhakit::hopper {
 
 // The backward's epilogue: a key block's dK (times scale) or dV accumulator (kBlockN keys x kCols, partitioned by
-// thr) straight from registers to global memory, 4-byte stores predicated on the real keys and head dim.
+// thr) through a free shared-memory tile (rows padded by 16 bytes, so that the 8 rows of one fragment store fall in
+// different banks) to global memory in whole 16-byte row chunks, predicated on the real keys and head dim. (Storing
+// the fragments' 4-byte pairs straight to global memory half-fills every 32-byte sector written.)
 template <class Element, int kBlockN>
 struct BwdEpilogue {
     int n0, seqlen_k;  // the block's first key, the sequence's keys
+    Element* stage;    // kStageElems<kCols> free elements of shared memory
+    int tid, nthreads; // this thread among the nthreads threads that hold the accumulator
+    uint32_t bar_id;   // a named barrier of those threads
+
+    template <int kCols>
+    static constexpr int kStageElems = kBlockN * (kCols + 8);
 
     // dst: (key 0 of the block's sequence, column 0) of this kv head.
     template <int kCols, class TensorAcc, class ThrMma>
     CUTLASS_DEVICE void store(Element* dst, int64_t row_stride, int cols, float scale, TensorAcc const& acc,
                               ThrMma const& thr) const {
         using namespace cute;
+        constexpr int kPitch = kCols + 8;
+        static_assert(kCols % 8 == 0 && (kPitch * int(sizeof(Element))) % 16 == 0);
         Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kCols>>{}));
         static_assert(decltype(size(c))::value == decltype(size(acc))::value);
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < decltype(size(acc))::value / 2; ++k) {
-            const int key = n0 + get<0>(c(2 * k));
-            const int col = get<1>(c(2 * k));
-            if (key < seqlen_k && col < cols) {
-                *reinterpret_cast<uint32_t*>(dst + int64_t(key) * row_stride + col) =
-                    detail::pack2<Element>(acc(2 * k) * scale, acc(2 * k + 1) * scale);
+            *reinterpret_cast<uint32_t*>(stage + get<0>(c(2 * k)) * kPitch + get<1>(c(2 * k))) =
+                detail::pack2<Element>(acc(2 * k) * scale, acc(2 * k + 1) * scale);
+        }
+        cutlass::arch::NamedBarrier::sync(nthreads, bar_id);
+        constexpr int kChunks = kCols / 8;
+        const int keys = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = tid; i < kBlockN * kChunks; i += nthreads) {
+            const int r = i / kChunks;
+            const int col = (i % kChunks) * 8;
+            if (r < keys && col < cols) {
+                *reinterpret_cast<uint4*>(dst + int64_t(n0 + r) * row_stride + col) =
+                    *reinterpret_cast<uint4 const*>(stage + r * kPitch + col);
             }
         }
+        cutlass::arch::NamedBarrier::sync(nthreads, bar_id);  // the stage is free again
     }
 };
 
