@@ -44,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from bench_fwd import (DTYPES, PEERS, add_grid_arguments, check_grid_arguments, fmt, hdim_label,  # noqa: E402
-                       time_launches)
+                       heads_label, kv_heads_of, time_launches)
 from mhakit import _capi  # noqa: E402
 from mhakit.reference import flops_bwd, tolerances_bwd  # noqa: E402
 
@@ -73,24 +73,40 @@ def bhs(t):
 REF_HEADS = 2  # heads of the first sequence checked against the fp32 reference
 
 
+def ref_heads(q, k):
+    """(query heads, kv heads) of the reference slice: REF_HEADS of each, or under GQA / MQA one kv head and its
+    whole group of query heads (a kv head's dK and dV sum over all of them)."""
+    group = q.shape[1] // k.shape[1]
+    return (REF_HEADS, REF_HEADS) if group == 1 else (group, 1)
+
+
 def fp32_reference_grads(q, k, v, do, causal, scale):
-    """dQ, dK, dV of the first sequence's first REF_HEADS heads, in fp32 (SDPA math backend, TF32 off)."""
+    """dQ, dK, dV of the first sequence's reference heads (ref_heads), in fp32 (SDPA math backend, TF32 off)."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
+    hq, hk = ref_heads(q, k)
     try:
-        qf, kf, vf = (t[:1, :REF_HEADS].float().requires_grad_(True) for t in (q, k, v))
+        qf = q[:1, :hq].float().requires_grad_(True)
+        kf, vf = (t[:1, :hk].float().requires_grad_(True) for t in (k, v))
         with sdpa_kernel(SDPBackend.MATH):
-            out = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=scale)
-        return torch.autograd.grad(out, (qf, kf, vf), do[:1, :REF_HEADS].float())
+            out = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=scale, enable_gqa=hq != hk)
+        return torch.autograd.grad(out, (qf, kf, vf), do[:1, :hq].float())
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+def ref_slices(dq, dk, dv):
+    """The reference slice of full-size gradients."""
+    hq, hk = ref_heads(dq, dk)
+    return dq[:1, :hq], dk[:1, :hk], dv[:1, :hk]
+
+
 def ck_check(grads, ref, rtol, atol):
-    """CK's rule |out - ref| <= atol + rtol * |ref| on the reference slice; returns (passed, max abs error)."""
+    """CK's rule |out - ref| <= atol + rtol * |ref| on the reference slice (grads: already sliced, see ref_slices);
+    returns (passed, max abs error)."""
     ok, worst = True, 0.0
     for g, r in zip(grads, ref):
-        gf = g[:1, :REF_HEADS].float()
+        gf = g.float()
         diff = (gf - r).abs()
         finite = bool(torch.isfinite(gf).all().item())
         worst = max(worst, diff.max().item() if finite else float("nan"))
@@ -102,18 +118,22 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: 
     dt = DTYPES[dtype_name]
     hdim, hdim_v = hdims
     batch, heads = opts.tokens // seqlen, opts.hidden // hdim
+    heads_kv = kv_heads_of(opts, heads)
+    gqa = heads_kv != heads
     scale = 1.0 / math.sqrt(hdim)
     flops = flops_bwd(batch, heads, seqlen, seqlen, hdim, hdim_v, causal)
     row = {"dtype": dtype_name, "hdim": hdim_label(hdim, hdim_v), "seqlen": seqlen, "batch": batch, "heads": heads,
-           "causal": causal, "flops": flops, "deterministic": opts.deterministic, "kernel": None,
+           "heads_kv": heads_kv, "causal": causal, "flops": flops, "deterministic": opts.deterministic, "kernel": None,
            "verified": None, "max_abs_err": None, "notes": []}
 
     gen = torch.Generator(device="cuda").manual_seed(opts.seed)
     shape, shape_v = (batch, heads, seqlen, hdim), (batch, heads, seqlen, hdim_v)
-    q, k, v, do = (torch.randn(sh, device="cuda", dtype=dt, generator=gen) for sh in (shape, shape, shape_v, shape_v))
+    shape_k, shape_kv = (batch, heads_kv, seqlen, hdim), (batch, heads_kv, seqlen, hdim_v)
+    q, k, v, do = (torch.randn(sh, device="cuda", dtype=dt, generator=gen)
+                   for sh in (shape, shape_k, shape_kv, shape_v))
     o = torch.zeros(shape_v, device="cuda", dtype=dt)
     lse = torch.empty((batch, heads, seqlen), device="cuda", dtype=torch.float32)
-    dq, dk, dv = (torch.empty(sh, device="cuda", dtype=dt) for sh in (shape, shape, shape_v))
+    dq, dk, dv = (torch.empty(sh, device="cuda", dtype=dt) for sh in (shape, shape_k, shape_kv))
     stream = torch.cuda.current_stream().cuda_stream
     cfg = _capi.make_stream_config(stream)
     mask = dict(mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
@@ -126,7 +146,7 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: 
     fargs = _capi.make_fwd_args(
         dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
         lse_ptr=lse.data_ptr(), lse_strides=(lse.stride(0), lse.stride(1)), batch=batch, seqlen_q=seqlen,
-        seqlen_k=seqlen, nhead_q=heads, nhead_k=heads, hdim_q=hdim, hdim_v=hdim_v, q_strides=bhs(q),
+        seqlen_k=seqlen, nhead_q=heads, nhead_k=heads_kv, hdim_q=hdim, hdim_v=hdim_v, q_strides=bhs(q),
         k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o), scale=scale, **mask)
     ret = fwd_lib.mha_fwd_raw(fargs, cfg)
     torch.cuda.synchronize()
@@ -136,7 +156,7 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: 
         bargs = _capi.make_bwd_args(
             dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
             lse_ptr=lse.data_ptr(), do_ptr=do.data_ptr(), dq_ptr=dq.data_ptr(), dk_ptr=dk.data_ptr(),
-            dv_ptr=dv.data_ptr(), batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads,
+            dv_ptr=dv.data_ptr(), batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads_kv,
             hdim_q=hdim, hdim_v=hdim_v, q_strides=bhs(q), k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o),
             do_strides=bhs(do), dq_strides=bhs(dq), dk_strides=bhs(dk), dv_strides=bhs(dv),
             lse_strides=(lse.stride(0), lse.stride(1)), deterministic=opts.deterministic, scale=scale, **mask)
@@ -163,11 +183,11 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: 
         try:
             qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
             with sdpa_kernel(PEERS[name]):
-                out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=scale)
+                out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=scale, enable_gqa=gqa)
                 grads = torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
             torch.cuda.synchronize()
             graphs[name] = (out, (qg, kg, vg))
-            peer_grads[name] = tuple(g[:1, :REF_HEADS].float() for g in grads)
+            peer_grads[name] = tuple(g.float() for g in ref_slices(*grads))
             del grads
         except RuntimeError as e:  # backend cannot serve this shape / dtype
             row["notes"].append(f"{name}: {str(e).splitlines()[0]}")
@@ -179,7 +199,7 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: 
     if ours_ok:
         ref = fp32_reference_grads(q, k, v, do, causal, scale)
         rtol, atol = tolerances_bwd(dtype_name, hdim, hdim_v)
-        ok, worst = ck_check((dq, dk, dv), ref, rtol, atol)
+        ok, worst = ck_check(ref_slices(dq, dk, dv), ref, rtol, atol)
         row["max_abs_err"], row["verified"], row["reference"] = worst, ok, "fp32"
         for name, grads in peer_grads.items():
             row[f"{name}_max_abs_err"] = ck_check(grads, ref, rtol, atol)[1]
@@ -227,7 +247,7 @@ def print_table(rows, out=sys.stdout):
         if r["verified"] is False:
             err += " FAIL"
         err += " / " + fmt(r.get("cudnn_max_abs_err"), ".2e")
-        print(f"| {dname} | {r['hdim']} | {r['seqlen']} | {r['batch']}x{r['heads']} | "
+        print(f"| {dname} | {r['hdim']} | {r['seqlen']} | {r['batch']}x{heads_label(r['heads'], r['heads_kv'])} | "
               f"{'yes' if r['causal'] else 'no'} | {fmt(r['mhakit_tflops'])} | {fmt(r['cudnn_tflops'])} | "
               f"{fmt(r['fa2_tflops'])} | {fmt(r['mhakit_over_cudnn'], '.2f', 'x')} | "
               f"{fmt(r['mhakit_over_fa2'], '.2f', 'x')} | {err} | {r['kernel'] or '-'} |", file=out)

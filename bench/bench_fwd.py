@@ -53,6 +53,8 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqlens", default="1024,4096,16384", help="comma list (default 1024,4096,16384)")
     p.add_argument("--tokens", type=int, default=16384, help="total tokens: batch = tokens / seqlen (16384)")
     p.add_argument("--hidden", type=int, default=2048, help="hidden size: heads = hidden / hdim (2048)")
+    p.add_argument("--kv-heads", type=int, default=0, metavar="HK",
+                   help="K/V heads (GQA / MQA; they must divide the query heads); 0: as many as query heads")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--peers", default="cudnn,fa2", help="comma list of SDPA backends to run: cudnn, fa2")
@@ -101,6 +103,8 @@ def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -
                 p.error(f"hdim {hd} is not supported; head dims must be {head_dims.describe()}")
         if sl <= 0 or args.tokens % sl or args.hidden % hq:
             p.error(f"hdim {hq} / seqlen {sl} must divide hidden {args.hidden} / tokens {args.tokens}")
+        if args.kv_heads < 0 or (args.kv_heads and (args.hidden // hq) % args.kv_heads):
+            p.error(f"--kv-heads {args.kv_heads} must divide the {args.hidden // hq} query heads of hdim {hq}")
     args.cases = cases
     if args.repeat < 1 or args.warmup < 0:
         p.error("--repeat must be >= 1 and --warmup >= 0")
@@ -134,23 +138,37 @@ def time_launches(fn, warmup: int, repeat: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def kv_heads_of(opts, heads: int) -> int:
+    """The K/V heads of a case: --kv-heads, or as many as the query heads."""
+    return opts.kv_heads or heads
+
+
+def heads_label(heads: int, heads_kv: int):
+    """The table's heads: h, or "hq/hk" for GQA / MQA."""
+    return f"{heads}" if heads == heads_kv else f"{heads}/{heads_kv}"
+
+
 def sdpa(backend, q, k, v, causal: bool, scale: float):
     with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
 
 
 def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: bool, opts) -> dict:
     dt = DTYPES[dtype_name]
     hdim, hdim_v = hdims
     batch, heads = opts.tokens // seqlen, opts.hidden // hdim
+    heads_kv = kv_heads_of(opts, heads)
     scale = 1.0 / math.sqrt(hdim)
     flops = flops_fwd(batch, heads, seqlen, seqlen, hdim, hdim_v, causal)
     row = {"dtype": dtype_name, "hdim": hdim_label(hdim, hdim_v), "seqlen": seqlen, "batch": batch, "heads": heads,
-           "causal": causal, "flops": flops, "kernel": None, "verified": None, "max_abs_err": None, "notes": []}
+           "heads_kv": heads_kv, "causal": causal, "flops": flops, "kernel": None, "verified": None,
+           "max_abs_err": None, "notes": []}
 
     gen = torch.Generator(device="cuda").manual_seed(opts.seed)
     shape, shape_v = (batch, heads, seqlen, hdim), (batch, heads, seqlen, hdim_v)
-    q, k, v = (torch.randn(sh, device="cuda", dtype=dt, generator=gen) for sh in (shape, shape, shape_v))
+    shape_k, shape_kv = (batch, heads_kv, seqlen, hdim), (batch, heads_kv, seqlen, hdim_v)
+    q, k, v = (torch.randn(sh, device="cuda", dtype=dt, generator=gen) for sh in (shape, shape_k, shape_kv))
     o = torch.zeros(shape_v, device="cuda", dtype=dt)
     lse = torch.empty((batch, heads, seqlen), device="cuda", dtype=torch.float32) if opts.lse else None
     stream = torch.cuda.current_stream().cuda_stream
@@ -162,7 +180,7 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
         dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
         lse_ptr=None if lse is None else lse.data_ptr(), lse_strides=(0, 0) if lse is None else (lse.stride(0),
                                                                                                   lse.stride(1)),
-        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads, hdim_q=hdim, hdim_v=hdim_v,
+        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads_kv, hdim_q=hdim, hdim_v=hdim_v,
         q_strides=bhs(q), k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o), scale=scale,
         mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
         window_right=0 if causal else -1)
@@ -228,9 +246,10 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
     for name in opts.peer_list:
         if peer_ok.get(name):
             backend = PEERS[name]
+            gqa = heads_kv != heads
             with sdpa_kernel(backend):
-                ms = time_launches(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
-                                   opts.warmup, opts.repeat)
+                ms = time_launches(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                                          enable_gqa=gqa), opts.warmup, opts.repeat)
             row[f"{name}_ms"], row[f"{name}_tflops"] = ms, tflops(ms)
     for name in PEERS:
         ours, theirs = row["mhakit_tflops"], row[f"{name}_tflops"]
@@ -253,7 +272,7 @@ def print_table(rows, out=sys.stdout):
         err = fmt(r["max_abs_err"], ".2e")
         if r["verified"] is False:
             err += " FAIL"
-        print(f"| {dname} | {r['hdim']} | {r['seqlen']} | {r['batch']}x{r['heads']} | "
+        print(f"| {dname} | {r['hdim']} | {r['seqlen']} | {r['batch']}x{heads_label(r['heads'], r['heads_kv'])} | "
               f"{'yes' if r['causal'] else 'no'} | {fmt(r['mhakit_tflops'])} | {fmt(r['cudnn_tflops'])} | "
               f"{fmt(r['fa2_tflops'])} | {fmt(r['mhakit_over_cudnn'], '.2f', 'x')} | "
               f"{fmt(r['mhakit_over_fa2'], '.2f', 'x')} | {err} | {r['kernel'] or '-'} |", file=out)
