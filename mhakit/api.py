@@ -452,9 +452,10 @@ class _Call:
         self.layer = _device.layer(self.backend)
         return _resolve_device(views, self.layer)
 
-    def library(self, api: str, device: int, kind: str, hdim_q: int, hdim_v: int, mode: str, masked: bool):
+    def library(self, api: str, device: int, kind: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
+                mods: bool = False):
         from . import jit
-        return jit.library(api, device, kind, hdim_q, hdim_v, mode, masked, backend=self.backend)
+        return jit.library(api, device, kind, hdim_q, hdim_v, mode, masked, backend=self.backend, mods=mods)
 
     def view(self, obj: Any, name: str) -> ArrayView:
         return _arrays.view_of(obj, name, self.stream)
@@ -585,6 +586,12 @@ def _score_mods(call: "_Call", storage: str, batch: int, hq: int, rows_q: int, r
     return fields, views
 
 
+def _modifier_kernel(fields: dict) -> bool:
+    """Whether a call with these modifier fields needs a modifier instance ("_mods"): a soft-cap or a bias / ALiBi
+    (ScoreMods::per_element in csrc/kernels/common/score_mod.h); a sink alone runs on the plain instances."""
+    return fields.get("logits_soft_cap", 0.0) > 0 or fields.get("bias_type", 0) != 0
+
+
 def _per_head_f32(call: "_Call", obj: Any, name: str, hq: int) -> ArrayView:
     """The view of a contiguous float32 [h_q] array (sink logits, their gradient), or ValueError."""
     view = call.view(obj, name)
@@ -710,7 +717,7 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
         return (o, lse) if return_lse else o
 
     from . import _capi
-    lib = call.library("fwd", device, kind, d, dv, "batch", mask_type != 0)
+    lib = call.library("fwd", device, kind, d, dv, "batch", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     lse_strides = (0, 0)
     if lv is not None:
@@ -779,7 +786,7 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
         return (o, lse) if return_lse else o
 
     from . import _capi
-    lib = call.library("fwd", device, kind, d, dv, "group", mask_type != 0)
+    lib = call.library("fwd", device, kind, d, dv, "group", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     seq_ptrs, uploads = seqs.pointers(call, device)
     # No sequence has keys when total_k == 0; the C API still wants non-null k/v pointers in group mode.
@@ -1086,7 +1093,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
         return result
 
     from . import _capi
-    lib = call.library("bwd", device, kind, d, d_v, "batch", mask_type != 0)
+    lib = call.library("bwd", device, kind, d, d_v, "batch", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     args = _capi.make_bwd_args(
@@ -1169,7 +1176,7 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
         return result
 
     from . import _capi
-    lib = call.library("bwd", device, kind, d, d_v, "group", mask_type != 0)
+    lib = call.library("bwd", device, kind, d, d_v, "group", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     # Group mode: the C API wants every pointer non-null. A side without tokens (total 0) is never addressed, so any
@@ -1222,11 +1229,11 @@ def _ext_callbacks():
     """(resolve, allocate, make_error, cuda_error) for _mhakit_ext.configure."""
     from . import _capi, _cuda, jit
 
-    def resolve(api_name, device, kind, hdim_q, hdim_v, mode, masked):
+    def resolve(api_name, device, kind, hdim_q, hdim_v, mode, masked, mods):
         head_dims = _codegen.submodule("catalogue").load("cuda").head_dims
         if not (head_dims.accepts(hdim_q) and head_dims.accepts(hdim_v)):
             return None  # the Python path says why
-        lib = jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked)
+        lib = jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked, mods=mods)
         return lib.splitkv_entry_points() if api_name == "splitkv" else lib.entry_points()
 
     def allocate(device, shape, storage, stream, stream_ref):

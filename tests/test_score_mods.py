@@ -64,14 +64,42 @@ def test_backward_modifier_arguments_are_refused_with_one_sentence(bwd_lib, over
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("overrides", [dict(logits_soft_cap=30.0), dict(bias_type=2, bias_ptr=FAKE),
-                                       dict(bias_type=1, bias_ptr=FAKE, stride_bias=256), dict(sink_ptr=FAKE)])
-def test_calls_with_modifiers_run_on_the_generic_family(fwd_lib, bwd_lib, overrides):
-    """The hopper family lacks score_mods (catalogue guard): a call that sets a modifier goes to generic."""
+@pytest.mark.parametrize("overrides, mods", [(dict(logits_soft_cap=30.0), True), (dict(bias_type=2, bias_ptr=FAKE), True),
+                                             (dict(bias_type=1, bias_ptr=FAKE, stride_bias=256), True),
+                                             (dict(sink_ptr=FAKE), False)])
+def test_calls_with_modifiers_run_on_the_generic_family(fwd_lib, bwd_lib, overrides, mods):
+    """The hopper family lacks score_mods (catalogue guard): a call that sets a modifier goes to generic, a soft-cap or
+    bias / ALiBi to its modifier instance ("_mods": the minimal profile's masked one serves this unmasked call), a
+    sink alone to its plain instance; plain calls never reach the modifier instance."""
     assert fwd_lib.kernel_name(valid_args()).endswith("_hopper_b128x128")
-    assert fwd_lib.kernel_name(valid_args(**overrides)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+    assert fwd_lib.kernel_name(valid_args(mask_type=1, hdim_q=59, hdim_v=59)) == \
+        "fwd_d128_bf16_batch_mask_sm90a_generic_b128x64w4"
+    expected = ("fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4" if mods
+                else "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4")
+    assert fwd_lib.kernel_name(valid_args(**overrides)) == expected
     name = bwd_lib.kernel_name(valid_bwd_args(**overrides))
-    assert name is not None and "_generic_" in name, bwd_lib.last_error()
+    assert name is not None and "_generic_" in name and ("_mask_mods_" in name) == mods, bwd_lib.last_error()
+
+
+@pytest.fixture(scope="module")
+def plain_fwd_lib(minimal_fwd_build, build_root):
+    """The minimal forward library without its modifier instance (the same objects, another table)."""
+    from conftest import run_compile
+    out = build_root / "minimal-plain"
+    out.mkdir(exist_ok=True)
+    proc = run_compile(["--api", "fwd", "--profile", "minimal", "--arch", "sm_90a", "--filter", "_nmask_,_mask_sm",
+                        "--build-dir", str(build_root / "objects")], cwd=out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return _capi.load_library(out / "libmha_fwd.so")
+
+
+@pytest.mark.compile
+def test_a_library_without_the_modifier_instance_refuses_modifier_calls(plain_fwd_lib):
+    assert plain_fwd_lib.kernel_name(valid_args(sink_ptr=FAKE)).endswith("_nmask_sm90a_generic_b128x64w4")
+    assert plain_fwd_lib.mha_fwd_raw(valid_args(logits_soft_cap=30.0)) == _capi.ERROR_UNSUPPORTED
+    message = plain_fwd_lib.last_error()
+    assert message.startswith("no fwd kernel built into this library serves dtype=bf16 hdim_q=128") and \
+        'with score modifiers (soft-cap, bias or ALiBi: a "_mods" instance)' in message, message
 
 
 def test_catalogue_states_which_families_serve_modifiers():

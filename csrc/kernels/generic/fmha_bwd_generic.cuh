@@ -21,10 +21,10 @@
 //                            (recomputes S and dP: about 7/5 of the FLOPs, bitwise reproducible);
 //      bwd_dkv_reduce_kernel sum of the per-split dK/dV partials in split order (GQA/MQA when split).
 //   4. bwd_dsink_kernel      d sink per query head (attention sinks), a fixed-order sum over the rows.
-// Score modifiers (soft-cap, bias / ALiBi: the main and dQ kernels come in a second variant, kMods, chosen at launch,
-// with one branch per tile picking the modifier kind; a sink needs only stage 4): P is recomputed from the modified logits, dS goes through the
-// soft-cap's derivative before dK / dQ, dbias receives dS of the logits (the dot stage zeroes it first, so that
-// elements no CTA visits read 0).
+// Score modifiers (soft-cap, bias / ALiBi): the modifier instances ("_mods", kMods) compile the main and dQ kernels
+// with them, one branch per tile picking the modifier kind; a sink needs only stage 4, in either kind of instance.
+// P is recomputed from the modified logits, dS goes through the soft-cap's derivative before dK / dQ, dbias receives
+// dS of the logits (the dot stage zeroes it first, so that elements no CTA visits read 0).
 // Every stage is deterministic except the fp32 dQ reductions (non-deterministic mode, d <= 64 buckets only).
 //
 // Loads: cp.async 16-byte chunks (zero-filled past sequence ends and past the real head dims) when the tensor's base
@@ -144,7 +144,7 @@ using DqScheduler = SingleTileScheduler</*kHeaviestFirst=*/Cfg::kMasked>;
 // ------------------------------------------------------------------------------------------------------------------
 // Stage 2: the main kernel.
 // ------------------------------------------------------------------------------------------------------------------
-// kMods: the call has a soft-cap or a bias / ALiBi (ScoreMods::per_element); the plain kernel has none of that code.
+// kMods: the modifier instance's kernel (calls with ScoreMods::per_element); the plain kernel has none of that code.
 template <class Cfg, bool kMods>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     bwd_main_kernel(const BwdParams p, const BwdWs ws, const int flags) {
@@ -590,7 +590,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
 namespace bwd_detail {
 
 // Everything BwdKernel offers, for one fully specified configuration (the catalogue's traits plus tuning knobs).
-template <class Cfg_>
+// kMods: the modifier instance ("_mods"), serving exactly the calls with ScoreMods::per_element.
+template <class Cfg_, bool kMods>
 struct BwdKernelImpl {
     using Cfg = Cfg_;
     static constexpr mhakit_dtype kDtype = Cfg::kDtype;
@@ -625,7 +626,6 @@ struct BwdKernelImpl {
         const WsPlan plan = plan_workspace(p, kBlockN, kGroupMode, atomic);
         const BwdWs ws = make_ws(p, plan, atomic);
         const int flags = alignment_flags(p, kGroupMode);
-        const bool mods = p.mods.per_element;  // soft-cap / bias / ALiBi: the kernels compiled with them
         cudaError_t err;
         const dim3 row_block(kRowKernelWarps * 32);
 
@@ -635,18 +635,18 @@ struct BwdKernelImpl {
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sk > 0) {
-            static std::atomic<uint64_t> attr_main[2] = {0, 0};
-            auto kernel = mods ? bwd_main_kernel<Cfg, true> : bwd_main_kernel<Cfg, false>;
-            if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main[mods])) != cudaSuccess) return err;
+            static std::atomic<uint64_t> attr_main{0};
+            auto kernel = bwd_main_kernel<Cfg, kMods>;
+            if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main)) != cudaSuccess) return err;
             const dim3 grid = MainScheduler::grid((max_sk + kBlockN - 1) / kBlockN, p.nhead_k * ws.n_splits, p.batch);
             kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, ws, flags);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sq > 0) {
             if (!atomic) {
-                static std::atomic<uint64_t> attr_dq[2] = {0, 0};
-                auto kernel = mods ? bwd_dq_kernel<Cfg, true> : bwd_dq_kernel<Cfg, false>;
-                if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq[mods])) != cudaSuccess) return err;
+                static std::atomic<uint64_t> attr_dq{0};
+                auto kernel = bwd_dq_kernel<Cfg, kMods>;
+                if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq)) != cudaSuccess) return err;
                 const dim3 grid = DqScheduler<Cfg>::grid((max_sq + Cfg::kDqkBM - 1) / Cfg::kDqkBM, p.nhead_q, p.batch);
                 kernel<<<grid, Cfg::kDqkThreads, kDqSmemBytes, stream>>>(p, ws, flags);
             } else {
@@ -672,9 +672,10 @@ struct BwdKernelImpl {
 
 // The catalogue's template: traits, tile and tuning knobs (see BwdConfig).
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, bool kGroupMode, bool kMasked, int kBlockM, int kBlockN,
-          int kNumWarps, int kKeysPerWarp, int kDqRowTiles, int kDqBlockN, int kDqPass>
+          int kNumWarps, int kKeysPerWarp, int kDqRowTiles, int kDqBlockN, int kDqPass, bool kMods>
 struct BwdKernel
     : bwd_detail::BwdKernelImpl<bwd_detail::BwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked, kBlockM, kBlockN,
-                                                      kNumWarps, kKeysPerWarp, kDqRowTiles, kDqBlockN, kDqPass>> {};
+                                                      kNumWarps, kKeysPerWarp, kDqRowTiles, kDqBlockN, kDqPass>,
+                                kMods> {};
 
 }  // namespace mhakit::generic

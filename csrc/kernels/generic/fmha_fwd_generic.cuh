@@ -4,9 +4,10 @@
 // owning kBlockM / kNumWarps rows (a multiple of 16). Per key tile of kBlockN keys:
 //   S = Q·Kᵀ      mma.sync m16n8k16 (fp16/bf16 in, fp32 out); Q and K fragments come from shared memory by ldmatrix
 //                 (Q is kept in registers for the whole CTA when the register budget allows it);
-//   modifiers     soft-cap, bias / ALiBi (generic_score_mod.cuh) turn q·k into logits in a second kernel of the
-//                 instance (kMods, chosen at launch; the softmax then runs with scale 1; one branch per tile picks
-//                 the variant); a sink joins each row's denominator in the epilogue (both kernels);
+//   modifiers     soft-cap, bias / ALiBi (generic_score_mod.cuh) turn q·k into logits in the modifier instances
+//                 (kMods, "_mods" in the instance name: an instance is compiled either plain or with them; the
+//                 softmax then runs with scale 1; one branch per tile picks the variant); a sink joins each row's
+//                 denominator in the epilogue (both kinds of instance);
 //   mask          only on tiles that straddle the sequence end or a row's window edge (per-row key bounds);
 //   softmax       online, fp32, exp2 with scale·log2(e) folded into one FMA; rows that see nothing stay at -inf
 //                 without producing NaN;
@@ -189,7 +190,7 @@ __device__ __forceinline__ void mask_s(float (&s)[Cfg::kMT][Cfg::kNT][4], const 
             }
 }
 
-// kMods: the call has a soft-cap or a bias / ALiBi (ScoreMods::per_element); the plain kernel has none of that code.
+// kMods: the modifier instance's kernel (calls with ScoreMods::per_element); the plain kernel has none of that code.
 template <class Cfg, bool kMods>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p, const int align_flags) {
     constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kMT = Cfg::kMT, kNT = Cfg::kNT;
@@ -344,8 +345,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
 
 }  // namespace detail
 
+// kMods: the modifier instance ("_mods"): serves exactly the calls with ScoreMods::per_element (the runtime's
+// static guard), the plain instance every other call.
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, bool kGroupMode, bool kMasked, int kBlockM, int kBlockN,
-          int kNumWarps>
+          int kNumWarps, bool kMods>
 struct FwdKernel {
     using Cfg = detail::FwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked, kBlockM, kBlockN, kNumWarps>;
     static constexpr int kSmemBytes = Cfg::kSmemBytes;
@@ -363,12 +366,9 @@ struct FwdKernel {
     static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
         const int max_sq = kGroupMode ? p.max_seqlen_q : p.seqlen_q;
         if (max_sq <= 0 || p.nhead_q <= 0 || p.batch <= 0) return cudaSuccess;
-        // Soft-cap / bias / ALiBi: the kernel compiled with the modifier code, else the plain one.
-        const bool mods = p.mods.per_element;
-        auto kernel = mods ? detail::fwd_kernel<Cfg, true> : detail::fwd_kernel<Cfg, false>;
-        static std::atomic<uint64_t> smem_opted_in[2] = {0, 0};
-        if (cudaError_t err = opt_in_dynamic_smem(kernel, kSmemBytes, smem_opted_in[mods]); err != cudaSuccess)
-            return err;
+        auto kernel = detail::fwd_kernel<Cfg, kMods>;
+        static std::atomic<uint64_t> smem_opted_in{0};
+        if (cudaError_t err = opt_in_dynamic_smem(kernel, kSmemBytes, smem_opted_in); err != cudaSuccess) return err;
         int flags = 0;
         if (detail::aligned16(p.q, p.q_row_stride, p.q_head_stride, kGroupMode ? 0 : p.q_batch_stride))
             flags |= detail::kAlignQ;
