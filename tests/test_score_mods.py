@@ -98,7 +98,7 @@ def test_a_library_without_the_modifier_instance_refuses_modifier_calls(plain_fw
     assert plain_fwd_lib.kernel_name(valid_args(sink_ptr=FAKE)).endswith("_nmask_sm90a_generic_b128x64w4")
     assert plain_fwd_lib.mha_fwd_raw(valid_args(logits_soft_cap=30.0)) == _capi.ERROR_UNSUPPORTED
     message = plain_fwd_lib.last_error()
-    assert message.startswith("no fwd kernel built into this library serves dtype=bf16 hdim_q=128") and \
+    assert message.startswith("no forward kernel built into this library serves dtype=bf16 hdim_q=128") and \
         'with score modifiers (soft-cap, bias or ALiBi: a "_mods" instance)' in message, message
 
 
