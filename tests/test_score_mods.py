@@ -99,7 +99,7 @@ def test_a_library_without_the_modifier_instance_refuses_modifier_calls(plain_fw
     assert plain_fwd_lib.mha_fwd_raw(valid_args(logits_soft_cap=30.0)) == _capi.ERROR_UNSUPPORTED
     message = plain_fwd_lib.last_error()
     assert message.startswith("no forward kernel built into this library serves dtype=bf16 hdim_q=128") and \
-        'with score modifiers (soft-cap, bias or ALiBi: a "_mods" instance)' in message, message
+        'with score modifiers (soft-cap, bias / ALiBi or dropout: a "_mods" instance)' in message, message
 
 
 def test_catalogue_states_which_families_serve_modifiers():
@@ -114,6 +114,23 @@ def test_catalogue_states_which_families_serve_modifiers():
 # ----------------------------------------------------------------------------------------------------------------
 # The NumPy reference: its backward is the derivative of its forward (soft-cap, bias, ALiBi, sink, masks, GQA)
 # ----------------------------------------------------------------------------------------------------------------
+
+def assert_qkv_gradients(loss, q, k, v, dq, dk, dv, eps=1e-6):
+    """dq, dk, dv at a few points against central differences of loss(q=..., k=..., v=...) (b=2, h=4, h_k=2, s_q=6,
+    s_k=9 shapes); returns the difference function fd(name, array, index) for further checks."""
+    def fd(name, arr, idx):
+        plus, minus = arr.copy(), arr.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        return (loss(**{name: plus}) - loss(**{name: minus})) / (2 * eps)
+
+    for idx in [(0, 1, 2, 3), (1, 3, 5, 7)]:
+        assert dq[idx] == pytest.approx(fd("q", q, idx), rel=1e-5, abs=1e-7)
+    for idx in [(0, 1, 4, 2), (1, 0, 8, 5)]:
+        assert dk[idx] == pytest.approx(fd("k", k, idx), rel=1e-5, abs=1e-7)
+        assert dv[idx] == pytest.approx(fd("v", v, idx), rel=1e-5, abs=1e-7)
+    return fd
+
 
 def _fd_case(mods, mask_type, seed=0):
     rng = np.random.default_rng(seed)
@@ -145,19 +162,7 @@ def test_reference_backward_is_the_derivative_of_the_forward(mods, mask_type):
 
     dq, dk, dv, dbias, dsink = R.attention_bwd(q, k, v, do, mask_type=mt, out_dtype=np.float64, return_mod_grads=True,
                                                **kw)
-    eps = 1e-6
-
-    def fd(name, arr, idx):
-        plus, minus = arr.copy(), arr.copy()
-        plus[idx] += eps
-        minus[idx] -= eps
-        return (loss(**{name: plus}) - loss(**{name: minus})) / (2 * eps)
-
-    for idx in [(0, 1, 2, 3), (1, 3, 5, 7)]:
-        assert dq[idx] == pytest.approx(fd("q", q, idx), rel=1e-5, abs=1e-7)
-    for idx in [(0, 1, 4, 2), (1, 0, 8, 5)]:
-        assert dk[idx] == pytest.approx(fd("k", k, idx), rel=1e-5, abs=1e-7)
-        assert dv[idx] == pytest.approx(fd("v", v, idx), rel=1e-5, abs=1e-7)
+    fd = assert_qkv_gradients(loss, q, k, v, dq, dk, dv)
     if isinstance(kw.get("bias"), np.ndarray):  # broadcast over the batch: the gradient sums dS over it
         for idx in [(0, 1, 5, 8), (0, 3, 2, 2)]:
             assert dbias.sum(axis=0)[idx[1:]] == pytest.approx(fd("bias", kw["bias"], idx), rel=1e-5, abs=1e-7)

@@ -7,7 +7,8 @@
 //   modifiers     soft-cap, bias / ALiBi (generic_score_mod.cuh) turn q·k into logits in the modifier instances
 //                 (kMods, "_mods" in the instance name: an instance is compiled either plain or with them; the
 //                 softmax then runs with scale 1; one branch per tile picks the variant); a sink joins each row's
-//                 denominator in the epilogue (both kinds of instance);
+//                 denominator in the epilogue (both kinds of instance); dropout (generic_dropout.cuh, modifier
+//                 instances) zeroes dropped probabilities after the softmax's row sums and scales the kept ones;
 //   mask          only on tiles that straddle the sequence end or a row's window edge (per-row key bounds);
 //   softmax       online, fp32, exp2 with scale·log2(e) folded into one FMA; rows that see nothing stay at -inf
 //                 without producing NaN;
@@ -35,6 +36,7 @@
 #include "../common/mask_geometry.h"
 #include "../common/smem_opt_in.h"
 #include "../common/tile_scheduler.h"
+#include "generic_dropout.cuh"
 #include "generic_epilogue.cuh"
 #include "generic_ptx.cuh"
 #include "generic_score_mod.cuh"
@@ -254,6 +256,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     RowMods rmods;
     if constexpr (kMods) rmods = row_mods(p.mods, b, h, sq, sk);
     const float softmax_scale = kMods ? 1.f : p.scale, softmax_scale_log2 = kMods ? kLog2e : p.scale_log2;
+    // Dropout: the call's seed and offset, the query head's index, where the random bytes go (tests only).
+    [[maybe_unused]] DropKey drop_key_v{};
+    [[maybe_unused]] uint8_t* randval = nullptr;
+    if constexpr (kMods) {
+        const Dropout& d = p.mods.dropout;
+        if (d.on) {
+            drop_key_v = drop_key(d);
+            if (d.randval != nullptr)
+                randval = d.randval + h * d.randval_head +
+                          (Cfg::kGroupMode ? p.seqstart_q[b] * d.randval_row : b * d.randval_batch);
+        }
+    }
     uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
 
     if (!visit.empty()) {
@@ -312,7 +326,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
         if (!full.contains(n_block)) mask_s<Cfg>(s, row_lo, row_hi, n0);
 
         // ---- online softmax, P as A fragments ----
-        softmax.update(s, acc_o, softmax_scale_log2);
+        softmax.update(s, acc_o, softmax_scale_log2);  // the row sums (and the LSE) are of the undropped softmax
+        if constexpr (kMods) {
+            if (p.mods.dropout.on) {
+                uint2 rnd[kMT][kNT / 2];
+                dropout_bytes<false>(rnd, drop_key_v, static_cast<uint32_t>(b * p.nhead_q + h), m0 + warp_row0, n0);
+                if (randval != nullptr)
+                    store_randval<kMT, kNT>(rnd, randval, p.mods.dropout.randval_row, m0 + warp_row0, n0, sq, sk);
+                apply_dropout<kMT, kNT>(s, rnd, p.mods.dropout);
+            }
+        }
         uint32_t p_frag[kMT][kKV][4];
         pack_p<Cfg>(p_frag, s);
 
