@@ -357,6 +357,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     }
 
     // ---- epilogue: normalise, LSE, stage O in shared memory (the Q tile), store ----
+    if constexpr (kMods) {
+        if (p.mods.dropout.on)  // the kept probabilities' 1 / (1 − p), once for all key tiles
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kOT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= p.mods.dropout.rp;
+    }
     __syncthreads();  // every warp is done reading Q / K / V
     float* lse = p.lse != nullptr ? p.lse + si.lse_offset + h * p.lse_head_stride + m0 : nullptr;
     stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, softmax_scale, warp_row0, p.hdim_v, lse, rows_valid,

@@ -81,7 +81,8 @@ __device__ __forceinline__ uint32_t drop_byte(const uint2& r, int nt, int e) {
     return (word >> (8 * byte)) & 0xffu;
 }
 
-// S layout: P (the softmax's probabilities, or their unnormalised exponentials) -> P ∘ keep / (1 − p), in place.
+// S layout: P (the softmax's probabilities, or their unnormalised exponentials) -> P ∘ keep, in place; the caller
+// applies the 1 / (1 − p) of the kept ones to what it accumulates from them (the forward: O, once, at the end).
 template <int kMT, int kNT>
 __device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const uint2 (&rnd)[kMT][kNT / 2],
                                               const Dropout& d) {
@@ -90,10 +91,8 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kMT][kNT][4], const uin
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool keep = drop_byte<false>(rnd[mt][nt / 2], nt, e) <= static_cast<uint32_t>(d.keep_max);
-                s[mt][nt][e] = keep ? s[mt][nt][e] * d.rp : 0.f;
-            }
+            for (int e = 0; e < 4; ++e)
+                if (drop_byte<false>(rnd[mt][nt / 2], nt, e) > static_cast<uint32_t>(d.keep_max)) s[mt][nt][e] = 0.f;
 }
 
 // S layout: the random bytes of the scores inside the sequence (rows < seqlen_q, keys < seqlen_k) into rv, the
