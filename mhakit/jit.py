@@ -178,13 +178,13 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     guard admits the head dims, the instance with the tightest head-dim bucket that holds them (the runtime's own
     score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one as fallback.
     mods: the call sets a soft-cap, a bias / ALiBi or dropout, which only a family's modifier instances ("_mods")
-    serve; the entry then holds those (the runtime never gives such a call to a plain instance, nor a plain call to
-    one of them)."""
+    serve; the entry then holds the masked one (the runtime never gives such a call to a plain instance, nor a plain
+    call to one of them; a masked instance serves unmasked calls too, and the default profile builds only those)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    mask = "mask" if masked else "nmask"
+    mask = "mask" if masked or mods else "nmask"
     pool = _catalogue_specs(api, arch) if candidates is None else list(candidates)  # read twice below
     best: dict[str, tuple[int, object]] = {}
     for spec in pool:

@@ -102,21 +102,21 @@ class TestProfiles:
     def test_counts(self):
         # minimal: hopper + generic, masked and unmasked, one masked generic modifier instance, one decode instance
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 1 + 1
-        # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: those of the
-        # 64 / 128 / 256 buckets; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
+        # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
+        # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
         # 2 modes x 2 masks in the default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the
         # forward library also holds the decode family's split-KV instances (2 dtypes x 3 buckets)
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 24 + 32 + 6
-        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 24 + 32
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
+        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32
         assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48
-        assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 24 + 6
+        assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
 
     def test_modifier_instances_are_a_trait_the_profile_narrows(self):
         mods = [s for s in profiles.select("bwd", "sm_90a", "default").specs if s.signature.mods]
         assert {(s.signature.hdim_q, s.signature.mask, s.algorithm.family) for s in mods} == \
-            {(d, m, "generic") for d in (64, 128, 256) for m in ("mask", "nmask")}
-        assert len(mods) == 24 and all(s.name.split("_")[5] == "mods" for s in mods)
+            {(64, "mask", "generic"), (128, "mask", "generic"), (256, "mask", "generic")}
+        assert all(s.name.split("_")[4:6] == ["mask", "mods"] for s in mods)
         # every modifier instance has its plain twin, and only families with score_mods have them
         every = profiles.enumerate_specs("fwd", "sm_90a").specs
         plain = {s.name for s in every if not s.signature.mods}
@@ -132,7 +132,7 @@ class TestProfiles:
         assert not profiles._profile_admits({"mods": {"mask": ["mask"]}}, generic_mods)
         assert profiles._profile_admits({"mods": {"mask": ["mask"]}}, make_spec(hq=32, hv=32))
         sel = profiles.select("fwd", "sm_90a", "default", "_mods_")
-        assert len(sel.specs) == 24
+        assert len(sel.specs) == 12
 
     def test_v3_keeps_only_the_hopper_family(self):
         specs = profiles.select("fwd_v3", "sm_90a", "default").specs
@@ -143,7 +143,7 @@ class TestProfiles:
         assert sel.specs and all("d64_fp16" in s.name for s in sel.specs)
         glob = profiles.select("fwd", "sm_90a", "default", "*hopper*")
         assert {s.algorithm.family for s in glob.specs} == {"hopper"}
-        both = profiles.select("fwd", "sm_90a", "default", "d64_fp16_batch_nmask_sm*generic*,d256_bf16_group_mask_sm*generic*")
+        both = profiles.select("fwd", "sm_90a", "default", "d64_fp16_batch_nmask*generic*,d256_bf16_group_mask_sm*generic*")
         assert len(both.specs) == 2
         twins = profiles.select("fwd", "sm_90a", "default", "d256_bf16_group_mask*generic*")  # plain and "_mods"
         assert sorted(s.signature.mods for s in twins.specs) == [False, True]

@@ -148,8 +148,9 @@ class TestDerive:
         e = entry(api=api, mods=True, masked=True)
         assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tile[128]}"]
         assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-generic_d128"
+        # an unmasked one too: the masked modifier instance serves it (the default profile builds only those)
         assert entry(api=api, hq=59, hv=59, mods=True, mode="group").instance_names == [
-            f"{api}_d64_bf16_group_nmask_mods_sm90a_generic_{tile[64]}"]
+            f"{api}_d64_bf16_group_mask_mods_sm90a_generic_{tile[64]}"]
         for masked in (False, True):
             assert not any("_mods_" in n for n in entry(api=api, masked=masked).instance_names)
         with pytest.raises(ValueError, match="with score modifiers"):
@@ -158,8 +159,8 @@ class TestDerive:
     def test_modifier_entries_within_a_profile(self):
         default = profiles_mod.select("bwd", "sm_90a", "default").specs
         mods = [e.name for e in jit.entries_within("bwd", "sm_90a", default) if "_mods_" in e.name]
-        # the default profile's modifier instances of 64 / 128 / 256 (fp16, bf16; batch, group; both mask classes)
-        assert len(mods) == 24 and all(n.split("_")[4] == "mods" for n in mods)
+        # the default profile's masked modifier instances of 64 / 128 / 256 (fp16, bf16; batch, group)
+        assert len(mods) == 12 and all("_mask_mods_" in n for n in mods)
 
     def test_unknown_values_are_refused(self):
         with pytest.raises(ValueError, match="dtype must be one of"):
@@ -174,8 +175,8 @@ class TestDerive:
                          "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        # 80 plain entries, 24 of the modifier instances (those of 64 / 128 / 256)
-        assert len(default) == 104 and len({e.name for e in default}) == 104
+        # 80 plain entries, 12 of the modifier instances (the masked ones of 64 / 128 / 256)
+        assert len(default) == 92 and len({e.name for e in default}) == 92
 
     def test_arch_for_compute_capability(self):
         f = toolchain_mod.arch_for_compute_capability
@@ -477,10 +478,10 @@ class TestPrebuild:
         # a first call of a prebuilt configuration finds it without building or rendering
         monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
         assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 6
-        # a masked modifier call too (the minimal profile's one modifier instance)
-        mods_lib = cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", True, mods=True)
+        # an unmasked modifier call too: the masked modifier instance serves it
+        mods_lib = cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False, mods=True)
         assert mods_lib in paths and "mask_mods" in str(mods_lib)
-        assert mods_lib != cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", True)
+        assert mods_lib != cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False)
         assert cache.library_for("splitkv", "sm_90a", "bf16", 128, 128, "batch", True) in paths
         assert cache.library_for("fwd", "sm_90a", "bf16", 112, 64, "batch", False) in paths  # generic-only entry
 
