@@ -52,8 +52,9 @@ class Family:
     # Serves only head dims (hdim_q and hdim_v) that are multiples of this (optional key, default 1: any head dim the
     # API accepts; the Hopper kernels need whole 16-byte rows).
     head_dim_multiple: int = 1
-    # Serves the score modifiers (logits soft-cap, elementwise bias / ALiBi, attention sinks; optional key, default
-    # false: calls that set one run on a family that has them).
+    # Serves the score modifiers (optional key, default false: calls that set one run on a family that has them):
+    # attention sinks in its plain instances, logits soft-cap, elementwise bias / ALiBi and dropout in a second set of
+    # instances, one per signature, that hold the modifier kernel ("_mods" in the name; Signature.mods).
     score_mods: bool = False
     # Further instance axes of the family (e.g. CK-tile's padding flags and LSE store), each with its values in order
     # of preference: every combination is one instance, and an earlier value ranks above a later one at run time.

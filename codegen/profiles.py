@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -14,6 +15,9 @@ from .spec import Algorithm, Guards, KernelSpec, Signature
 
 PROFILES_FILE = Path(__file__).resolve().parent / "profiles.toml"
 PROFILE_KEYS = ("dtype", "hdim", "mode", "mask", "family")
+# A profile's `mods` key narrows its modifier instances (Signature.mods) further: a table of the keys above (what the
+# profile keeps of them), or false (none). Without it the profile keeps the modifier instances of every plain one.
+MODS_KEY = "mods"
 
 # The public API names that compile.py accepts. *_v3 builds the same library from the arch-specialised
 # families only (catalogue `v3 = true`), as aiter's fwd_v3/bwd_v3 builds keep only its hand-tuned kernels.
@@ -29,9 +33,13 @@ def load_profiles() -> dict[str, dict]:
     with open(PROFILES_FILE, "rb") as f:
         profiles = tomllib.load(f)
     for name, body in profiles.items():
-        unknown = set(body) - set(PROFILE_KEYS) - {"description"}
+        unknown = set(body) - set(PROFILE_KEYS) - {"description", MODS_KEY}
         if unknown:
             raise SelectionError(f"profiles.toml: profile '{name}' has unknown keys {sorted(unknown)}")
+        mods = body.get(MODS_KEY, {})
+        if mods is not False and not (isinstance(mods, dict) and set(mods) <= set(PROFILE_KEYS)):
+            raise SelectionError(f"profiles.toml: profile '{name}': `{MODS_KEY}` must be false or a table of "
+                                 f"{', '.join(PROFILE_KEYS)}")
     return profiles
 
 
@@ -71,29 +79,28 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
         if v3_only and not fam.v3:
             continue
         knobs = (*cat.tables, *arch_record.traits, *fam.knobs)
-        for tile in fam.tiles:
-            for dtype in fam.dtypes:
-                for mode in fam.modes:
-                    for mask in fam.masks:
-                        for variant, rank in _variant_choices(fam):
-                            spec = KernelSpec(
-                                signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask),
-                                algorithm=Algorithm(fam.name, arch, tile.params, variant),
-                                priority=fam.priority * VARIANT_SCALE + rank if fam.variants else fam.priority,
-                                template=fam.template,
-                                guards=Guards.of(fam),
-                                knobs=knobs,
-                            )
-                            reasons = violations(spec, backend)
-                            if reasons:
-                                selection.rejected.append((spec.name, reasons))
-                                continue
-                            if spec.name in seen:
-                                raise catalogue_mod.CatalogueError(
-                                    f"{backend}.toml: two {api} entries for {arch} are both named {spec.name}; "
-                                    "tiles of one family and head dim must differ in their block sizes")
-                            seen[spec.name] = fam.name
-                            selection.specs.append(spec)
+        # A family with the score modifiers has a modifier instance beside each plain one.
+        mods_choices = (False, True) if fam.score_mods else (False,)
+        for tile, dtype, mode, mask, (variant, rank), mods in itertools.product(
+                fam.tiles, fam.dtypes, fam.modes, fam.masks, _variant_choices(fam), mods_choices):
+            spec = KernelSpec(
+                signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask, mods),
+                algorithm=Algorithm(fam.name, arch, tile.params, variant),
+                priority=fam.priority * VARIANT_SCALE + rank if fam.variants else fam.priority,
+                template=fam.template,
+                guards=Guards.of(fam),
+                knobs=knobs,
+            )
+            reasons = violations(spec, backend)
+            if reasons:
+                selection.rejected.append((spec.name, reasons))
+                continue
+            if spec.name in seen:
+                raise catalogue_mod.CatalogueError(
+                    f"{backend}.toml: two {api} entries for {arch} are both named {spec.name}; "
+                    "tiles of one family and head dim must differ in their block sizes")
+            seen[spec.name] = fam.name
+            selection.specs.append(spec)
     return selection
 
 
@@ -106,7 +113,12 @@ def _profile_admits(profile: dict, spec: KernelSpec) -> bool:
         "mask": s.mask,
         "family": spec.algorithm.family,
     }
-    return all(values[key] in profile[key] for key in PROFILE_KEYS if key in profile)
+    if not all(values[key] in profile[key] for key in PROFILE_KEYS if key in profile):
+        return False
+    if not s.mods:
+        return True
+    mods = profile.get(MODS_KEY, {})
+    return mods is not False and all(values[key] in mods[key] for key in PROFILE_KEYS if key in mods)
 
 
 def select(api: str, arch: str, profile: str = "default", name_filter: str | None = None,

@@ -46,6 +46,13 @@ def family_serves_signature(spec: KernelSpec, cat) -> Optional[str]:
     return None
 
 
+def modifier_instances_need_score_mods(spec: KernelSpec, cat) -> Optional[str]:
+    fam = _family(spec, cat)
+    if fam is not None and spec.signature.mods and not fam.score_mods:
+        return f"the {fam.name} family has no score modifiers (catalogue score_mods), so no modifier instance"
+    return None
+
+
 def family_built_for_arch(spec: KernelSpec, cat) -> Optional[str]:
     fam, arch_name = _family(spec, cat), spec.algorithm.arch
     if fam is None or arch_name not in cat.arches:
@@ -82,6 +89,7 @@ RULES: tuple[Rule, ...] = (
     family_is_known,
     head_dims_in_range,
     family_serves_signature,
+    modifier_instances_need_score_mods,
     family_built_for_arch,
     tiles_have_block_sizes,
     ck_group_mode_pads_sequences,

@@ -20,10 +20,18 @@ class Signature:
     hdim_v: int   # compiled head-dim bucket of v/o
     mode: str     # "batch" | "group"
     mask: str     # "nmask" (no mask) | "mask" (any mask kind: causal, windows, generic)
+    # The score-modifier kernel (soft-cap, bias / ALiBi, dropout): an instance holds either the plain kernel or this
+    # one, never both; "_mods" in the name. Only families whose catalogue entry has score_mods = true have them.
+    mods: bool = False
 
     @property
     def hdim_token(self) -> str:
         return f"d{self.hdim_q}" if self.hdim_q == self.hdim_v else f"d{self.hdim_q}x{self.hdim_v}"
+
+    @property
+    def mask_token(self) -> str:
+        """The mask class, with "_mods" after it for a modifier instance (fwd_d128_bf16_batch_mask_mods_...)."""
+        return f"{self.mask}_mods" if self.mods else self.mask
 
 
 # Tile parameters that size a block, in the order they appear in a name after "b" (block_m x block_n x ...): the
@@ -56,7 +64,8 @@ class Guards:
     deterministic: bool    # bwd: serves deterministic calls
     align_bytes: int       # every tensor's base pointer and strides a multiple of this many bytes
     head_dim_multiple: int = 1  # serves only head dims that are multiples of this
-    score_mods: bool = False    # serves the score modifiers (soft-cap, bias / ALiBi, sink)
+    score_mods: bool = False    # has the score modifiers: sinks in its plain instances, soft-cap, bias / ALiBi and
+                                # dropout in its modifier instances (Signature.mods)
 
     @classmethod
     def of(cls, family) -> "Guards":
@@ -86,11 +95,12 @@ class KernelSpec:
 
     @property
     def name(self) -> str:
-        """Readable and deterministic: fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128 (variant values, when the
-        family has any, follow the tile: ..._gfx942_qr_async_b128x128x32x128x32x128_psddv_lse)."""
+        """Readable and deterministic: fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128, a modifier instance
+        fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4 (variant values, when the family has any, follow the
+        tile: ..._gfx942_qr_async_b128x128x32x128x32x128_psddv_lse)."""
         s, a = self.signature, self.algorithm
         arch = a.arch.replace("_", "")
-        name = f"{s.api}_{s.hdim_token}_{s.dtype}_{s.mode}_{s.mask}_{arch}_{a.family}_{a.tile_token}"
+        name = f"{s.api}_{s.hdim_token}_{s.dtype}_{s.mode}_{s.mask_token}_{arch}_{a.family}_{a.tile_token}"
         return "_".join([name, *(value for _, value in a.variant)])
 
     def template_context(self) -> dict:
@@ -105,6 +115,7 @@ class KernelSpec:
             "hdim_v": s.hdim_v,
             "group_mode": "true" if s.mode == "group" else "false",
             "masked": "true" if s.mask == "mask" else "false",
+            "mods": "true" if s.mods else "false",
             "family": a.family,
             "arch": a.arch,
             "tile": dict(a.tile),

@@ -71,6 +71,15 @@ _MOD_FIELDS = [
     ("sink_ptr", ctypes.c_void_p),
 ]
 
+# Dropout's fields, the same in both argument structs (after the modifiers; the forward adds its randval store).
+_DROP_FIELDS = [
+    ("p_drop", ctypes.c_float),
+    ("drop_seed", ctypes.c_uint64),
+    ("drop_offset", ctypes.c_uint64),
+    ("drop_seed_ptr", ctypes.c_void_p),
+    ("drop_offset_ptr", ctypes.c_void_p),
+]
+
 
 class MhakitFwdArgs(ctypes.Structure):
     """``mhakit_fwd_args`` (mha_fwd.h). ``data_type`` is the C enum ``mhakit_dtype`` (an int)."""
@@ -112,7 +121,12 @@ class MhakitFwdArgs(ctypes.Structure):
         ("mask_type", ctypes.c_int),
         ("window_size_left", ctypes.c_int),
         ("window_size_right", ctypes.c_int),
-    ] + _MOD_FIELDS
+    ] + _MOD_FIELDS + _DROP_FIELDS + [
+        ("randval_ptr", ctypes.c_void_p),
+        ("stride_randval", ctypes.c_int64),
+        ("nhead_stride_randval", ctypes.c_int64),
+        ("batch_stride_randval", ctypes.c_int64),
+    ]
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields_)
@@ -244,7 +258,7 @@ class MhakitBwdArgs(ctypes.Structure):
         ("nhead_stride_dbias", ctypes.c_int64),
         ("batch_stride_dbias", ctypes.c_int64),
         ("dsink_ptr", ctypes.c_void_p),
-    ]
+    ] + _DROP_FIELDS
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields_)

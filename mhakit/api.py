@@ -452,9 +452,10 @@ class _Call:
         self.layer = _device.layer(self.backend)
         return _resolve_device(views, self.layer)
 
-    def library(self, api: str, device: int, kind: str, hdim_q: int, hdim_v: int, mode: str, masked: bool):
+    def library(self, api: str, device: int, kind: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
+                mods: bool = False):
         from . import jit
-        return jit.library(api, device, kind, hdim_q, hdim_v, mode, masked, backend=self.backend)
+        return jit.library(api, device, kind, hdim_q, hdim_v, mode, masked, backend=self.backend, mods=mods)
 
     def view(self, obj: Any, name: str) -> ArrayView:
         return _arrays.view_of(obj, name, self.stream)
@@ -539,13 +540,16 @@ _MOD_KWARGS = ("softcap", "alibi_slopes", "bias", "sink")
 
 
 def _score_mods(call: "_Call", storage: str, batch: int, hq: int, rows_q: int, rows_k: int, *, softcap: Any = None,
-                alibi_slopes: Any = None, bias: Any = None, sink: Any = None) -> Tuple[dict, list]:
+                alibi_slopes: Any = None, bias: Any = None, sink: Any = None, dropout_p: Any = 0.0, seed: Any = None,
+                offset: Any = 0, randval: Any = None, randval_shape: Optional[tuple] = None) -> Tuple[dict, list]:
     """(the argument-struct fields, the arrays' views). softcap: cap > 0 (None or 0: off). alibi_slopes: float32
     [h_q] or [batch, h_q]. bias: [batch|1, h_q|1, rows_q, rows_k] float32 or q's dtype (a dimension of extent 1
     broadcasts; varlen: rows_q / rows_k bound every sequence's lengths, its block starts at [b, h, 0, 0]).
-    sink: float32 [h_q] logits."""
+    sink: float32 [h_q] logits. Dropout: see _dropout (randval_shape: the forward's randval shape, None in the
+    backward)."""
     fields: dict = {}
     views: list = []
+    _dropout(call, fields, views, dropout_p, seed, offset, randval, randval_shape)
     if softcap is not None:
         cap = float(softcap)
         if not math.isfinite(cap) or cap < 0:
@@ -583,6 +587,68 @@ def _score_mods(call: "_Call", storage: str, batch: int, hq: int, rows_q: int, r
         fields["sink_ptr"] = kv.ptr
         views.append(kv)
     return fields, views
+
+
+def _modifier_kernel(fields: dict) -> bool:
+    """Whether a call with these modifier fields needs a modifier instance ("_mods"): a soft-cap, a bias / ALiBi or
+    dropout (ScoreMods::per_element in csrc/kernels/common/score_mod.h); a sink alone runs on the plain instances."""
+    return fields.get("logits_soft_cap", 0.0) > 0 or fields.get("bias_type", 0) != 0 or fields.get("p_drop", 0.0) > 0
+
+
+def _dropout(call: "_Call", fields: dict, views: list, dropout_p: Any, seed: Any, offset: Any, randval: Any,
+             randval_shape: Optional[tuple]) -> None:
+    """Dropout's fields into `fields`: dropout_p in [0, 1) (0: off); seed / offset: ints (the Philox key and stream
+    offset, 0 <= value < 2**64) or both device arrays of one uint64 / int64 element (read when the kernels run:
+    CUDA-graph friendly); randval (forward only): a uint8 array of randval_shape ([b, h_q, s_q, s_k], varlen
+    [h_q, total_q, max_seqlen_k]; key dimension contiguous) that receives the random bytes of the visited scores."""
+    p = 0.0 if dropout_p is None else dropout_p
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= float(p) < 1.0):
+        raise ValueError(f"dropout_p must be a number in [0, 1) (got {dropout_p!r}; 0 turns dropout off)")
+    p = float(p)
+    if p == 0.0:
+        if randval is not None:
+            raise ValueError("randval is given but dropout_p is 0: there is no dropout to record")
+        return
+    if seed is None:
+        raise ValueError("dropout_p > 0 needs seed= (an int, or a device array holding it)")
+
+    def as_int(value, name):
+        if isinstance(value, bool) or not 0 <= int(value) < 1 << 64:
+            raise ValueError(f"{name} must be an int in [0, 2**64) or a device array of one uint64 (got {value!r})")
+        return int(value)
+
+    def as_pointer(value, name):
+        view = call.view(value, name)
+        if view.dtype.name not in ("uint64", "int64") or math.prod(view.shape) != 1:
+            raise ValueError(f"{name} must be a device array of one uint64 (or int64) element, got {view.dtype.name} "
+                             f"{tuple(view.shape)}")
+        views.append(view)
+        return view.ptr
+
+    on_device = [not isinstance(x, numbers.Integral) for x in (seed, offset)]
+    if on_device[0] != on_device[1]:
+        raise ValueError("seed and offset must both be ints or both be device arrays")
+    fields["p_drop"] = p
+    if on_device[0]:
+        fields.update(drop_seed_ptr=as_pointer(seed, "seed"), drop_offset_ptr=as_pointer(offset, "offset"))
+    else:
+        fields.update(drop_seed=as_int(seed, "seed"), drop_offset=as_int(offset, "offset"))
+    if randval is not None:
+        if randval_shape is None:
+            raise ValueError("randval is a forward output: the backward regenerates the random bytes")
+        rv = call.view(randval, "randval")
+        if rv.dtype.name != "uint8" or tuple(rv.shape) != tuple(randval_shape) or rv.readonly or \
+                (randval_shape[-1] > 1 and rv.strides[-1] != 1):
+            raise ValueError(f"randval must be a writable uint8 array of shape {tuple(randval_shape)} with a "
+                             f"contiguous last dimension, got {rv.dtype.name} {tuple(rv.shape)}")
+        st = list(rv.strides)
+        if len(randval_shape) == 4:
+            batch_stride, head_stride, row_stride = st[0], st[1], st[2]
+        else:
+            batch_stride, head_stride, row_stride = 0, st[0], st[1]
+        fields.update(randval_ptr=rv.ptr, stride_randval=row_stride, nhead_stride_randval=head_stride,
+                      batch_stride_randval=batch_stride)
+        views.append(rv)
 
 
 def _per_head_f32(call: "_Call", obj: Any, name: str, hq: int) -> ArrayView:
@@ -627,6 +693,7 @@ def _set_fields(args, fields: dict) -> None:
 _FWD_MODS = ("softcap", "alibi_slopes", "bias", "sink")
 _BWD_MODS = _FWD_MODS + ("dbias", "dsink")
 _PYTHON_PATH = object()
+_DROPOUT_KWARGS = ("dropout_p", "seed", "offset", "randval")
 
 
 def _ext_mods(mods: dict, names: Tuple[str, ...]):
@@ -634,8 +701,10 @@ def _ext_mods(mods: dict, names: Tuple[str, ...]):
     keyword the API does not know (the Python path raises the TypeError)."""
     if not mods:
         return None
+    if not mods.get("dropout_p") and mods.get("randval") is None:  # dropout off: nothing the C path must know
+        mods = {name: value for name, value in mods.items() if name not in _DROPOUT_KWARGS}
     if any(name not in names for name in mods):
-        return _PYTHON_PATH
+        return _PYTHON_PATH  # dropout (the Python path handles it) or a keyword the API does not know (TypeError)
     if all(value is None for value in mods.values()):
         return None
     return tuple(mods.get(name) for name in names)
@@ -648,7 +717,8 @@ def _ext_mods(mods: dict, names: Tuple[str, ...]):
 def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
             scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
             layout: str = "bshd", stream: Any = None, dtype: Any = None, softcap: Any = None,
-            alibi_slopes: Any = None, bias: Any = None, sink: Any = None):
+            alibi_slopes: Any = None, bias: Any = None, sink: Any = None, dropout_p: Any = 0.0, seed: Any = None,
+            offset: Any = 0, randval: Any = None):
     """Fused attention forward, batch mode: O = softmax(scale · Q Kᵀ + mask) V with fp32 accumulation.
 
     q: [b, s_q, h_q, d], k: [b, s_k, h_k, d], v: [b, s_k, h_k, d_v] for ``layout='bshd'`` (default), or
@@ -672,6 +742,13 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     ``alibi_slopes=`` float32 [h_q] or [b, h_q] (bias -slope·|i + s_k - s_q - j|) or ``bias=`` [b|1, h_q|1, s_q, s_k]
     float32 or q's dtype (exclusive with alibi_slopes), ``sink=`` float32 [h_q] logits added to the softmax
     denominator (gpt-oss).
+
+    Dropout (generic family; FlashAttention's semantics: kept probabilities scaled by 1/(1-p), the LSE of the
+    undropped softmax): ``dropout_p=p`` with ``seed=`` and ``offset=`` (ints, or both device arrays of one uint64:
+    read when the kernel runs, so a captured CUDA graph can be replayed with new values); the same values on
+    :func:`mha_bwd` regenerate the mask. ``randval=`` (uint8 [b, h_q, s_q, s_k]) receives the random bytes (kept
+    where byte <= floor((1 - p)·255); for tests: :func:`mhakit.reference.mha_fwd` takes them). Dropout calls take the
+    Python call path.
     """
     _check_layout(layout)
     call = _Call(stream, dtype)
@@ -694,7 +771,8 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     return_lse = _as_flag(return_lse, "return_lse")
     want_lse = return_lse or lv is not None
     mods, mod_views = _score_mods(call, storage, b, hq, sq, sk, softcap=softcap, alibi_slopes=alibi_slopes,
-                                  bias=bias, sink=sink)
+                                  bias=bias, sink=sink, dropout_p=dropout_p, seed=seed, offset=offset,
+                                  randval=randval, randval_shape=(b, hq, sq, sk))
 
     views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None] + mod_views
     device = call.resolve_device(views)
@@ -710,7 +788,7 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
         return (o, lse) if return_lse else o
 
     from . import _capi
-    lib = call.library("fwd", device, kind, d, dv, "batch", mask_type != 0)
+    lib = call.library("fwd", device, kind, d, dv, "batch", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     lse_strides = (0, 0)
     if lv is not None:
@@ -730,7 +808,8 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
                    max_seqlen_k: int, *, causal: bool = False, mask: Any = None, window: Any = None,
                    scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
                    stream: Any = None, dtype: Any = None, softcap: Any = None, alibi_slopes: Any = None,
-                   bias: Any = None, sink: Any = None):
+                   bias: Any = None, sink: Any = None, dropout_p: Any = 0.0, seed: Any = None, offset: Any = 0,
+                   randval: Any = None):
     """Fused attention forward, group mode (variable sequence lengths, packed tokens).
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v]; sequence i owns rows
@@ -739,7 +818,8 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
     every query length (it sizes the launch); max_seqlen_k is checked against host offsets only. Masks apply per
     sequence with its own lengths. Returns O [total_q, h_q, d_v] and, with ``return_lse``, LSE float32
     [h_q, total_q]. The other arguments are those of :func:`mha_fwd`; a ``bias=`` is [b|1, h_q|1, max_seqlen_q,
-    max_seqlen_k], sequence i's block at [i, :, :s_q_i, :s_k_i].
+    max_seqlen_k], sequence i's block at [i, :, :s_q_i, :s_k_i]; a ``randval=`` is uint8 [h_q, total_q, max_seqlen_k]
+    (sequence i's row r at [:, cu_seqlens_q[i] + r, :s_k_i]).
     """
     call = _Call(stream, dtype)
     g = _packed_inputs(call, q, k, v)
@@ -762,8 +842,10 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
         raise ValueError(f"lse_out: the token dimension must be contiguous (stride 1), got strides {lv.strides}")
     return_lse = _as_flag(return_lse, "return_lse")
     want_lse = return_lse or lv is not None
-    mods, mod_views = _score_mods(call, storage, batch, hq, max_q, _as_int(max_seqlen_k, "max_seqlen_k"),
-                                  softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sink=sink)
+    max_k_rows = _as_int(max_seqlen_k, "max_seqlen_k")
+    mods, mod_views = _score_mods(call, storage, batch, hq, max_q, max_k_rows, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, bias=bias, sink=sink, dropout_p=dropout_p, seed=seed,
+                                  offset=offset, randval=randval, randval_shape=(hq, tq, max_k_rows))
 
     views = [qv, kv, vv] + list(seqs.device.values()) + [x for x in (ov, lv) if x is not None] + mod_views
     device = call.resolve_device(views)
@@ -779,7 +861,7 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
         return (o, lse) if return_lse else o
 
     from . import _capi
-    lib = call.library("fwd", device, kind, d, dv, "group", mask_type != 0)
+    lib = call.library("fwd", device, kind, d, dv, "group", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     seq_ptrs, uploads = seqs.pointers(call, device)
     # No sequence has keys when total_k == 0; the C API still wants non-null k/v pointers in group mode.
@@ -1018,7 +1100,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
             window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
             dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None,
             softcap: Any = None, alibi_slopes: Any = None, bias: Any = None, sink: Any = None, dbias: Any = None,
-            dsink: Any = None):
+            dsink: Any = None, dropout_p: Any = 0.0, seed: Any = None, offset: Any = 0):
     """Fused attention backward, batch mode: the gradients of :func:`mha_fwd` with respect to q, k and v.
 
     do: the gradient of O; q, k, v: the forward's inputs; o: the forward's output; lse: the forward's float32 LSE
@@ -1072,7 +1154,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
         grads[name] = [given, view, shape, heads, rows, hdim]
 
     mods, mod_views = _score_mods(call, storage, b, hq, sq, sk, softcap=softcap, alibi_slopes=alibi_slopes,
-                                  bias=bias, sink=sink)
+                                  bias=bias, sink=sink, dropout_p=dropout_p, seed=seed, offset=offset)
     mod_out, mod_out_views = _mod_grads(call, mods, storage, b, hq, sq, sk, dbias, dsink)
     views = [qv, kv, vv, ov, dov, lv] + [gr[1] for gr in grads.values() if gr[1] is not None]
     views += mod_views + mod_out_views
@@ -1086,7 +1168,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
         return result
 
     from . import _capi
-    lib = call.library("bwd", device, kind, d, d_v, "batch", mask_type != 0)
+    lib = call.library("bwd", device, kind, d, d_v, "batch", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     args = _capi.make_bwd_args(
@@ -1107,7 +1189,7 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
                    window: Any = None, scale: Optional[float] = None, deterministic: bool = False, dq: Any = None,
                    dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None, softcap: Any = None,
                    alibi_slopes: Any = None, bias: Any = None, sink: Any = None, dbias: Any = None,
-                   dsink: Any = None):
+                   dsink: Any = None, dropout_p: Any = 0.0, seed: Any = None, offset: Any = 0):
     """Fused attention backward, group mode (variable sequence lengths, packed tokens): the gradients of
     :func:`mha_varlen_fwd`.
 
@@ -1155,7 +1237,8 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
 
     max_k = _as_int(max_seqlen_k, "max_seqlen_k")
     mods, mod_views = _score_mods(call, storage, seqs.batch, hq, seqs.max_q, max_k, softcap=softcap,
-                                  alibi_slopes=alibi_slopes, bias=bias, sink=sink)
+                                  alibi_slopes=alibi_slopes, bias=bias, sink=sink, dropout_p=dropout_p, seed=seed,
+                                  offset=offset)
     mod_out, mod_out_views = _mod_grads(call, mods, storage, seqs.batch, hq, seqs.max_q, max_k, dbias, dsink)
     views = ([qv, kv, vv, ov, dov, lv] + list(seqs.device.values())
              + [gr[1] for gr in grads.values() if gr[1] is not None] + mod_views + mod_out_views)
@@ -1169,7 +1252,7 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
         return result
 
     from . import _capi
-    lib = call.library("bwd", device, kind, d, d_v, "group", mask_type != 0)
+    lib = call.library("bwd", device, kind, d, d_v, "group", mask_type != 0, _modifier_kernel(mods))
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     # Group mode: the C API wants every pointer non-null. A side without tokens (total 0) is never addressed, so any
@@ -1222,11 +1305,11 @@ def _ext_callbacks():
     """(resolve, allocate, make_error, cuda_error) for _mhakit_ext.configure."""
     from . import _capi, _cuda, jit
 
-    def resolve(api_name, device, kind, hdim_q, hdim_v, mode, masked):
+    def resolve(api_name, device, kind, hdim_q, hdim_v, mode, masked, mods):
         head_dims = _codegen.submodule("catalogue").load("cuda").head_dims
         if not (head_dims.accepts(hdim_q) and head_dims.accepts(hdim_v)):
             return None  # the Python path says why
-        lib = jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked)
+        lib = jit.library(api_name, device, kind, hdim_q, hdim_v, mode, masked, mods=mods)
         return lib.splitkv_entry_points() if api_name == "splitkv" else lib.entry_points()
 
     def allocate(device, shape, storage, stream, stream_ref):

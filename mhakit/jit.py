@@ -49,6 +49,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import itertools
 import os
 import secrets
 import shutil
@@ -164,7 +165,7 @@ class Entry:
     def name(self) -> str:
         s = self.specs[0].signature
         parts = dict.fromkeys(f"{sp.algorithm.family}_{sp.signature.hdim_token}" for sp in self.specs)
-        return f"{self.api}_{s.dtype}_{s.mode}_{s.mask}_{self.arch.replace('_', '')}-" + "-".join(parts)
+        return f"{self.api}_{s.dtype}_{s.mode}_{s.mask_token}_{self.arch.replace('_', '')}-" + "-".join(parts)
 
     @property
     def instance_names(self) -> list[str]:
@@ -172,20 +173,23 @@ class Entry:
 
 
 def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
-                 candidates: Optional[Iterable] = None) -> Entry:
+                 candidates: Optional[Iterable] = None, mods: bool = False) -> Entry:
     """The entry a call needs: per kernel family of `arch` that serves (dtype, mode, mask class) and whose static
     guard admits the head dims, the instance with the tightest head-dim bucket that holds them (the runtime's own
-    score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one as fallback."""
+    score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one as fallback.
+    mods: the call sets a soft-cap, a bias / ALiBi or dropout, which only a family's modifier instances ("_mods")
+    serve; the entry then holds the masked one (the runtime never gives such a call to a plain instance, nor a plain
+    call to one of them; a masked instance serves unmasked calls too, and the default profile builds only those)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    mask = "mask" if masked else "nmask"
+    mask = "mask" if masked or mods else "nmask"
     pool = _catalogue_specs(api, arch) if candidates is None else list(candidates)  # read twice below
     best: dict[str, tuple[int, object]] = {}
     for spec in pool:
         s = spec.signature
-        if s.dtype != dtype or s.mode != mode or s.mask != mask:
+        if s.dtype != dtype or s.mode != mode or s.mask != mask or s.mods != mods:
             continue
         if not spec.admits_head_dims(hdim_q, hdim_v):
             continue
@@ -195,7 +199,8 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
             best[family] = (padding, spec)
     if not best:
         raise ValueError(f"no {api} kernel in the catalogue serves dtype={dtype} hdim_q={hdim_q} hdim_v={hdim_v} "
-                         f"mode={mode} {'masked' if masked else 'unmasked'} on {arch}")
+                         f"mode={mode} {'masked' if masked else 'unmasked'}"
+                         f"{' with score modifiers (soft-cap, bias / ALiBi or dropout)' if mods else ''} on {arch}")
     # A family whose bucket holds several instances (CK-tile's tiles and padding/LSE variants, which the runtime
     # picks among by its guards) contributes all of them; the CUDA families hold one per bucket.
     # A family marked complete in the catalogue (its instances together serve every call in their bucket) ends
@@ -238,11 +243,11 @@ def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
     dims = _representative_head_dims(api, arch)
     for dtype in DTYPES:
         for mode in MODES:
-            for masked in (False, True):
+            for masked, mods in itertools.product((False, True), (False, True)):
                 for hq in dims:
                     for hv in dims:
                         try:
-                            entry = derive_entry(api, arch, dtype, hq, hv, mode, masked)
+                            entry = derive_entry(api, arch, dtype, hq, hv, mode, masked, mods=mods)
                         except ValueError:
                             continue
                         names = tuple(entry.instance_names)
@@ -653,14 +658,15 @@ class KernelCache:
         self._remember("entries", _entry_key(plan.entry, self.root), plan, lib)
 
     def library_for(self, api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
-                    jobs: Optional[int] = None) -> Path:
+                    jobs: Optional[int] = None, mods: bool = False) -> Path:
         """The library a call needs: from the call index (no derivation, no rendering), the entry index (derivation
-        only: a prebuilt cache), or by computing the entry's keys and finding or building it."""
-        call_key = _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, self.root)
+        only: a prebuilt cache), or by computing the entry's keys and finding or building it. mods: the call sets a
+        soft-cap, a bias / ALiBi or dropout (derive_entry)."""
+        call_key = _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, self.root, mods)
         lib = self._from_index("calls", call_key)
         if lib is not None:
             return lib
-        entry = derive_entry(api, arch, dtype, hdim_q, hdim_v, mode, masked)
+        entry = derive_entry(api, arch, dtype, hdim_q, hdim_v, mode, masked, mods=mods)
         entry_key = _entry_key(entry, self.root)
         lib = self._from_index("entries", entry_key)
         if lib is not None:
@@ -756,9 +762,9 @@ def _toolchain_identity(root: Path):
     return ident
 
 
-def _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, root: Path) -> str:
-    return _sha256_json([FORMAT, "call", api, arch, dtype, hdim_q, hdim_v, mode, bool(masked), _tree_digest(),
-                         list(_toolchain_identity(root))])
+def _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, root: Path, mods: bool = False) -> str:
+    return _sha256_json([FORMAT, "call", api, arch, dtype, hdim_q, hdim_v, mode, bool(masked), bool(mods),
+                         _tree_digest(), list(_toolchain_identity(root))])
 
 
 def _entry_key(entry: Entry, root: Path) -> str:
@@ -808,10 +814,11 @@ def device_arch(device: int, backend: str = "cuda") -> str:
 
 
 def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
-            backend: str = "cuda"):
+            backend: str = "cuda", mods: bool = False):
     """The loaded library serving a call on `device` of `backend` ("cuda", or "rocm" for a ROCm array) (memoised: a
-    dict lookup after the first call): a _capi.FwdLibrary for api "fwd", a _capi.BwdLibrary for "bwd"."""
-    key = (api, device, dtype, hdim_q, hdim_v, mode, masked, backend)
+    dict lookup after the first call): a _capi.FwdLibrary for api "fwd", a _capi.BwdLibrary for "bwd". mods: the
+    call sets a soft-cap, a bias / ALiBi or dropout, which the modifier instances serve (derive_entry)."""
+    key = (api, device, dtype, hdim_q, hdim_v, mode, masked, backend, bool(mods))
     lib = _LIBS.get(key)
     if lib is not None:
         return lib
@@ -821,7 +828,7 @@ def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: s
         lib = _LIBS.get(key)
         if lib is None:
             arch = device_arch(device, backend)
-            path = default_cache().library_for(api, arch, dtype, hdim_q, hdim_v, mode, masked)
+            path = default_cache().library_for(api, arch, dtype, hdim_q, hdim_v, mode, masked, mods=mods)
             lib = _LIBS[key] = LOADERS[api](path)
     return lib
 

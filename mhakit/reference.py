@@ -189,6 +189,81 @@ def _default_scale(scale: Optional[float], hdim_q: int) -> float:
     return scale
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Dropout's random bytes: Philox4x32-10 and the byte of each score (csrc/kernels/common/dropout.h states the rule)
+# ----------------------------------------------------------------------------------------------------------------
+
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(c0, c1, c2, c3, k0: int, k1: int):
+    """Philox4x32 with 10 rounds (Salmon et al., SC 2011) over arrays of 32-bit counters (any broadcastable shapes)
+    under the key (k0, k1): the four 32-bit output words, as uint64 arrays."""
+    c0, c1, c2, c3 = (np.asarray(x, dtype=np.uint64) & _U32 for x in (c0, c1, c2, c3))
+    k0, k1 = np.uint64(k0 & 0xFFFFFFFF), np.uint64(k1 & 0xFFFFFFFF)
+    m0, m1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    w0, w1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+    shift = np.uint64(32)
+    for _ in range(10):
+        p0, p1 = m0 * c0, m1 * c2  # < 2**64: exact
+        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ k0, p1 & _U32, (p0 >> shift) ^ c3 ^ k1, p0 & _U32
+        k0, k1 = (k0 + w0) & _U32, (k1 + w1) & _U32
+    return c0, c1, c2, c3
+
+
+def _randval_block(seed: int, offset: int, bh: int, seqlen_q: int, seqlen_k: int) -> np.ndarray:
+    """uint8 [seqlen_q, seqlen_k]: the random bytes of head index bh = b·nhead_q + h."""
+    i = np.arange(seqlen_q, dtype=np.uint64)[:, None]
+    j = np.arange(seqlen_k, dtype=np.uint64)[None, :]
+    one, two, three, four = (np.uint64(x) for x in (1, 2, 3, 4))
+    c0 = (j >> four) * four + ((j >> one) & three)
+    c1 = (i >> four) * four + ((i >> one) & three)
+    c3 = ((offset >> 32) + bh) & 0xFFFFFFFF
+    x = philox4x32_10(c0, c1, offset & 0xFFFFFFFF, c3, seed & 0xFFFFFFFF, seed >> 32)
+    byte = (i & one) * np.uint64(8) + ((i >> np.uint64(3)) & one) * four + ((j >> np.uint64(3)) & one) * two + (j & one)
+    words = np.stack([np.broadcast_to(w, (seqlen_q, seqlen_k)) for w in x])  # [4, sq, sk]
+    word = np.take_along_axis(words, (byte >> two).astype(np.intp)[None], axis=0)[0]
+    return ((word >> (np.uint64(8) * (byte & three))) & np.uint64(0xFF)).astype(np.uint8)
+
+
+def dropout_randval(seed: int, offset: int, batch: int, nhead: int, seqlen_q: int, seqlen_k: int) -> np.ndarray:
+    """The random bytes dropout draws for a batch-mode call, uint8 [batch, nhead, seqlen_q, seqlen_k] (what the
+    forward's randval= receives for every score it visits)."""
+    out = np.empty((batch, nhead, seqlen_q, seqlen_k), dtype=np.uint8)
+    for b in range(batch):
+        for h in range(nhead):
+            out[b, h] = _randval_block(seed, offset, b * nhead + h, seqlen_q, seqlen_k)
+    return out
+
+
+def dropout_randval_varlen(seed: int, offset: int, cu_seqlens_q, cu_seqlens_k, nhead: int) -> np.ndarray:
+    """The same for a varlen call: uint8 [nhead, total_q, max_seqlen_k], sequence b's row r at
+    [:, cu_seqlens_q[b] + r, :s_k_b] (zeros elsewhere)."""
+    cq, ck = np.asarray(cu_seqlens_q, dtype=np.int64), np.asarray(cu_seqlens_k, dtype=np.int64)
+    max_k = int(np.diff(ck).max()) if len(ck) > 1 else 0
+    out = np.zeros((nhead, int(cq[-1]), max_k), dtype=np.uint8)
+    for b in range(len(cq) - 1):
+        q0, q1, nk = int(cq[b]), int(cq[b + 1]), int(ck[b + 1] - ck[b])
+        for h in range(nhead):
+            out[h, q0:q1, :nk] = _randval_block(seed, offset, b * nhead + h, q1 - q0, nk)
+    return out
+
+
+def dropout_keep_max(dropout_p: float) -> int:
+    """A score is kept when its random byte is <= this (floor((1 - p)·255), CK's and aiter's rule)."""
+    return min(255, max(0, int(np.float32((np.float32(1.0) - np.float32(dropout_p)) * np.float32(255.0)))))
+
+
+def _drop_factors(dropout_p: float, randval_block) -> Optional[np.ndarray]:
+    """[s_q, s_k] of 1/(1-p) where the score is kept and 0 where dropped (None without dropout)."""
+    if not dropout_p:
+        return None
+    if randval_block is None:
+        raise ValueError("dropout_p > 0 needs randval= (the random bytes: the forward's store, or dropout_randval)")
+    keep = np.asarray(randval_block) <= dropout_keep_max(dropout_p)
+    return np.where(keep, 1.0 / (1.0 - float(np.float32(dropout_p))), 0.0)
+
+
 def _mod_logits(s: np.ndarray, scale: float, r0: int, r1: int, sq: int, sk: int, softcap, slope, bias_rows):
     """Scaled q·k of rows r0..r1 -> the modified logits (soft-cap, ALiBi, bias; mhakit_fwd_args' order), and the
     soft-cap's derivative with respect to scale·q·k (1 without one)."""
@@ -208,9 +283,10 @@ def _mod_logits(s: np.ndarray, scale: float, r0: int, r1: int, sq: int, sk: int,
 
 def _attend_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, c: MaskCoord,
                      o_out: np.ndarray, lse_out: np.ndarray, softcap=None, slope=None, bias_rows=None,
-                     sink=None) -> None:
+                     sink=None, drop=None) -> None:
     """One (sequence, query head): q [sq, d], k [sk, d], v [sk, dv] -> o_out [sq, dv], lse_out [sq]. Score
-    modifiers: softcap (cap), slope (ALiBi), bias_rows ([>= sq, >= sk] elementwise bias), sink (logit)."""
+    modifiers: softcap (cap), slope (ALiBi), bias_rows ([>= sq, >= sk] elementwise bias), sink (logit); drop
+    ([sq, sk] dropout factors, _drop_factors: O takes P ∘ drop, the LSE stays the undropped one)."""
     sq, sk = q.shape[0], k.shape[0]
     if sq == 0:
         return
@@ -234,6 +310,8 @@ def _attend_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, 
         p = np.exp(s - m[:, None])  # masked entries: exp(-inf) = 0
         l = p.sum(axis=1) + (0.0 if sink is None else np.exp(s.dtype.type(sink) - m))
         l_safe = np.where(any_vis, l, 1.0)
+        if drop is not None:
+            p = p * drop[r0:r1].astype(p.dtype)
         o = (p @ v) / l_safe[:, None]
         o[~any_vis] = 0.0
         with np.errstate(divide="ignore"):
@@ -298,7 +376,7 @@ def _head_mods(b: int, h: int, alibi_slopes, bias, sink) -> dict:
 def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MASK_NONE, window_left: int = -1,
                   window_right: int = -1, return_lse: bool = False, layout: str = "bhsd",
                   compute_dtype=np.float64, out_dtype=np.float32, softcap: Optional[float] = None,
-                  alibi_slopes=None, bias=None, sink=None):
+                  alibi_slopes=None, bias=None, sink=None, dropout_p: float = 0.0, randval=None):
     """Batch-mode forward over arrays in [b, h, s, d] (``layout="bhsd"``, default) or [b, s, h, d] ("bshd").
 
     q: [b, h_q, s_q, d], k: [b, h_k, s_k, d], v: [b, h_k, s_k, d_v] with h_q % h_k == 0 (h_k is read from k).
@@ -308,6 +386,8 @@ def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MA
     both in float64 instead (finite-difference checks need that). Score modifiers as in mhakit_fwd_args:
     ``softcap`` (cap·tanh(l/cap)), ``alibi_slopes`` [h_q] or [b, h_q] (-slope·|i + s_k - s_q - j|), ``bias``
     [b|1, h_q|1, s_q, s_k], ``sink`` [h_q] (exp(sink) joins the denominator; a row without keys gets LSE = sink).
+    Dropout: ``dropout_p`` with ``randval`` uint8 [b, h_q, s_q, s_k], the random bytes (the forward's store, or
+    ``dropout_randval``): a probability is kept where its byte <= ``dropout_keep_max(p)`` and scaled by 1/(1-p).
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -326,6 +406,7 @@ def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MA
         for h in range(hq):
             kh = h // group
             _attend_one_head(q[bi, h], k[bi, kh], v[bi, kh], scale, c, o[bi, h], lse[bi, h], softcap=softcap,
+                             drop=_drop_factors(dropout_p, None if randval is None else randval[bi, h, :sq, :sk]),
                              **_head_mods(bi, h, alibi_slopes, bias, sink))
     if layout == "bshd":
         o = np.ascontiguousarray(o.transpose(0, 2, 1, 3))
@@ -403,7 +484,8 @@ def attention_fwd_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=Non
 def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,
                          mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1,
                          return_lse: bool = False, compute_dtype=np.float64, out_dtype=np.float32,
-                         softcap: Optional[float] = None, alibi_slopes=None, bias=None, sink=None):
+                         softcap: Optional[float] = None, alibi_slopes=None, bias=None, sink=None,
+                         dropout_p: float = 0.0, randval=None):
     """Group-mode (variable length) forward over packed arrays.
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v]; cu_seqlens_q / cu_seqlens_k: batch + 1
@@ -411,7 +493,8 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional
     Returns O float32 [total_q, h_q, d_v] and, with ``return_lse``, LSE float32 [h_q, total_q] (the layout of the
     C API's group-mode LSE). Rows outside every sequence are left at O = 0, LSE = -inf. ``out_dtype`` and the score
     modifiers as in ``attention_fwd``, per sequence: ALiBi positions count from each sequence's start, a ``bias`` is
-    [b|1, h_q|1, max_s_q, max_s_k] with sequence b's block at [b, :, :s_q_b, :s_k_b].
+    [b|1, h_q|1, max_s_q, max_s_k] with sequence b's block at [b, :, :s_q_b, :s_k_b]; a dropout ``randval`` is uint8
+    [h_q, total_q, max_s_k] (``dropout_randval_varlen``).
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -436,6 +519,7 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional
             # o[q0:q1, h] is a strided view: write through a contiguous buffer.
             buf = np.empty((q1 - q0, dv), dtype=odt)
             _attend_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], scale, c, buf, lse[h, q0:q1], softcap=softcap,
+                             drop=_drop_factors(dropout_p, None if randval is None else randval[h, q0:q1, :k1 - k0]),
                              **_head_mods(bi, h, alibi_slopes, bias, sink))
             o[q0:q1, h] = buf
     return (o, lse) if return_lse else o
@@ -448,11 +532,12 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *, scale: Optional
 
 def _grad_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, o: Optional[np.ndarray],
                    scale: float, c: MaskCoord, dq_out: np.ndarray, dk_acc: np.ndarray, dv_acc: np.ndarray,
-                   softcap=None, slope=None, bias_rows=None, sink=None, dbias_out=None) -> float:
+                   softcap=None, slope=None, bias_rows=None, sink=None, dbias_out=None, drop=None) -> float:
     """One (sequence, query head): recompute P, then dq_out [sq, d] = scale dS K and accumulate
     dk_acc [sk, d] += scale dS^T Q, dv_acc [sk, dv] += P^T dO (all in the compute dtype of q).
     D = rowsum(dO * O) with the given o [sq, dv], or with the recomputed O when o is None. With score modifiers
-    dbias_out [sq, sk] (optional) receives dS of the logits; returns d sink (0 without a sink)."""
+    dbias_out [sq, sk] (optional) receives dS of the logits; returns d sink (0 without a sink). drop: the forward's
+    dropout factors [sq, sk] (dV takes P ∘ drop, dS = P ∘ (dP ∘ drop − D))."""
     sq, sk = q.shape[0], k.shape[0]
     dsink = 0.0
     if sq == 0:
@@ -478,9 +563,12 @@ def _grad_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, 
         p_sink = None if sink is None else np.exp(s.dtype.type(sink) - m) / l
         p = p / np.where(any_vis | (sink is not None), l, 1.0)[:, None]  # rows without keys stay all-zero
         do_blk = do[r0:r1]
-        o_blk = (p @ v) if o is None else o[r0:r1]
+        dblk = None if drop is None else drop[r0:r1].astype(p.dtype)
+        pd = p if dblk is None else p * dblk
+        o_blk = (pd @ v) if o is None else o[r0:r1]
         d_row = (do_blk * o_blk).sum(axis=1)
-        ds = p * ((do_blk @ vt) - d_row[:, None])
+        dp = do_blk @ vt
+        ds = p * ((dp if dblk is None else dp * dblk) - d_row[:, None])
         if dbias_out is not None:
             dbias_out[r0:r1] = ds
         if p_sink is not None:
@@ -489,14 +577,15 @@ def _grad_one_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, 
             ds = ds * dcap
         dq_out[r0:r1] = sc * (ds @ k)
         dk_acc += sc * (ds.T @ q[r0:r1])
-        dv_acc += p.T @ do_blk
+        dv_acc += pd.T @ do_blk
     return dsink
 
 
 def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int = MASK_NONE,
                   window_left: int = -1, window_right: int = -1, layout: str = "bhsd", o=None,
                   compute_dtype=np.float64, out_dtype=np.float32, softcap: Optional[float] = None,
-                  alibi_slopes=None, bias=None, sink=None, return_mod_grads: bool = False):
+                  alibi_slopes=None, bias=None, sink=None, return_mod_grads: bool = False, dropout_p: float = 0.0,
+                  randval=None):
     """Batch-mode backward over arrays in [b, h, s, d] (``layout="bhsd"``, default) or [b, s, h, d] ("bshd").
 
     q: [b, h_q, s_q, d], k: [b, h_k, s_k, d], v: [b, h_k, s_k, d_v], do: [b, h_q, s_q, d_v] (the gradient of O).
@@ -506,6 +595,7 @@ def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int 
     default): dq like q, dk like k, dv like v; with GQA dk / dv are summed over each kv head's query heads.
     softcap / alibi_slopes / bias / sink: the forward's score modifiers (``attention_fwd``); with
     ``return_mod_grads`` the result also holds dbias ([b, h_q, s_q, s_k], dS of the logits) and dsink ([h_q]).
+    dropout_p / randval: the forward's dropout (``attention_fwd``).
     """
     dt = _check_compute_dtype(compute_dtype)
     odt = _check_compute_dtype(out_dtype, "out_dtype")
@@ -538,6 +628,8 @@ def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int 
                 dbias_buf = np.zeros((sq, sk), dtype=dt) if return_mod_grads else None
                 dsink[h] += _grad_one_head(q[bi, h], k[bi, kh], v[bi, kh], do[bi, h], None if o is None else o[bi, h],
                                            scale, c, buf, dk_acc, dv_acc, softcap=softcap, dbias_out=dbias_buf,
+                                           drop=_drop_factors(dropout_p,
+                                                              None if randval is None else randval[bi, h, :sq, :sk]),
                                            **_head_mods(bi, h, alibi_slopes, bias, sink))
                 dq[bi, h] = buf
                 if dbias is not None:
@@ -552,7 +644,8 @@ def attention_bwd(q, k, v, do, *, scale: Optional[float] = None, mask_type: int 
 def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Optional[float] = None,
                          mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1, o=None,
                          compute_dtype=np.float64, out_dtype=np.float32, softcap: Optional[float] = None,
-                         alibi_slopes=None, bias=None, sink=None, return_mod_grads: bool = False):
+                         alibi_slopes=None, bias=None, sink=None, return_mod_grads: bool = False,
+                         dropout_p: float = 0.0, randval=None):
     """Group-mode (variable length) backward over packed arrays.
 
     q: [total_q, h_q, d], k: [total_k, h_k, d], v: [total_k, h_k, d_v], do (and o, if given): [total_q, h_q, d_v];
@@ -602,6 +695,8 @@ def attention_varlen_bwd(q, k, v, do, cu_seqlens_q, cu_seqlens_k, *, scale: Opti
                 dsink[h] += _grad_one_head(q[q0:q1, h], k[k0:k1, kh], v[k0:k1, kh], do[q0:q1, h],
                                            None if o is None else o[q0:q1, h], scale, c, buf, dk_acc, dv_acc,
                                            softcap=softcap, dbias_out=dbias_buf,
+                                           drop=_drop_factors(dropout_p, None if randval is None
+                                                              else randval[h, q0:q1, :k1 - k0]),
                                            **_head_mods(bi, h, alibi_slopes, bias, sink))
                 dq[q0:q1, h] = buf
                 if dbias is not None:

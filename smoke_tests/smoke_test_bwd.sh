@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mhakit backward smoke test: aiter's / CK's smoke_test_bwd.sh grid, restricted to what mhakit supports
-# (no dropout):
+# (dropout included):
 #   prec {fp16, bf16} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x mode {0, 1}, six shapes each
 #   (GQA, s != s_k, causal top-left / bottom-right, sliding windows t:128,30 and b:4,35), 192 runs;
 # then deterministic runs (-deterministic=1; with -v=1 the benchmark also runs the backward twice and requires
@@ -8,7 +8,8 @@
 # per-sequence lengths: prec x perm x hdim {64, 128, 256} x three shapes, 36 runs; then head dims that are not
 # multiples of 8 (1, 59, 111, 255, d != d_v among them, two deterministic shapes): prec x perm x mode x 8, 64 runs;
 # then the score modifiers (elementwise bias with dbias, ALiBi, soft-cap, sinks with d sink, combined, one
-# deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs.
+# deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs; then dropout (random bytes checked against the
+# host's Philox, masks, GQA, device seed / offset, with modifiers, deterministic): prec x mode x hdim x 4, 48 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
@@ -20,7 +21,7 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (157 runs instead of 460)
+  -q        quick subset: fp16 and iperm=operm=1 only (181 runs instead of 508)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -118,6 +119,20 @@ for hdim in 59 64 128; do
     run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -s_k=200 -sink=1
     run "${p[@]}" -b=1 -h=2 -s=130 -s_k=77 -mask=b:4,35 -sink=1 -logits_soft_cap=20 -bias=e:1 -dbias=1
     run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=2 -sink=1 -bias=e -dbias=1 -deterministic=1
+done
+done
+done
+
+# Dropout (generic family; the forward stores its random bytes, which must equal the host's Philox and feed the host
+# reference): masks, GQA, group mode, seed / offset in device memory, with a soft-cap and a bias, deterministic.
+for prec in $PRECS; do
+for mode in 0 1; do
+for hdim in 59 64 128; do
+    p=(-prec="$prec" -d="$hdim" -mode="$mode")
+    run "${p[@]}" -b=2 -h=4 -h_k=2 -s=259 -s_k=200 -p_drop=0.2 -drop_seed=7 -drop_offset=11
+    run "${p[@]}" -b=1 -h=2 -s=216 -s_k=153 -mask=2 -p_drop=0.5 -drop_prefs=1 -drop_seed=123456789012 -drop_offset=5
+    run "${p[@]}" -b=2 -h=3 -h_k=1 -s=130 -s_k=251 -mask=t:64,10 -p_drop=0.1 -logits_soft_cap=20 -bias=e:1 -dbias=1
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=1 -p_drop=0.3 -sink=1 -deterministic=1
 done
 done
 done

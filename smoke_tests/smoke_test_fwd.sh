@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # mhakit forward smoke test: aiter's smoke_test_fwd.sh grid, restricted to what mhakit supports
-# (no dropout, no split-kv / paged kv-cache, row-major V):
+# (no split-kv / paged kv-cache here: smoke_test_decode.sh; row-major V):
 #   prec {fp16, bf16} x mode {1, 0} x perm {0, 1} (iperm = operm) x hdim {32, 64, 128, 256} x lse {0, 1},
 #   nine shapes each (GQA, d != d_v, causal top-left / bottom-right, sliding windows, empty K, s_q = 1); then group
 #   mode with per-sequence lengths: prec x perm {0, 1} x hdim {64, 128, 256} x lse {0, 1}, three shapes each;
 #   then head dims that are not multiples of 8 (1, 3, 59, 111, 255, d != d_v among them): prec x mode x perm, seven
 #   shapes each (GQA, masks, LSE). They run on the generic family's smallest bucket that holds them. Then the score
 #   modifiers (generic family): prec x mode x hdim {59, 64, 128} x (aiter's bias kinds e, e:1, e:2, a, a:1 on three
-#   shapes, plus five soft-cap / sink / combined shapes), 240 runs.
+#   shapes, plus five soft-cap / sink / combined shapes), 240 runs; then dropout with the random bytes stored and
+#   checked: prec x mode x hdim {59, 64, 128} x 3 shapes, 36 runs.
 # Every run validates against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_fwd in the current directory.
@@ -19,7 +20,7 @@ usage() {
 usage: smoke_test_fwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and lse=1 only (310 runs instead of 944)
+  -q        quick subset: fp16 and lse=1 only (328 runs instead of 980)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
@@ -112,6 +113,20 @@ done
     run "${p[@]}" -b=2 -h=4 -h_k=2 -s=129 -s_k=200 -sink=1
     run "${p[@]}" -b=1 -h=2 -s=64 -s_k=80 -mask=t:16,8 -sink=1 -logits_soft_cap=20 -bias=e:1
     run "${p[@]}" -b=1 -h=2 -h_k=1 -s=33 -s_k=0 -mask=2 -sink=1
+done
+done
+done
+
+# Dropout (generic family): aiter's -p_drop with the random bytes stored (-s_randval=1: they must equal the host's
+# Philox and feed the host reference), masks, GQA, group mode, seed / offset in device memory (-drop_prefs=1), with
+# modifiers.
+for prec in $PRECS; do
+for mode in 1 0; do
+for hdim in 59 64 128; do
+    p=(-prec="$prec" -mode="$mode" -d="$hdim" -lse=1 -s_randval=1)
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -s=100 -s_k=77 -p_drop=0.2 -drop_seed=7 -drop_offset=11
+    run "${p[@]}" -b=2 -h=3 -s=200 -s_k=520 -mask=t:128,30 -p_drop=0.5 -drop_prefs=1 -drop_seed=123456789012
+    run "${p[@]}" -b=1 -h=2 -h_k=1 -s=257 -s_k=130 -mask=b -p_drop=0.1 -logits_soft_cap=20 -bias=e:1 -sink=1
 done
 done
 done

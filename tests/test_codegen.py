@@ -11,10 +11,11 @@ from codegen.ninja import Compile, Executable, NinjaFile
 from codegen.spec import Algorithm, Guards, KernelSpec, Signature
 
 
-def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mode="batch", mask="nmask", api="fwd"):
+def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mode="batch", mask="nmask", api="fwd",
+              mods=False):
     tile = (("block_m", 64), ("block_n", 64), ("warps", 4))
     fam = catalogue.load("cuda").family(api, family)
-    return KernelSpec(Signature(api, dtype, hq, hv, mode, mask), Algorithm(family, arch, tile), 1,
+    return KernelSpec(Signature(api, dtype, hq, hv, mode, mask, mods), Algorithm(family, arch, tile), 1,
                       f"instance_{family}.cu.j2", Guards.of(fam))
 
 
@@ -72,6 +73,7 @@ class TestRules:
         (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=0), "hdim_q=0 is not an accepted head dim: head dims must be in [1, 256]"),
         (dict(hv=264), "hdim_v=264 is not an accepted head dim: head dims must be in [1, 256]"),
+        (dict(family="hopper", mods=True), "the hopper family has no score modifiers"),
     ])
     def test_invalid_specs_are_rejected_with_a_reason(self, kwargs, reason):
         reasons = rules.violations(make_spec(**kwargs))
@@ -83,12 +85,13 @@ class TestNames:
         assert make_spec().name == "fwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4"
         assert make_spec(hq=192, hv=128, mode="group", mask="mask", dtype="fp16").name == \
             "fwd_d192x128_fp16_group_mask_sm90a_generic_b64x64w4"
+        assert make_spec(mask="mask", mods=True).name == "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4"
 
     def test_default_names_are_unique_and_tokenised(self):
         specs = profiles.select("fwd", "sm_90a", "default").specs
         names = [s.name for s in specs]
         assert len(names) == len(set(names))
-        pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16)_(batch|group)_(n?mask)_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
+        pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
         # the forward library's split-KV (decode) instances: batch "mode", one mask class serving every mask
         decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode_b\d+x\d+w\d+$")
         assert all(pattern.match(n) or decode.match(n) for n in names), [n for n in names if not pattern.match(n)]
@@ -97,15 +100,39 @@ class TestNames:
 
 class TestProfiles:
     def test_counts(self):
-        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 1
-        # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks; hopper: 2 dtypes x 3 hdims x 2 modes x 2 masks in the
-        # default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the forward library also
-        # holds the decode family's split-KV instances (2 dtypes x 3 buckets)
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 32 + 6
-        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 32
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 40 + 48 + 6
-        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 40 + 48
-        assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 6
+        # minimal: hopper + generic, masked and unmasked, one masked generic modifier instance, one decode instance
+        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 1 + 1
+        # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
+        # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
+        # 2 modes x 2 masks in the default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the
+        # forward library also holds the decode family's split-KV instances (2 dtypes x 3 buckets)
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
+        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6
+        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48
+        assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
+
+    def test_modifier_instances_are_a_trait_the_profile_narrows(self):
+        mods = [s for s in profiles.select("bwd", "sm_90a", "default").specs if s.signature.mods]
+        assert {(s.signature.hdim_q, s.signature.mask, s.algorithm.family) for s in mods} == \
+            {(64, "mask", "generic"), (128, "mask", "generic"), (256, "mask", "generic")}
+        assert all(s.name.split("_")[4:6] == ["mask", "mods"] for s in mods)
+        # every modifier instance has its plain twin, and only families with score_mods have them
+        every = profiles.enumerate_specs("fwd", "sm_90a").specs
+        plain = {s.name for s in every if not s.signature.mods}
+        twins = [s for s in every if s.signature.mods]
+        assert len(twins) == 40 and all(s.name.replace("_mods", "") in plain for s in twins)
+        assert all(s.guards.score_mods for s in twins)
+        assert not any(s.signature.mods for s in profiles.enumerate_specs("fwd", "gfx942").specs)
+        # the profile's `mods` table narrows modifier instances only; `mods = false` drops them
+        generic_mods = make_spec(hq=32, hv=32, mask="nmask", mods=True)
+        assert profiles._profile_admits({"hdim": ["32x32"]}, generic_mods)
+        assert not profiles._profile_admits({"hdim": ["32x32"], "mods": False}, generic_mods)
+        assert profiles._profile_admits({"hdim": ["32x32"], "mods": False}, make_spec(hq=32, hv=32))
+        assert not profiles._profile_admits({"mods": {"mask": ["mask"]}}, generic_mods)
+        assert profiles._profile_admits({"mods": {"mask": ["mask"]}}, make_spec(hq=32, hv=32))
+        sel = profiles.select("fwd", "sm_90a", "default", "_mods_")
+        assert len(sel.specs) == 12
 
     def test_v3_keeps_only_the_hopper_family(self):
         specs = profiles.select("fwd_v3", "sm_90a", "default").specs
@@ -116,8 +143,10 @@ class TestProfiles:
         assert sel.specs and all("d64_fp16" in s.name for s in sel.specs)
         glob = profiles.select("fwd", "sm_90a", "default", "*hopper*")
         assert {s.algorithm.family for s in glob.specs} == {"hopper"}
-        both = profiles.select("fwd", "sm_90a", "default", "d64_fp16_batch_nmask*generic*,d256_bf16_group_mask*generic*")
+        both = profiles.select("fwd", "sm_90a", "default", "d64_fp16_batch_nmask*generic*,d256_bf16_group_mask_sm*generic*")
         assert len(both.specs) == 2
+        twins = profiles.select("fwd", "sm_90a", "default", "d256_bf16_group_mask*generic*")  # plain and "_mods"
+        assert sorted(s.signature.mods for s in twins.specs) == [False, True]
 
     def test_errors_are_one_clear_sentence(self):
         with pytest.raises(profiles.SelectionError, match="unknown profile 'huge'"):
@@ -134,7 +163,10 @@ class TestRendering:
     def test_instance_source_instantiates_the_family_template(self):
         generic = render.render_instance(make_spec(hq=192, hv=128, mode="group", mask="mask", dtype="fp16"))
         assert "generic::FwdKernel<MHAKIT_DTYPE_FP16, 192, 128, /*group_mode=*/true,\n" in generic
-        assert "/*masked=*/true, 64, 64, 4>" in generic
+        assert "/*masked=*/true, 64, 64, 4,\n                                  /*mods=*/false>;" in generic
+        mods = render.render_instance(make_spec(mask="mask", mods=True))
+        assert "/*mods=*/true>;" in mods and "the score modifiers' kernel in place of the plain one" in mods
+        assert "score modifiers" not in generic
         spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
         hopper = render.render_instance(spec)
         assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, 256, /*group_mode=*/false, /*masked=*/true,\n                                 128, 64>" in hopper
@@ -159,13 +191,16 @@ class TestRendering:
         assert text.count("/*equal_head_dims=*/false,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
         assert text.count("/*head_dim_multiple=*/8,") == len(hopper)
         assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper)
+        assert text.count("/*mods=*/true,") == sum(s.signature.mods for s in specs) == 1
+        assert text.count("/*mods=*/false,") == len(specs) - 1
         sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)
         assert 'const BuiltArch kBwdBuiltArch = {"sm_86", 8, 6, /*arch_specific=*/false};' in sm80
 
     def test_generic_backward_instance_passes_the_catalogue_knobs(self):
         spec = profiles.select("bwd", "sm_90a", "default", "bwd_d128_bf16_group_mask_sm90a_generic").specs[0]
         text = render.render_instance(spec)
-        assert "/*keys_per_warp=*/16, /*dq_row_tiles=*/2,\n" in text and "/*dq_block_n=*/32, /*dq_pass=*/1>;" in text
+        assert "/*keys_per_warp=*/16, /*dq_row_tiles=*/2,\n" in text and "/*dq_block_n=*/32, /*dq_pass=*/1,\n" in text
+        assert "/*dq_pass=*/1,\n                                  /*mods=*/false>;" in text
 
     def test_write_if_changed_keeps_mtime_of_identical_content(self, tmp_path):
         path = tmp_path / "a.cu"

@@ -39,8 +39,8 @@ def fake_toolchain(arch="sm_90a", version="13.0.88", path="/opt/fake-cuda/bin/nv
                               version=version, cutlass=Path("/opt/fake-cutlass"))
 
 
-def entry(dtype="bf16", hq=128, hv=128, mode="batch", masked=False, arch="sm_90a", api="fwd"):
-    return jit.derive_entry(api, arch, dtype, hq, hv, mode, masked)
+def entry(dtype="bf16", hq=128, hv=128, mode="batch", masked=False, arch="sm_90a", api="fwd", mods=False):
+    return jit.derive_entry(api, arch, dtype, hq, hv, mode, masked, mods=mods)
 
 
 class FakeBuilder:
@@ -116,6 +116,9 @@ class TestDerive:
                 for masked in (False, True):
                     e = jit.derive_entry(api, arch, "fp16", hq, hv, "batch", masked)
                     assert e.name in names, (hq, hv, masked, e.name)
+                    if arch.startswith("sm"):
+                        e = jit.derive_entry(api, arch, "fp16", hq, hv, "batch", masked, mods=True)
+                        assert e.name in names, (hq, hv, masked, e.name)
 
     def test_group_mode_and_other_arches(self):
         assert entry(mode="group").instance_names == ["fwd_d128_bf16_group_nmask_sm90a_hopper_b128x128",
@@ -137,6 +140,28 @@ class TestDerive:
             "splitkv_d128_bf16_batch_mask_sm80_decode_b32x64w4"]
         assert all(not n.startswith("splitkv") for n in entry(masked=True).instance_names)
 
+    @pytest.mark.parametrize("api", ["fwd", "bwd"])
+    def test_a_modifier_call_gets_the_modifier_instance_alone(self, api):
+        """Soft-cap / bias / ALiBi / dropout calls need the "_mods" instance of the tightest generic bucket (hopper
+        has none); plain calls never pull one in."""
+        tile = {"fwd": {64: "b128x128w4", 128: "b128x64w4"}, "bwd": {64: "b64x128w8", 128: "b64x64w4"}}[api]
+        e = entry(api=api, mods=True, masked=True)
+        assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tile[128]}"]
+        assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-generic_d128"
+        # an unmasked one too: the masked modifier instance serves it (the default profile builds only those)
+        assert entry(api=api, hq=59, hv=59, mods=True, mode="group").instance_names == [
+            f"{api}_d64_bf16_group_mask_mods_sm90a_generic_{tile[64]}"]
+        for masked in (False, True):
+            assert not any("_mods_" in n for n in entry(api=api, masked=masked).instance_names)
+        with pytest.raises(ValueError, match="with score modifiers"):
+            entry(api=api, arch="gfx942", mods=True)
+
+    def test_modifier_entries_within_a_profile(self):
+        default = profiles_mod.select("bwd", "sm_90a", "default").specs
+        mods = [e.name for e in jit.entries_within("bwd", "sm_90a", default) if "_mods_" in e.name]
+        # the default profile's masked modifier instances of 64 / 128 / 256 (fp16, bf16; batch, group)
+        assert len(mods) == 12 and all("_mask_mods_" in n for n in mods)
+
     def test_unknown_values_are_refused(self):
         with pytest.raises(ValueError, match="dtype must be one of"):
             jit.derive_entry("fwd", "sm_90a", "fp32", 128, 128, "batch", False)
@@ -146,10 +171,12 @@ class TestDerive:
     def test_entries_within_a_profile(self):
         minimal = profiles_mod.select("fwd", "sm_90a", "minimal").specs
         names = [e.name for e in jit.entries_within("fwd", "sm_90a", minimal)]
-        assert names == ["fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
+        assert names == ["fwd_bf16_batch_mask_mods_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-generic_d128",
+                         "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        assert len(default) == 80 and len({e.name for e in default}) == 80
+        # 80 plain entries, 12 of the modifier instances (the masked ones of 64 / 128 / 256)
+        assert len(default) == 92 and len({e.name for e in default}) == 92
 
     def test_arch_for_compute_capability(self):
         f = toolchain_mod.arch_for_compute_capability
@@ -443,14 +470,18 @@ class TestPrebuild:
         compiled = []
         monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
-        # four mha_fwd libraries and the split-KV (decode) one: the forward library's entries
-        assert len(paths) == 5 and builder.calls == 5 and compiled == [5]
+        # four mha_fwd libraries, the modifier one and the split-KV (decode) one: the forward library's entries
+        assert len(paths) == 6 and builder.calls == 6 and compiled == [6]
         from mhakit import _ext
         assert _ext.compiler() is None or _ext.cached(cache) is not None, "prebuild fills in the C call path too"
-        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 5
+        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 6
         # a first call of a prebuilt configuration finds it without building or rendering
         monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
-        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 5
+        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 6
+        # an unmasked modifier call too: the masked modifier instance serves it
+        mods_lib = cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False, mods=True)
+        assert mods_lib in paths and "mask_mods" in str(mods_lib)
+        assert mods_lib != cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False)
         assert cache.library_for("splitkv", "sm_90a", "bf16", 128, 128, "batch", True) in paths
         assert cache.library_for("fwd", "sm_90a", "bf16", 112, 64, "batch", False) in paths  # generic-only entry
 
@@ -595,7 +626,7 @@ class TestDeriveBwd:
         asked, loaded = [], []
 
         class Cache:
-            def library_for(self, *args):
+            def library_for(self, *args, mods=False):
                 asked.append(args)
                 return tmp_path / "libmha_bwd.so"
 

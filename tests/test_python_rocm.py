@@ -36,7 +36,7 @@ class Cache:
     def __init__(self):
         self.asked = []
 
-    def library_for(self, *args):
+    def library_for(self, *args, mods=False):
         self.asked.append(args)
         return f"lib{args[0]}.so"
 
@@ -264,7 +264,7 @@ jit._backends_present = lambda: ("rocm",)  # what an AMD-only machine answers (s
 arch = jit.default_arch()
 asked, lib = [], fake_hip.FakeLibrary()
 class Cache:
-    def library_for(self, *args):
+    def library_for(self, *args, mods=False):
         asked.append(args)
         return "libmha_fwd.so"
 jit.default_cache = lambda: Cache()

@@ -64,14 +64,42 @@ def test_backward_modifier_arguments_are_refused_with_one_sentence(bwd_lib, over
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("overrides", [dict(logits_soft_cap=30.0), dict(bias_type=2, bias_ptr=FAKE),
-                                       dict(bias_type=1, bias_ptr=FAKE, stride_bias=256), dict(sink_ptr=FAKE)])
-def test_calls_with_modifiers_run_on_the_generic_family(fwd_lib, bwd_lib, overrides):
-    """The hopper family lacks score_mods (catalogue guard): a call that sets a modifier goes to generic."""
+@pytest.mark.parametrize("overrides, mods", [(dict(logits_soft_cap=30.0), True), (dict(bias_type=2, bias_ptr=FAKE), True),
+                                             (dict(bias_type=1, bias_ptr=FAKE, stride_bias=256), True),
+                                             (dict(sink_ptr=FAKE), False)])
+def test_calls_with_modifiers_run_on_the_generic_family(fwd_lib, bwd_lib, overrides, mods):
+    """The hopper family lacks score_mods (catalogue guard): a call that sets a modifier goes to generic, a soft-cap or
+    bias / ALiBi to its modifier instance ("_mods": the minimal profile's masked one serves this unmasked call), a
+    sink alone to its plain instance; plain calls never reach the modifier instance."""
     assert fwd_lib.kernel_name(valid_args()).endswith("_hopper_b128x128")
-    assert fwd_lib.kernel_name(valid_args(**overrides)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
+    assert fwd_lib.kernel_name(valid_args(mask_type=1, hdim_q=59, hdim_v=59)) == \
+        "fwd_d128_bf16_batch_mask_sm90a_generic_b128x64w4"
+    expected = ("fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4" if mods
+                else "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4")
+    assert fwd_lib.kernel_name(valid_args(**overrides)) == expected
     name = bwd_lib.kernel_name(valid_bwd_args(**overrides))
-    assert name is not None and "_generic_" in name, bwd_lib.last_error()
+    assert name is not None and "_generic_" in name and ("_mask_mods_" in name) == mods, bwd_lib.last_error()
+
+
+@pytest.fixture(scope="module")
+def plain_fwd_lib(minimal_fwd_build, build_root):
+    """The minimal forward library without its modifier instance (the same objects, another table)."""
+    from conftest import run_compile
+    out = build_root / "minimal-plain"
+    out.mkdir(exist_ok=True)
+    proc = run_compile(["--api", "fwd", "--profile", "minimal", "--arch", "sm_90a", "--filter", "_nmask_,_mask_sm",
+                        "--build-dir", str(build_root / "objects")], cwd=out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return _capi.load_library(out / "libmha_fwd.so")
+
+
+@pytest.mark.compile
+def test_a_library_without_the_modifier_instance_refuses_modifier_calls(plain_fwd_lib):
+    assert plain_fwd_lib.kernel_name(valid_args(sink_ptr=FAKE)).endswith("_nmask_sm90a_generic_b128x64w4")
+    assert plain_fwd_lib.mha_fwd_raw(valid_args(logits_soft_cap=30.0)) == _capi.ERROR_UNSUPPORTED
+    message = plain_fwd_lib.last_error()
+    assert message.startswith("no forward kernel built into this library serves dtype=bf16 hdim_q=128") and \
+        'with score modifiers (soft-cap, bias / ALiBi or dropout: a "_mods" instance)' in message, message
 
 
 def test_catalogue_states_which_families_serve_modifiers():
@@ -86,6 +114,23 @@ def test_catalogue_states_which_families_serve_modifiers():
 # ----------------------------------------------------------------------------------------------------------------
 # The NumPy reference: its backward is the derivative of its forward (soft-cap, bias, ALiBi, sink, masks, GQA)
 # ----------------------------------------------------------------------------------------------------------------
+
+def assert_qkv_gradients(loss, q, k, v, dq, dk, dv, eps=1e-6):
+    """dq, dk, dv at a few points against central differences of loss(q=..., k=..., v=...) (b=2, h=4, h_k=2, s_q=6,
+    s_k=9 shapes); returns the difference function fd(name, array, index) for further checks."""
+    def fd(name, arr, idx):
+        plus, minus = arr.copy(), arr.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        return (loss(**{name: plus}) - loss(**{name: minus})) / (2 * eps)
+
+    for idx in [(0, 1, 2, 3), (1, 3, 5, 7)]:
+        assert dq[idx] == pytest.approx(fd("q", q, idx), rel=1e-5, abs=1e-7)
+    for idx in [(0, 1, 4, 2), (1, 0, 8, 5)]:
+        assert dk[idx] == pytest.approx(fd("k", k, idx), rel=1e-5, abs=1e-7)
+        assert dv[idx] == pytest.approx(fd("v", v, idx), rel=1e-5, abs=1e-7)
+    return fd
+
 
 def _fd_case(mods, mask_type, seed=0):
     rng = np.random.default_rng(seed)
@@ -117,19 +162,7 @@ def test_reference_backward_is_the_derivative_of_the_forward(mods, mask_type):
 
     dq, dk, dv, dbias, dsink = R.attention_bwd(q, k, v, do, mask_type=mt, out_dtype=np.float64, return_mod_grads=True,
                                                **kw)
-    eps = 1e-6
-
-    def fd(name, arr, idx):
-        plus, minus = arr.copy(), arr.copy()
-        plus[idx] += eps
-        minus[idx] -= eps
-        return (loss(**{name: plus}) - loss(**{name: minus})) / (2 * eps)
-
-    for idx in [(0, 1, 2, 3), (1, 3, 5, 7)]:
-        assert dq[idx] == pytest.approx(fd("q", q, idx), rel=1e-5, abs=1e-7)
-    for idx in [(0, 1, 4, 2), (1, 0, 8, 5)]:
-        assert dk[idx] == pytest.approx(fd("k", k, idx), rel=1e-5, abs=1e-7)
-        assert dv[idx] == pytest.approx(fd("v", v, idx), rel=1e-5, abs=1e-7)
+    fd = assert_qkv_gradients(loss, q, k, v, dq, dk, dv)
     if isinstance(kw.get("bias"), np.ndarray):  # broadcast over the batch: the gradient sums dS over it
         for idx in [(0, 1, 5, 8), (0, 3, 2, 2)]:
             assert dbias.sum(axis=0)[idx[1:]] == pytest.approx(fd("bias", kw["bias"], idx), rel=1e-5, abs=1e-7)

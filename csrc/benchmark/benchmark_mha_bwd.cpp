@@ -98,6 +98,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add("warmup", "10", "number of iterations before benchmark the kernel")
         .add("repeat", "10", "number of iterations to benchmark the kernel");
     mhakit::bench::add_score_mod_args(ap);  // with -sink=1 the backward checks d sink too
+    mhakit::bench::add_dropout_args(ap, /*with_randval=*/false);
     ap.set_epilog(
         "output: <ms> is the mean time of one mha_bwd call (every backward stage, not the forward);\n"
         "  TFlops = FLOPs / 1e9 / ms with FLOPs = 2.5 x the forward's (FlashAttention convention):\n"
@@ -119,10 +120,6 @@ void register_args(mhakit::bench::ArgParser& ap) {
         int v;
         return parse_int(s, &v) && v < 0;
     };
-    const auto float_zero = [](const std::string& s) {
-        float v;
-        return parse_float(s, &v) && v == 0.0f;
-    };
     const auto bool_is = [](bool want) {
         return [want](const std::string& s) {
             bool v;
@@ -132,11 +129,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
     const auto one_of = [](std::vector<std::string> ok) {
         return [ok](const std::string& s) { return std::find(ok.begin(), ok.end(), s) != ok.end(); };
     };
-    ap.add_unsupported("p_drop", "0", "0", float_zero)
-        .add_unsupported("drop_seed", "1", "1", int_is(1))
-        .add_unsupported("drop_offset", "0", "0", int_is(0))
-        .add_unsupported("drop_prefs", "0", "0", bool_is(false))
-        .add_unsupported("s_kpad", "-1", "-1", int_negative)
+    ap.add_unsupported("s_kpad", "-1", "-1", int_negative)
         .add_unsupported("s_qpad", "-1", "-1", int_negative)
         .add_unsupported("bwd_v3", "0", "0", int_is(0))
         .add_unsupported("v3_atomic_fp32", "1", "1", bool_is(true))
@@ -209,6 +202,8 @@ int run(int argc, char** argv) {
     bool want_dbias = false;
     if (!mods.parse(ap, &err) || !ap.get_bool("dbias", &want_dbias, &err)) usage_error(err);
     if (want_dbias && mods.bias.type != MHAKIT_BIAS_ELEMENTWISE) usage_error("-dbias=1 needs -bias=e (elementwise)");
+    bench::DropoutInputs drop;
+    if (!drop.parse(ap, /*with_randval=*/false, &err)) usage_error(err);
 
     if (seed == 0) {
         seed = std::random_device{}();
@@ -271,6 +266,14 @@ int run(int argc, char** argv) {
     }
     mods.make(batch, nhead, max_seqlen_q, max_seqlen_k, dtype, seed);
     const size_t dbias_elems = want_dbias ? size_t(mods.bias_elems) : 0;
+    // Dropout: with -v=1 the forward stores its random bytes, which must equal the host's Philox (dropout.h) and feed
+    // the host reference of the backward.
+    drop.make(group, shape_batch, nhead, shape_sq, max_seqlen_k);
+    const bool store_randval = drop.on() && do_validation;
+    std::vector<uint8_t> rv_host(store_randval ? size_t(drop.rv_elems) : 0);
+    if (store_randval)
+        host::fill_randval(rv_host.data(), drop.rv_row, drop.rv_head, drop.rv_batch, group, seqstart_q.data(),
+                           seqstart_k.data(), batch, nhead, seqlen_qs[0], seqlen_ks[0], drop.seed, drop.offset);
 
     // ---------------------------------------------------------------- device buffers
     DeviceBuffer q_dev(q_elems * 2), k_dev(k_elems * 2), v_dev(v_elems * 2), o_dev(o_elems * 2), do_dev(o_elems * 2);
@@ -284,6 +287,13 @@ int run(int argc, char** argv) {
     do_dev.upload(do_host.data());
     DeviceBuffer bias_dev(mods.bias_bytes()), sink_dev(mods.sinks.size() * sizeof(float));
     DeviceBuffer dbias_dev(dbias_elems * 2), dsink_dev(mods.sinks.size() * sizeof(float));
+    DeviceBuffer randval_dev(store_randval ? size_t(drop.rv_elems) : 0);
+    DeviceBuffer drop_seed_dev(drop.prefs ? sizeof(uint64_t) : 0), drop_offset_dev(drop.prefs ? sizeof(uint64_t) : 0);
+    if (drop.prefs) {
+        drop_seed_dev.upload(&drop.seed);
+        drop_offset_dev.upload(&drop.offset);
+    }
+    if (store_randval) randval_dev.poison();
     if (mods.bias_bytes()) bias_dev.upload(mods.host_bias());
     if (mods.sink) sink_dev.upload(mods.sinks.data());
     if (group) {
@@ -349,9 +359,16 @@ int run(int argc, char** argv) {
         args.batch_stride_dbias = int64_t(nhead) * plane;
     }
     if (mods.sink) args.dsink_ptr = static_cast<float*>(dsink_dev.get());
+    drop.fill(args, static_cast<const uint64_t*>(drop_seed_dev.get()), static_cast<const uint64_t*>(drop_offset_dev.get()));
 
-    // the forward that produces O and LSE: same geometry, pointers and mask (host_attention_bwd.hpp's fwd_args_of)
-    const mhakit::mha_fwd_args fargs = host::fwd_args_of(args);
+    // the forward that produces O and LSE: same geometry, pointers, mask and dropout (host_attention_bwd.hpp's
+    // fwd_args_of), storing its random bytes when validating
+    mhakit::mha_fwd_args fargs = host::fwd_args_of(args);
+    if (store_randval) {
+        fargs.randval_ptr = randval_dev.get();
+        fargs.stride_randval = drop.rv_row, fargs.nhead_stride_randval = drop.rv_head;
+        fargs.batch_stride_randval = drop.rv_batch;
+    }
 
     // ---------------------------------------------------------------- the line, as aiter prints it
     const auto layout_str = [](bool permute) { return std::string(permute ? "bhsd" : "bshd"); };
@@ -360,7 +377,7 @@ int run(int argc, char** argv) {
     head << "[" << prec << "|" << (group ? "group" : "batch") << "|" << io_layout << "] b:" << batch << ", h:" << nhead
          << "/" << nhead_k << ", s:" << seqlen_qs[0] << "/" << seqlen_ks[0] << ", d:" << hdim_q << "/" << hdim_v
          << ", scale:" << scale << ", bias:" << mods.str() << ", dbias:" << (want_dbias ? 1 : 0)
-         << ", p_drop:0, s_randval:0, deterministic:" << (deterministic ? 1 : 0) << ", mask:" << mask.str();
+         << ", p_drop:" << drop.str() << ", s_randval:" << (store_randval ? 1 : 0) << ", deterministic:" << (deterministic ? 1 : 0) << ", mask:" << mask.str();
     if (mods.soft_cap > 0.f) head << ", logits_soft_cap:" << mods.soft_cap;
     if (mods.sink) head << ", sink:1";
     // Any kernel names the library prints (-kname=1) come before the line; the line is printed in one piece.
@@ -482,6 +499,16 @@ int run(int argc, char** argv) {
     mods.fill(hargs, mods.host_bias(), mods.sinks.data());
     hargs.dbias_ptr = nullptr;
     hargs.dsink_ptr = nullptr;
+    hargs.drop_seed_ptr = hargs.drop_offset_ptr = nullptr;
+    bool randval_ok = true;
+    host::HostRandval rv{rv_host.data(), drop.rv_row, drop.rv_head, drop.rv_batch};
+    if (store_randval) {
+        std::vector<uint8_t> rv_out(size_t(drop.rv_elems));
+        randval_dev.download(rv_out.data());
+        randval_ok = host::compare_randval(rv_out.data(), rv_host.data(), drop.rv_row, drop.rv_head, drop.rv_batch,
+                                           group, seqstart_q.data(), seqlen_qs.data(), seqlen_ks.data(), batch, nhead,
+                                           mask.type, mask.left, mask.right, stderr) == 0;
+    }
 
     std::vector<float> dq_ref(q_elems, 0.0f), dk_ref(k_elems, 0.0f), dv_ref(v_elems, 0.0f);
     std::vector<float> o_ref(o_elems, 0.0f), lse_ref(lse_elems, 0.0f);
@@ -489,7 +516,8 @@ int run(int argc, char** argv) {
     host::BwdRefOptions ropt;
     ropt.d_from_o = true;
     host::reference_mha_bwd(hargs, dq_ref.data(), dk_ref.data(), dv_ref.data(), o_ref.data(), lse_ref.data(), ropt,
-                            dbias_elems ? dbias_ref.data() : nullptr, mods.sink ? dsink_ref.data() : nullptr);
+                            dbias_elems ? dbias_ref.data() : nullptr, mods.sink ? dsink_ref.data() : nullptr,
+                            store_randval ? &rv : nullptr);
     // The modifiers' gradients: dbias over each sequence's [s_q, s_k] block, d sink per head.
     bool mods_ok = true;
     if (dbias_elems) {
@@ -529,7 +557,7 @@ int run(int argc, char** argv) {
     };
     const host::BwdCheckResult chk = run_bwd_check(nullptr);
     const host::FwdCheckResult fchk = run_fwd_check(nullptr);
-    const bool ok = chk.ok && fchk.ok && det_ok && mods_ok;
+    const bool ok = chk.ok && fchk.ok && det_ok && mods_ok && randval_ok;
     std::cout << ", valid:" << (ok ? "y" : "n") << std::endl;
     if (!chk.ok) {
         run_bwd_check(stderr);

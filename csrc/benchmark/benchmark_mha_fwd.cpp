@@ -87,6 +87,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add("warmup", "10", "number of iterations before benchmark the kernel")
         .add("repeat", "10", "number of iterations to benchmark the kernel");
     mhakit::bench::add_score_mod_args(ap);
+    mhakit::bench::add_dropout_args(ap, /*with_randval=*/true);
 
     const auto int_is = [](int want) {
         return [want](const std::string& s) {
@@ -102,10 +103,6 @@ void register_args(mhakit::bench::ArgParser& ap) {
         int v;
         return parse_int(s, &v) && v <= 0;
     };
-    const auto float_zero = [](const std::string& s) {
-        float v;
-        return parse_float(s, &v) && v == 0.0f;
-    };
     const auto bool_is = [](bool want) {
         return [want](const std::string& s) {
             bool v;
@@ -115,11 +112,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
     const auto one_of = [](std::vector<std::string> ok) {
         return [ok](const std::string& s) { return std::find(ok.begin(), ok.end(), s) != ok.end(); };
     };
-    ap.add_unsupported("p_drop", "0", "0", float_zero)
-        .add_unsupported("drop_seed", "1", "1", int_is(1))
-        .add_unsupported("drop_offset", "0", "0", int_is(0))
-        .add_unsupported("drop_prefs", "0", "0", bool_is(false))
-        .add_unsupported("s_kpad", "-1", "-1", int_negative)
+    ap.add_unsupported("s_kpad", "-1", "-1", int_negative)
         .add_unsupported("s_qpad", "-1", "-1", int_negative)
         .add_unsupported("rotary_dim", "0", "0", int_not_positive)
         .add_unsupported("rotary_interleaved", "1", "1", bool_is(true))
@@ -185,6 +178,8 @@ int run(int argc, char** argv) {
     if (!bench::parse_init(ap.str("init"), &init, &err)) usage_error(err);
     bench::ScoreModInputs mods;
     if (!mods.parse(ap, &err)) usage_error(err);
+    bench::DropoutInputs drop;
+    if (!drop.parse(ap, /*with_randval=*/true, &err)) usage_error(err);
 
     if (seed == 0) {
         seed = std::random_device{}();
@@ -198,6 +193,7 @@ int run(int argc, char** argv) {
         !ap.get_bool("cache_batch_idx", &cache_batch_idx, &err) || !ap.get_int("s_knew", &s_knew, &err))
         usage_error(err);
     if (num_splits != 1 || page_block_size != 0 || cache_batch_idx || s_knew != 0) {  // aiter: mha_fwd_splitkv
+        if (drop.on()) usage_error("-p_drop does not go with the kv-cache arguments (mha_fwd_splitkv has no dropout)");
         if (group) usage_error("-num_splits, -page_block_size, -cache_batch_idx and -s_knew need -mode=0 (batch)");
         if (num_splits < 0 || num_splits > MHAKIT_MAX_SPLITS)
             usage_error("-num_splits must be in [0, " + std::to_string(MHAKIT_MAX_SPLITS) + "]");
@@ -265,6 +261,13 @@ int run(int argc, char** argv) {
         bench::fill_tensor(v_host, init, dtype, sv_seed);
     }
     mods.make(batch, nhead, max_seqlen_q, max_seqlen_k, dtype, seed);
+    drop.make(group, shape_batch, nhead, shape_sq, max_seqlen_k);
+    // The random bytes of the run, by the host's Philox (dropout.h): what the reference drops with, and what the
+    // library's store (-s_randval=1) must equal.
+    std::vector<uint8_t> rv_host(drop.on() && do_validation ? size_t(drop.rv_elems) : 0);
+    if (!rv_host.empty())
+        host::fill_randval(rv_host.data(), drop.rv_row, drop.rv_head, drop.rv_batch, group, seqstart_q.data(),
+                           seqstart_k.data(), batch, nhead, seqlen_qs[0], seqlen_ks[0], drop.seed, drop.offset);
 
     // ---------------------------------------------------------------- device buffers
     DeviceBuffer q_dev(q_elems * 2), k_dev(k_elems * 2), v_dev(v_elems * 2), o_dev(o_elems * 2);
@@ -272,6 +275,13 @@ int run(int argc, char** argv) {
     DeviceBuffer seqstart_q_dev(group ? seqstart_q.size() * sizeof(int32_t) : 0);
     DeviceBuffer seqstart_k_dev(group ? seqstart_k.size() * sizeof(int32_t) : 0);
     DeviceBuffer bias_dev(mods.bias_bytes()), sink_dev(mods.sinks.size() * sizeof(float));
+    DeviceBuffer randval_dev(drop.store ? size_t(drop.rv_elems) : 0);
+    DeviceBuffer drop_seed_dev(drop.prefs ? sizeof(uint64_t) : 0), drop_offset_dev(drop.prefs ? sizeof(uint64_t) : 0);
+    if (drop.prefs) {
+        drop_seed_dev.upload(&drop.seed);
+        drop_offset_dev.upload(&drop.offset);
+    }
+    if (drop.store) randval_dev.poison();
     q_dev.upload(q_host.data());
     k_dev.upload(k_host.data());
     v_dev.upload(v_host.data());
@@ -324,6 +334,12 @@ int run(int argc, char** argv) {
     args.window_size_left = mask.left;
     args.window_size_right = mask.right;
     mods.fill(args, bias_dev.get(), static_cast<const float*>(sink_dev.get()));
+    drop.fill(args, static_cast<const uint64_t*>(drop_seed_dev.get()), static_cast<const uint64_t*>(drop_offset_dev.get()));
+    if (drop.store) {
+        args.randval_ptr = randval_dev.get();
+        args.stride_randval = drop.rv_row, args.nhead_stride_randval = drop.rv_head;
+        args.batch_stride_randval = drop.rv_batch;
+    }
 
     mhakit::stream_config sc{};
     sc.stream = nullptr;
@@ -338,7 +354,7 @@ int run(int argc, char** argv) {
     const std::string io_layout = i_perm == o_perm ? layout_str(i_perm) : layout_str(i_perm) + "-" + layout_str(o_perm);
     std::cout << "[" << prec << "|" << (group ? "group" : "batch") << "|" << io_layout << "] b:" << batch
               << ", h:" << nhead << "/" << nhead_k << ", s:" << seqlen_qs[0] << "/" << seqlen_ks[0] << ", d:" << hdim_q
-              << "/" << hdim_v << ", scale_s:" << scale_s << ", bias:" << mods.str() << ", p_drop:0, lse:" << lse
+              << "/" << hdim_v << ", scale_s:" << scale_s << ", bias:" << mods.str() << ", p_drop:" << drop.str() << ", lse:" << lse
               << ", qscale:n, mask:" << mask.str() << ", v:r";
     if (mods.soft_cap > 0.f) std::cout << ", logits_soft_cap:" << mods.soft_cap;
     if (mods.sink) std::cout << ", sink:1";
@@ -379,6 +395,22 @@ int run(int argc, char** argv) {
     hargs.seqstart_q_ptr = group ? seqstart_q.data() : nullptr;
     hargs.seqstart_k_ptr = group ? seqstart_k.data() : nullptr;
     mods.fill(hargs, mods.host_bias(), mods.sinks.data());
+    hargs.drop_seed_ptr = hargs.drop_offset_ptr = nullptr;  // the host values (the same numbers)
+    bool randval_ok = true;
+    if (drop.on()) {
+        // With -s_randval=1 the library's bytes (of the scores its kernels visited: the visible ones) must be the
+        // host's; the reference then drops with the stored bytes.
+        if (drop.store) {
+            std::vector<uint8_t> rv_out(size_t(drop.rv_elems));
+            randval_dev.download(rv_out.data());
+            randval_ok = host::compare_randval(rv_out.data(), rv_host.data(), drop.rv_row, drop.rv_head, drop.rv_batch,
+                                               group, seqstart_q.data(), seqlen_qs.data(), seqlen_ks.data(), batch,
+                                               nhead, mask.type, mask.left, mask.right, stderr) == 0;
+        }
+        hargs.randval_ptr = rv_host.data();
+        hargs.stride_randval = drop.rv_row, hargs.nhead_stride_randval = drop.rv_head;
+        hargs.batch_stride_randval = drop.rv_batch;
+    }
 
     std::vector<float> o_ref(o_elems, 0.0f), lse_ref(lse ? lse_elems : 0, 0.0f);
     host::reference_mha_fwd(hargs, o_ref.data(), lse ? lse_ref.data() : nullptr);
@@ -390,11 +422,13 @@ int run(int argc, char** argv) {
         return host::check_fwd(hargs, o_out.data(), o_ref.data(), lse ? lse_out.data() : nullptr,
                                lse ? lse_ref.data() : nullptr, rtol, atol, /*round_ref_o=*/true, log, /*max_report=*/8);
     };
-    const host::FwdCheckResult chk = run_check(nullptr);
+    host::FwdCheckResult chk = run_check(nullptr);
+    if (!randval_ok) chk.ok = false;
     std::cout << ", valid:" << (chk.ok ? "y" : "n") << std::endl;
     if (!chk.ok) {
         run_check(stderr);
-        std::fprintf(stderr, "%s mismatch: seqlen_q: %s\n\tseqlen_k: %s\n", chk.o.ok ? "LSE" : "OUT",
+        std::fprintf(stderr, "%s mismatch: seqlen_q: %s\n\tseqlen_k: %s\n",
+                     !randval_ok ? "RANDVAL" : chk.o.ok ? "LSE" : "OUT",
                      list_str(seqlen_qs).c_str(), list_str(seqlen_ks).c_str());
         if (group)
             std::fprintf(stderr, "\tseqstart_q: %s\n\tseqstart_k: %s\n", list_str(seqstart_q).c_str(),

@@ -15,6 +15,8 @@
 // bias's element type; every element of the sequences' [s_q, s_k] blocks is written. With a sink, dsink_ptr
 // (optional, [nhead_q] fp32) receives d sink[h] = −Σ_(b,i) exp(sink[h] − LSE_bhi)·D_bhi, D = rowsum(dO ∘ O)
 // (written, not accumulated).
+// Dropout (p_drop, drop_seed / drop_offset or their device pointers) must be the forward's: the backward regenerates
+// its random bytes, so dV = (P ∘ keep / (1 − p))ᵀ·dO and dS = P ∘ (dP ∘ keep / (1 − p) − D), D = rowsum(dO ∘ O).
 //
 // Scratch memory is the caller's: mhakit_mha_bwd_workspace_size() says how many bytes the chosen kernel needs for
 // these arguments (fp32 dQ accumulation, the dot(dO, O) vector, fp32 dK/dV partials for GQA, per-split buffers in
@@ -84,6 +86,12 @@ typedef struct mhakit_bwd_args {
     void* dbias_ptr;  // elementwise bias only: dS in the bias's element type, or NULL
     int64_t stride_dbias, nhead_stride_dbias, batch_stride_dbias;
     float* dsink_ptr;  // with sink_ptr only: [nhead_q] fp32, or NULL
+
+    // Dropout: the forward's (mha_fwd.h); off when p_drop is 0.
+    float p_drop;
+    uint64_t drop_seed, drop_offset;
+    const uint64_t* drop_seed_ptr;
+    const uint64_t* drop_offset_ptr;
 } mhakit_bwd_args;
 
 // Bytes of workspace mhakit_mha_bwd needs for these arguments (may be 0). On invalid or unsupported arguments it

@@ -7,6 +7,15 @@
 //   bias       L += bias_ij or the ALiBi term         (bias_type, mha_common.h)
 //   sink       the softmax denominator gains exp(sink[h]) (sink_ptr; gpt-oss' attention sinks): LSE includes it,
 //              and a row that sees no key gets O = 0 and LSE = sink[h]
+// and, after the softmax, dropout (p_drop > 0; FlashAttention's semantics): each probability P_ij is kept when its
+// random byte (Philox4x32-10 keyed by drop_seed, counted from drop_offset, one byte per (b, h, i, j):
+// csrc/kernels/common/dropout.h) is <= floor((1 − p_drop)·255), and kept ones are scaled by 1 / (1 − p_drop):
+// O = (P ∘ keep / (1 − p_drop))·V, while the LSE stays that of the undropped softmax. drop_seed_ptr /
+// drop_offset_ptr (both or neither) give the seed and offset in device memory instead (uint64, read by the kernels
+// when they run: CUDA-graph friendly; aiter's drop_prefs). randval_ptr (optional, for tests) receives the random
+// bytes (uint8) of every score the kernels visit, (b, h, i, j) at b·batch_stride_randval + h·nhead_stride_randval +
+// i·stride_randval + j (group mode: h·nhead_stride_randval + (seqstart_q[b] + i)·stride_randval + j); others are
+// left as they were. The backward, given the same p_drop, seed and offset, regenerates the same bytes.
 //
 // Layout is described entirely by element strides, so b·s·h·d, b·h·s·d, packed b·s·3·h·d and any other strided
 // view work without copies. Head dimension is always contiguous (stride 1).
@@ -75,6 +84,14 @@ typedef struct mhakit_fwd_args {
     const void* bias_ptr;   // elementwise values or ALiBi slopes (fp32), per bias_type; NULL when bias_type is NONE
     int64_t stride_bias, nhead_stride_bias, batch_stride_bias;  // elements (mhakit_bias_type says which apply)
     const float* sink_ptr;  // [nhead_q] fp32 sink logits, or NULL: no sink
+
+    // Dropout (see the top of this file); off when p_drop is 0.
+    float p_drop;                     // drop probability in [0, 1)
+    uint64_t drop_seed, drop_offset;  // Philox key and stream offset, used when the pointers below are NULL
+    const uint64_t* drop_seed_ptr;    // device uint64 seed and offset (both or neither), read at run time
+    const uint64_t* drop_offset_ptr;
+    void* randval_ptr;                // optional uint8 random bytes (tests), or NULL
+    int64_t stride_randval, nhead_stride_randval, batch_stride_randval;  // elements
 } mhakit_fwd_args;
 
 // Runs the forward pass. Returns the mean kernel time in ms when stream_config.time_kernel is set, 0 otherwise,

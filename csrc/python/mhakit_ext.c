@@ -627,7 +627,7 @@ enum { API_FWD = 0, API_BWD = 1, API_SPLITKV = 2 };
 static const char* const k_api_names[] = {"fwd", "bwd", "splitkv"};
 
 typedef struct {
-    int api, device, dtype, hdim_q, hdim_v, group, masked;
+    int api, device, dtype, hdim_q, hdim_v, group, masked, mods;  // mods: needs a modifier ("_mods") instance
     void* run;
     err_fn last_error;
     void* aux;  // bwd: the workspace size (ws_fn); splitkv: the accumulator size (acc_fn)
@@ -639,18 +639,19 @@ static int g_nlibs;
 
 // NULL with NotImplemented semantics (*handled = 0) when mhakit.jit says the head dims are not served.
 static const Library* library_for(int api, int device, int dtype, int hdim_q, int hdim_v, int group, int masked,
-                                  int* rc) {
+                                  int mods, int* rc) {
     for (int i = 0; i < g_nlibs; ++i) {
         const Library* l = &g_libs[i];
         if (l->api == api && l->device == device && l->dtype == dtype && l->hdim_q == hdim_q &&
-            l->hdim_v == hdim_v && l->group == group && l->masked == masked) {
+            l->hdim_v == hdim_v && l->group == group && l->masked == masked && l->mods == mods) {
             *rc = HANDLED;
             return l;
         }
     }
-    PyObject* r = PyObject_CallFunction(g_resolve, "sisiisO", k_api_names[api], device,
+    PyObject* r = PyObject_CallFunction(g_resolve, "sisiisOO", k_api_names[api], device,
                                         dtype == MHAKIT_DTYPE_BF16 ? "bf16" : "fp16", hdim_q, hdim_v,
-                                        group ? "group" : "batch", masked ? Py_True : Py_False);
+                                        group ? "group" : "batch", masked ? Py_True : Py_False,
+                                        mods ? Py_True : Py_False);
     if (r == NULL) {
         *rc = FAILED;
         return NULL;
@@ -668,7 +669,7 @@ static const Library* library_for(int api, int device, int dtype, int hdim_q, in
         *rc = FAILED;
         return NULL;
     }
-    Library l = {api, device, dtype, hdim_q, hdim_v, group, masked, (void*)(uintptr_t)run,
+    Library l = {api, device, dtype, hdim_q, hdim_v, group, masked, mods, (void*)(uintptr_t)run,
                  (err_fn)(uintptr_t)err, (void*)(uintptr_t)ws};
     *rc = HANDLED;
     if (g_nlibs < MAX_LIBS) {
@@ -930,6 +931,10 @@ static int read_mods(Call* c, PyObject* mods, const Inputs* in, int group, Mods*
     return HANDLED;
 }
 
+// Whether the call needs a modifier ("_mods") instance: a soft-cap or a bias / ALiBi (ScoreMods::per_element); a sink
+// alone runs on the plain instances.
+static int modifier_kernel(const Mods* m) { return m->softcap > 0.f || m->bias_type != 0; }
+
 #define FILL_MODS(args, m)                                                                            \
     do {                                                                                              \
         (args).logits_soft_cap = (m).softcap, (args).bias_type = (m).bias_type;                       \
@@ -978,7 +983,8 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     Mods mods;
     if ((rc = read_mods(&c, a[16], &in, group, &mods)) != HANDLED) goto done_rc;
     // The library next (built on first use; None from the resolver: head dims it does not serve), then outputs.
-    const Library* lib = library_for(API_FWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
+    const Library* lib = library_for(API_FWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0,
+                                     modifier_kernel(&mods), &rc);
     if (lib == NULL) goto done_rc;
     const int new_o = ov == NULL;
     if ((rc = fwd_outputs(&c, in.q, a[3], a[4], o_ndim, o_shape, lse_ndim, lse_shape, return_lse, &ov, &lv, &o_obj,
@@ -1098,7 +1104,8 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     }
     Mods mods;
     if ((rc = read_mods(&c, a[21], &in, group, &mods)) != HANDLED) goto done_rc;
-    const Library* lib = library_for(API_BWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0, &rc);
+    const Library* lib = library_for(API_BWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0,
+                                     modifier_kernel(&mods), &rc);
     if (lib == NULL) goto done_rc;
     for (int i = 0; i < 3; ++i) {
         if (gv[i] != NULL) {
@@ -1264,7 +1271,7 @@ static PyObject* ext_kvcache(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     if ((rc = call_read(&c, a[8], &ov)) != HANDLED || (rc = call_read(&c, a[9], &lv)) != HANDLED) goto done_rc;
     if (ov != NULL && !check_output(ov, 4, o_shape, q)) goto not_handled;
     if (lv != NULL && (lv->readonly || !lse_readable(lv, 3, lse_shape, sq))) goto not_handled;
-    const Library* lib = library_for(API_SPLITKV, c.device, dtype, (int)d, (int)dv, 0, 1, &rc);
+    const Library* lib = library_for(API_SPLITKV, c.device, dtype, (int)d, (int)dv, 0, 1, 0, &rc);
     if (lib == NULL) goto done_rc;
     if ((rc = fwd_outputs(&c, q, a[8], a[9], 4, o_shape, 3, lse_shape, return_lse, &ov, &lv, &o_obj, &lse_obj)) !=
         HANDLED)

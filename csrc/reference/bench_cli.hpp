@@ -23,6 +23,7 @@
 #include <initializer_list>
 #include <utility>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,16 @@ inline bool parse_uint32(const std::string& s, uint32_t* out) {
     const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
     if (errno != 0 || end == s.c_str() || *end != '\0' || v > 0xFFFFFFFFull) return false;
     *out = uint32_t(v);
+    return true;
+}
+
+inline bool parse_uint64(const std::string& s, uint64_t* out) {
+    if (s.empty() || s[0] == '-') return false;
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+    if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+    *out = uint64_t(v);
     return true;
 }
 
@@ -639,6 +650,60 @@ struct ScoreModInputs {
                                                    : static_cast<const void*>(slopes.data());
     }
     size_t bias_bytes() const { return bias16.size() * 2 + slopes.size() * 4; }
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// Dropout: -p_drop, -drop_seed, -drop_offset, -drop_prefs (both benchmarks), -s_randval (forward)
+// ------------------------------------------------------------------------------------------------------------------
+
+inline void add_dropout_args(ArgParser& ap, bool with_randval) {
+    ap.add("p_drop", "0", "0~1 probability of dropout")
+        .add("drop_seed", "1", "seed for the random number generator (Philox4x32-10)")
+        .add("drop_offset", "0", "offset for the random number generator")
+        .add("drop_prefs", "0", "seed and offset values are present on GPU; 0 - host, 1 - GPU");
+    if (with_randval)
+        ap.add("s_randval", "0",
+               "if 1, store the random bytes of dropout (uint8 [b, h, s_q, s_k]) and validate through them (the\n"
+               "stored bytes must equal the host's Philox and feed the host reference)");
+}
+
+// The dropout of one benchmark run, and the geometry of its randval tensor: [b, h, s_q, s_k] in batch mode,
+// [h, total_q, max_s_k] in group mode (mha_fwd.h).
+struct DropoutInputs {
+    float p = 0.f;
+    uint64_t seed = 1, offset = 0;
+    bool prefs = false, store = false;
+    int64_t rv_row = 0, rv_head = 0, rv_batch = 0, rv_elems = 0;
+
+    bool on() const { return p > 0.f; }
+    bool parse(const ArgParser& ap, bool with_randval, std::string* err) {
+        if (!ap.get_float("p_drop", &p, err) || !ap.get_bool("drop_prefs", &prefs, err)) return false;
+        if (!parse_uint64(ap.str("drop_seed"), &seed)) return *err = "-drop_seed: expected an integer >= 0", false;
+        if (!parse_uint64(ap.str("drop_offset"), &offset)) return *err = "-drop_offset: expected an integer >= 0", false;
+        if (!(p >= 0.f && p < 1.f)) return *err = "-p_drop must be in [0, 1)", false;
+        if (with_randval && !ap.get_bool("s_randval", &store, err)) return false;
+        if (store && !on()) return *err = "-s_randval=1 needs -p_drop > 0", false;
+        return true;
+    }
+    void make(bool group, int64_t shape_batch, int nhead, int64_t shape_sq, int max_sk) {
+        rv_row = max_sk;
+        rv_head = shape_sq * max_sk;
+        rv_batch = group ? 0 : int64_t(nhead) * rv_head;
+        rv_elems = shape_batch * nhead * rv_head;
+    }
+    // The dropout fields of an argument struct (seed / offset from device memory with -drop_prefs=1).
+    template <class Args>
+    void fill(Args& a, const uint64_t* seed_dev, const uint64_t* offset_dev) const {
+        a.p_drop = p;
+        a.drop_seed = seed, a.drop_offset = offset;
+        a.drop_seed_ptr = prefs ? seed_dev : nullptr;
+        a.drop_offset_ptr = prefs ? offset_dev : nullptr;
+    }
+    std::string str() const {
+        std::ostringstream o;
+        o << p;
+        return o.str();
+    }
 };
 
 }  // namespace bench

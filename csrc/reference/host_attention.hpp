@@ -180,6 +180,73 @@ inline HostRowMods host_row_mods(const ScoreMods& m, mhakit_dtype dt, int b, int
     return HostRowMods{row_mods(m, b, h, seqlen_q, seqlen_k), dt, sink_logit(m, h)};
 }
 
+// Dropout of one (sequence, head) as the references apply it: the random bytes (uint8, row i of the sequence at
+// rv + i·ld, as the forward stores them in randval_ptr), kept when <= keep_max and then scaled by rp.
+struct HostDropout {
+    const uint8_t* rv;
+    int64_t ld;
+    int keep_max;
+    float rp;
+    float apply(float p, int i, int j) const { return rv[int64_t(i) * ld + j] <= keep_max ? p * rp : 0.0f; }
+};
+
+// A randval tensor (uint8, host): (b, h, i, j) at b·batch + h·head + i·row + j, or in group mode
+// h·head + (seqstart_q[b] + i)·row + j (mha_fwd.h).
+struct HostRandval {
+    const uint8_t* data;
+    int64_t row, head, batch;
+    const uint8_t* block(bool group_mode, const int32_t* seqstart_q, int b, int h) const {
+        return data + int64_t(h) * head + (group_mode ? int64_t(seqstart_q[b]) * row : int64_t(b) * batch);
+    }
+};
+
+// Fills a randval tensor with the random bytes of (seed, offset) (dropout.h's Philox, the kernels' numbers): what the
+// benchmarks validate against when the library is not asked to store them, and compare with when it is.
+inline void fill_randval(uint8_t* rv, int64_t row, int64_t head, int64_t batch, bool group_mode,
+                         const int32_t* seqstart_q, const int32_t* seqstart_k, int nbatch, int nhead, int seqlen_q,
+                         int seqlen_k, uint64_t seed, uint64_t offset) {
+    for (int b = 0; b < nbatch; ++b) {
+        const int nq = group_mode ? seqstart_q[b + 1] - seqstart_q[b] : seqlen_q;
+        const int nk = group_mode ? seqstart_k[b + 1] - seqstart_k[b] : seqlen_k;
+        parallel_for(
+            int64_t(nhead) * nq,
+            [&](int64_t item) {
+                const int h = int(item / nq), i = int(item % nq);
+                uint8_t* r = rv + int64_t(h) * head +
+                             (group_mode ? int64_t(seqstart_q[b]) * row : int64_t(b) * batch) + int64_t(i) * row;
+                for (int j = 0; j < nk; ++j)
+                    r[j] = uint8_t(dropout_byte(seed, offset, uint32_t(b * nhead + h), i, j));
+            },
+            0);
+    }
+}
+
+// The library's stored random bytes (copied to the host) against the host's rv (fill_randval) over the visible
+// scores of every (sequence, head) (what the kernels visit): up to 8 mismatches reported to log (if any); the stored
+// bytes then replace the host's there. Returns the number of mismatches.
+inline size_t compare_randval(const uint8_t* stored, uint8_t* rv, int64_t row, int64_t head, int64_t batch,
+                              bool group_mode, const int32_t* seqstart_q, const int* seqlen_q, const int* seqlen_k,
+                              int nbatch, int nhead, int mask_type, int left, int right, FILE* log) {
+    size_t bad = 0;
+    for (int b = 0; b < nbatch; ++b) {
+        const MaskCoord mc = make_mask_coord(mask_type, left, right, seqlen_q[b], seqlen_k[b]);
+        for (int h = 0; h < nhead; ++h)
+            for (int i = 0; i < seqlen_q[b]; ++i) {
+                int jb, je;
+                visible_keys(mc, i, seqlen_k[b], &jb, &je);
+                const int64_t r = int64_t(h) * head + (group_mode ? int64_t(seqstart_q[b]) * row : int64_t(b) * batch) +
+                                  int64_t(i) * row;
+                for (int j = jb; j < je; ++j) {
+                    if (stored[r + j] != rv[r + j] && bad++ < 8 && log != nullptr)
+                        std::fprintf(log, "randval mismatch b=%d h=%d i=%d j=%d: %u (host %u)\n", b, h, i, j,
+                                     unsigned(stored[r + j]), unsigned(rv[r + j]));
+                    rv[r + j] = stored[r + j];
+                }
+            }
+    }
+    return bad;
+}
+
 // Rows i in [row_begin, row_end) of one (sequence, head); r = i - row_begin is the local row. Inputs, all fp32:
 //   q  : query row i at q + r·ldq (hdim_q values)
 //   kt : K transposed: element (d, j) at kt[d·ldkt + j], d < hdim_q, j < seqlen_k
@@ -196,7 +263,8 @@ inline void attention_rows_fp32(const float* q, int64_t ldq, const float* kt, in
                                 int seqlen_k, int hdim_q, int hdim_v, float scale, MaskCoord mc, int row_begin,
                                 int row_end, float* o, int64_t ldo, float* lse, float* p, int64_t ldp, float* scratch,
                                 bool round_p = false, mhakit_dtype p_dtype = MHAKIT_DTYPE_FP16,
-                                const HostRowMods* mods = nullptr, float* dcap = nullptr) {
+                                const HostRowMods* mods = nullptr, float* dcap = nullptr,
+                                const HostDropout* drop = nullptr) {
     const float neg_inf = -std::numeric_limits<float>::infinity();
     const float sink = mods != nullptr ? mods->sink : neg_inf;
     for (int i = row_begin; i < row_end; ++i) {
@@ -239,7 +307,8 @@ inline void attention_rows_fp32(const float* q, int64_t ldq, const float* kt, in
         for (int j = 0; j < n; ++j) {
             float pj = s[j] * inv;
             if (round_p) pj = round_to(pj, p_dtype);
-            if (prow != nullptr) prow[jb + j] = pj;
+            if (prow != nullptr) prow[jb + j] = pj;  // undropped (the backward reference drops it itself)
+            if (drop != nullptr) pj = drop->apply(pj, i, jb + j);
             const float* vrow = v + int64_t(jb + j) * ldv;
             for (int d = 0; d < hdim_v; ++d) orow[d] += pj * vrow[d];
         }
@@ -292,7 +361,8 @@ struct FwdRefOptions {
 
 // Host reference of mhakit_mha_fwd. `a` is the argument struct the library takes, except that q_ptr, k_ptr, v_ptr
 // (raw fp16/bf16 bits per a.data_type) and, in group mode, seqstart_q_ptr / seqstart_k_ptr point to HOST memory;
-// o_ptr / lse_ptr / has_lse are ignored. Results are written in fp32:
+// o_ptr / lse_ptr / has_lse are ignored; with dropout (p_drop > 0) randval_ptr must point to the HOST random bytes
+// (laid out as mha_fwd.h says: the library's store, or fill_randval's). Results are written in fp32:
 //   o_ref   laid out exactly like the library's O (a.stride_o, a.nhead_stride_o, a.batch_stride_o),
 //   lse_ref (optional) laid out like the library's LSE (a.nhead_stride_lse, a.batch_stride_lse; group: [h, token]).
 // Only the logical elements are written. The mask is evaluated per sequence.
@@ -305,6 +375,8 @@ inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse
     const int group = a.nhead_q / a.nhead_k;
     const int rb = opt.row_block > 0 ? opt.row_block : 32;
     const ScoreMods mods = score_mods_of(a, a.scale_s);
+    const HostRandval rv{static_cast<const uint8_t*>(a.randval_ptr), a.stride_randval, a.nhead_stride_randval,
+                         a.batch_stride_randval};
 
     std::vector<float> kt, vf;
     for (int b = 0; b < a.batch; ++b) {
@@ -343,9 +415,12 @@ inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse
                         for (int d = 0; d < dq; ++d) qf[size_t(r) * size_t(dq) + size_t(d)] = to_float(qrow[d], dt);
                     }
                     const HostRowMods hm = host_row_mods(mods, dt, b, h, nq, nk);
+                    const HostDropout hd{mods.dropout.on ? rv.block(a.is_group_mode != 0, a.seqstart_q_ptr, b, h)
+                                                         : nullptr,
+                                         a.stride_randval, mods.dropout.keep_max, mods.dropout.rp};
                     attention_rows_fp32(qf.data(), dq, kt.data(), nk, vf.data(), dv, nk, dq, dv, a.scale_s, mc, r0, r1,
                                         of.data(), dv, lf.data(), nullptr, 0, scratch.data(), opt.round_p, dt,
-                                        mods.any ? &hm : nullptr);
+                                        mods.any ? &hm : nullptr, nullptr, mods.dropout.on ? &hd : nullptr);
                     for (int r = 0; r < rows; ++r) {
                         float* orow = o_ref + sq.o_off + int64_t(h) * a.nhead_stride_o + int64_t(r0 + r) * a.stride_o;
                         std::copy(of.begin() + ptrdiff_t(r) * dv, of.begin() + ptrdiff_t(r + 1) * dv, orow);

@@ -131,6 +131,9 @@ inline mhakit_fwd_args fwd_args_of(const mhakit_bwd_args& a) {
     f.nhead_stride_bias = a.nhead_stride_bias;
     f.batch_stride_bias = a.batch_stride_bias;
     f.sink_ptr = a.sink_ptr;
+    f.p_drop = a.p_drop;
+    f.drop_seed = a.drop_seed, f.drop_offset = a.drop_offset;
+    f.drop_seed_ptr = a.drop_seed_ptr, f.drop_offset_ptr = a.drop_offset_ptr;
     return f;
 }
 
@@ -160,10 +163,12 @@ struct BwdRefOptions {
 //   dbias_ref (optional, elementwise bias) dS of the logits, laid out like a's dbias (a.stride_dbias, ...)
 //   dsink_ref (optional, with a sink) [nhead_q]: −Σ_(b,i) exp(sink − LSE)·D
 // With score modifiers (a's soft-cap, bias / ALiBi, sink; host pointers) P comes from the modified logits and dS goes
-// through the soft-cap's derivative before dQ and dK.
+// through the soft-cap's derivative before dQ and dK. With dropout (a.p_drop > 0) randval holds the forward's random
+// bytes (host, laid out as mha_fwd.h's randval_ptr): dV = (P ∘ keep / (1 − p))ᵀ·dO, dS = P ∘ (dP ∘ keep / (1 − p) − D).
 inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk_ref, float* dv_ref,
                               float* o_ref = nullptr, float* lse_ref = nullptr, const BwdRefOptions& opt = {},
-                              float* dbias_ref = nullptr, float* dsink_ref = nullptr) {
+                              float* dbias_ref = nullptr, float* dsink_ref = nullptr,
+                              const HostRandval* randval = nullptr) {
     const mhakit_dtype dt = a.data_type;
     const uint16_t* qb = static_cast<const uint16_t*>(a.q_ptr);
     const uint16_t* kb = static_cast<const uint16_t*>(a.k_ptr);
@@ -229,6 +234,9 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                     capbuf.assign(mods.any ? size_t(crows) * size_t(nk) : 0, 1.0f);
                     dsink_rows.assign(size_t(crows), 0.0f);
                     const HostRowMods hm = host_row_mods(mods, dt, b, h, nq, nk);
+                    const bool drop_on = mods.dropout.on && randval != nullptr;
+                    const HostDropout hd{drop_on ? randval->block(a.is_group_mode != 0, a.seqstart_q_ptr, b, h) : nullptr,
+                                         randval != nullptr ? randval->row : 0, mods.dropout.keep_max, mods.dropout.rp};
                     qchunk.assign(size_t(crows) * size_t(dq), 0.0f);
                     dochunk.assign(size_t(crows) * size_t(dv), 0.0f);
 
@@ -259,10 +267,10 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                             float* caps = mods.any ? capbuf.data() + lr0 * size_t(nk) : nullptr;
                             attention_rows_fp32(qf, dq, kt.data(), nk, vf.data(), dv, nk, dq, dv, scale, mc, r0, r1,
                                                 of.data(), dv, lf.data(), prows, nk, scratch.data(), false, dt,
-                                                mods.any ? &hm : nullptr, caps);
+                                                mods.any ? &hm : nullptr, caps, drop_on ? &hd : nullptr);
                             for (int r = 0; r < rows; ++r) {
                                 const int i = r0 + r;
-                                const float* prow = prows + size_t(r) * size_t(nk);
+                                float* prow = prows + size_t(r) * size_t(nk);
                                 float* dsrow = dsbuf.data() + (lr0 + size_t(r)) * size_t(nk);
                                 const float* dorow = dof + size_t(r) * size_t(dv);
                                 int jb, je;
@@ -292,7 +300,14 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                                         const float* vcol = vt.data() + size_t(d) * size_t(nk) + size_t(jb);
                                         for (int j = 0; j < n; ++j) dp[j] += x * vcol[j];
                                     }
-                                    for (int j = 0; j < n; ++j) dp[j] = prow[jb + j] * (dp[j] - D);
+                                    if (drop_on) {  // dP of the kept scores (scaled); dV below takes the dropped P
+                                        for (int j = 0; j < n; ++j) {
+                                            dp[j] = prow[jb + j] * (hd.apply(dp[j], i, jb + j) - D);
+                                            prow[jb + j] = hd.apply(prow[jb + j], i, jb + j);
+                                        }
+                                    } else {
+                                        for (int j = 0; j < n; ++j) dp[j] = prow[jb + j] * (dp[j] - D);
+                                    }
                                     if (dbias_ref != nullptr) {
                                         float* dbrow = dbias_ref + int64_t(b) * a.batch_stride_dbias +
                                                        int64_t(h) * a.nhead_stride_dbias + int64_t(i) * a.stride_dbias;

@@ -124,6 +124,16 @@ float check_score_mods(const ModArgs& m) {
     return check_alignment({{"sink_ptr", m.sink_ptr}}, 4, "the fp32 sink logits");
 }
 
+float check_dropout(const DropArgs& d) {
+    if (!(d.p_drop >= 0.f && d.p_drop < 1.f))
+        return fail(E, "p_drop must be in [0, 1) (got %g; 0 turns dropout off)", d.p_drop);
+    if ((d.seed_ptr == nullptr) != (d.offset_ptr == nullptr))
+        return fail(E, "drop_seed_ptr and drop_offset_ptr must be given together (device seed and offset) or both be "
+                       "NULL (host drop_seed / drop_offset)");
+    return check_alignment({{"drop_seed_ptr", d.seed_ptr}, {"drop_offset_ptr", d.offset_ptr}}, 8,
+                           "the uint64 dropout seed and offset");
+}
+
 int clamp_window(int w) { return w < -kWindowBound ? -kWindowBound : (w > kWindowBound ? kWindowBound : w); }
 
 float device_failure(dev::Error err, const char* what) {

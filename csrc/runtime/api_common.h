@@ -49,6 +49,18 @@ ModArgs mod_args(const Args& a) {
 }
 float check_score_mods(const ModArgs& m);  // the kernels' ScoreMods come from score_mods_of() (score_mod.h)
 
+// The dropout fields (p_drop, drop_seed_ptr, drop_offset_ptr), the same in both argument structs.
+struct DropArgs {
+    float p_drop;
+    const void* seed_ptr;
+    const void* offset_ptr;
+};
+template <class Args>
+DropArgs drop_args(const Args& a) {
+    return {a.p_drop, a.drop_seed_ptr, a.drop_offset_ptr};
+}
+float check_dropout(const DropArgs& d);
+
 // Window sizes beyond any sequence length select the same keys as this bound; clamping keeps the kernels' mask
 // arithmetic (sums of lengths and window sizes) inside int32.
 int clamp_window(int w);
@@ -70,6 +82,7 @@ bool static_guards_hold(const KernelInstance<Params>& inst, const Params& p) {
     if (p.hdim_q % inst.head_dim_multiple != 0 || p.hdim_v % inst.head_dim_multiple != 0) return false;
     if (!inst.deterministic && wants_deterministic(p)) return false;
     if (!inst.score_mods && p.mods.any) return false;
+    if (inst.mods != p.mods.per_element) return false;  // a modifier call on a "_mods" instance, every other on a plain one
     return tensors_aligned(p, kElemBytes, inst.align_bytes);
 }
 
@@ -105,8 +118,10 @@ float unsupported(const char* api, const Params& p, int dtype, const BuiltArch& 
                 "(library built for %s with %d instances; rebuild with a profile that includes them, see "
                 "compile.py --list)",
                 api, dtype_name(dtype), p.hdim_q, p.hdim_v, p.seqstart_q ? "group" : "batch", p.mask_type,
-                p.mods.any ? " with score modifiers (soft-cap, bias, ALiBi or sink)" : "", arch.name,
-                count);
+                p.mods.per_element ? " with score modifiers (soft-cap, bias / ALiBi or dropout: a \"_mods\" instance)"
+                : p.mods.any    ? " with an attention sink"
+                                : "",
+                arch.name, count);
 }
 
 float device_failure(dev::Error err, const char* what);

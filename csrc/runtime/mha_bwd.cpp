@@ -61,6 +61,7 @@ float validate(const mhakit_bwd_args& a) {
         return rc;
     if (float rc = check_mask_type(a.mask_type)) return rc;
     if (float rc = check_score_mods(mod_args(a))) return rc;
+    if (float rc = check_dropout(drop_args(a))) return rc;
     if (a.dbias_ptr != nullptr) {
         if (a.bias_type != MHAKIT_BIAS_ELEMENTWISE)
             return fail(E, "dbias_ptr is given but bias_type is not elementwise (1): only an elementwise bias has a "

@@ -50,7 +50,14 @@ float validate(const mhakit_fwd_args& a) {
                                               a.batch_stride_v, a.batch_stride_o, a.batch_stride_lse}))
         return rc;
     if (float rc = check_mask_type(a.mask_type)) return rc;
-    return check_score_mods(mod_args(a));
+    if (float rc = check_score_mods(mod_args(a))) return rc;
+    if (float rc = check_dropout(drop_args(a))) return rc;
+    if (a.randval_ptr != nullptr) {
+        if (a.p_drop == 0.f) return fail(E, "randval_ptr is given but p_drop is 0: there is no dropout to record");
+        if (float rc = check_nonnegative_strides({a.stride_randval, a.nhead_stride_randval, a.batch_stride_randval}))
+            return rc;
+    }
+    return 0.f;
 }
 
 FwdParams to_params(const mhakit_fwd_args& a) {
@@ -85,6 +92,11 @@ FwdParams to_params(const mhakit_fwd_args& a) {
     p.window_left = clamp_window(a.window_size_left);
     p.window_right = clamp_window(a.window_size_right);
     p.mods = score_mods_of(a, a.scale_s);
+    if (p.mods.dropout.on && a.randval_ptr != nullptr) {
+        p.mods.dropout.randval = static_cast<uint8_t*>(a.randval_ptr);
+        p.mods.dropout.randval_row = a.stride_randval, p.mods.dropout.randval_head = a.nhead_stride_randval;
+        p.mods.dropout.randval_batch = a.batch_stride_randval;
+    }
     return p;
 }
 

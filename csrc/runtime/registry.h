@@ -38,7 +38,9 @@ struct KernelInstance {
     bool deterministic;    // serves deterministic backward calls
     int align_bytes;       // every tensor's base pointer and strides a multiple of this many bytes
     int head_dim_multiple; // serves only hdim_q and hdim_v that are multiples of this
-    bool score_mods;       // serves the score modifiers (soft-cap, bias / ALiBi, sink)
+    bool score_mods;       // the family has the score modifiers (its plain instances serve sinks)
+    bool mods;             // holds the modifier kernel ("_mods": soft-cap, bias / ALiBi, dropout) instead of the
+                           // plain one: serves exactly the calls that set one of those
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)

@@ -2,8 +2,9 @@
 // elementwise bias, ALiBi, attention sinks (csrc/include/mha_fwd.h says what they mean). One place states the
 // arithmetic; the kernels call it per element, the host references per row.
 //
-// With a soft-cap or a bias (ScoreMods::per_element) a kernel works in logit units: L = modified(scale·q·k) replaces
-// q·k before the mask and the softmax, whose scale is then 1. A sink alone changes only the softmax's start (and the
+// With a soft-cap, a bias or dropout (ScoreMods::per_element: the modifier instances, "_mods") a kernel works in logit
+// units: L = modified(scale·q·k) replaces q·k before the mask and the softmax, whose scale is then 1; dropout
+// (dropout.h) then drops probabilities after the softmax. A sink alone changes only the softmax's start (and the
 // backward's d sink), so such calls keep the plain per-element path.
 #pragma once
 
@@ -13,6 +14,7 @@
 
 #include <cmath>
 
+#include "dropout.h"
 #include "mask.h"  // MHAKIT_HOST_DEVICE
 
 namespace mhakit {
@@ -28,7 +30,22 @@ struct ScoreMods {
     const void* bias;     // elementwise values or ALiBi slopes
     int64_t bias_row_stride, bias_head_stride, bias_batch_stride;  // elements
     const float* sink;    // [nhead_q] sink logits, or nullptr
+    Dropout dropout;      // dropout.on: drop probabilities after the softmax (dropout.h)
 };
+
+// The Dropout of an argument struct's dropout fields (p_drop, drop_seed / drop_offset and their device pointers; the
+// same names in mhakit_fwd_args and mhakit_bwd_args); the forward's randval store is set by its runtime.
+template <class Args>
+inline Dropout dropout_of(const Args& a) {
+    Dropout d{};
+    d.on = a.p_drop > 0.f;
+    if (!d.on) return d;
+    d.keep_max = dropout_keep_max(a.p_drop);
+    d.rp = 1.f / (1.f - a.p_drop);
+    d.seed = a.drop_seed, d.offset = a.drop_offset;
+    d.seed_ptr = a.drop_seed_ptr, d.offset_ptr = a.drop_offset_ptr;
+    return d;
+}
 
 // The ScoreMods of an argument struct's modifier fields (mhakit_fwd_args or mhakit_bwd_args: the same names), for
 // the runtime (device pointers) and the host references (host pointers) alike; the validator has checked them.
@@ -44,7 +61,8 @@ inline ScoreMods score_mods_of(const Args& a, float scale) {
     m.bias_row_stride = a.stride_bias, m.bias_head_stride = a.nhead_stride_bias;
     m.bias_batch_stride = a.batch_stride_bias;
     m.sink = a.sink_ptr;
-    m.per_element = m.softcap > 0.f || m.bias != nullptr;
+    m.dropout = dropout_of(a);
+    m.per_element = m.softcap > 0.f || m.bias != nullptr || m.dropout.on;
     m.any = m.per_element || m.sink != nullptr;
     return m;
 }

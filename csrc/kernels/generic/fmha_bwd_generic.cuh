@@ -21,10 +21,12 @@
 //                            (recomputes S and dP: about 7/5 of the FLOPs, bitwise reproducible);
 //      bwd_dkv_reduce_kernel sum of the per-split dK/dV partials in split order (GQA/MQA when split).
 //   4. bwd_dsink_kernel      d sink per query head (attention sinks), a fixed-order sum over the rows.
-// Score modifiers (soft-cap, bias / ALiBi: the main and dQ kernels come in a second variant, kMods, chosen at launch,
-// with one branch per tile picking the modifier kind; a sink needs only stage 4): P is recomputed from the modified logits, dS goes through the
-// soft-cap's derivative before dK / dQ, dbias receives dS of the logits (the dot stage zeroes it first, so that
-// elements no CTA visits read 0).
+// Score modifiers (soft-cap, bias / ALiBi): the modifier instances ("_mods", kMods) compile the main and dQ kernels
+// with them, one branch per tile picking the modifier kind; a sink needs only stage 4, in either kind of instance.
+// P is recomputed from the modified logits, dS goes through the soft-cap's derivative before dK / dQ, dbias receives
+// dS of the logits (the dot stage zeroes it first, so that elements no CTA visits read 0). Dropout (modifier instances)
+// regenerates the forward's random bytes per tile (generic_dropout.cuh): dV takes P ∘ keep / (1 − p), and dS =
+// P ∘ (dP ∘ keep / (1 − p) − D).
 // Every stage is deterministic except the fp32 dQ reductions (non-deterministic mode, d <= 64 buckets only).
 //
 // Loads: cp.async 16-byte chunks (zero-filled past sequence ends and past the real head dims) when the tensor's base
@@ -51,12 +53,20 @@
 #include "../common/smem_opt_in.h"
 #include "../common/tile_scheduler.h"
 #include "fmha_bwd_common.cuh"
+#include "generic_dropout.cuh"
 #include "generic_ptx.cuh"
 #include "generic_tile_io.cuh"
 
 namespace mhakit::generic {
 
 namespace bwd_detail {
+
+#if defined(__CUDACC__)
+using generic::detail::drop_byte;
+using generic::detail::drop_key;
+using generic::detail::DropKey;
+using generic::detail::dropout_bytes;
+#endif
 
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
@@ -144,7 +154,7 @@ using DqScheduler = SingleTileScheduler</*kHeaviestFirst=*/Cfg::kMasked>;
 // ------------------------------------------------------------------------------------------------------------------
 // Stage 2: the main kernel.
 // ------------------------------------------------------------------------------------------------------------------
-// kMods: the call has a soft-cap or a bias / ALiBi (ScoreMods::per_element); the plain kernel has none of that code.
+// kMods: the modifier instance's kernel (calls with ScoreMods::per_element); the plain kernel has none of that code.
 template <class Cfg, bool kMods>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     bwd_main_kernel(const BwdParams p, const BwdWs ws, const int flags) {
@@ -257,6 +267,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     zero_acc(acc_dk);
     zero_acc(acc_dv);
     const float scale_log2 = p.scale_log2;
+    [[maybe_unused]] DropKey drop_key_v{};
+    if constexpr (kMods)
+        if (p.mods.dropout.on) drop_key_v = drop_key(p.mods.dropout);
 
     for (int it = 0; it < n_iter; ++it) {
         const int h = h_begin + it / nm;
@@ -284,9 +297,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const bool need_mask = !geom.template tile_full<kBN>(m0, min(m0 + kBM, sq) - 1, n0);
         RowMods rmods;
         char* dbias = nullptr;
+        [[maybe_unused]] uint2 rnd[kMods ? kSdpMT : 1][kMods ? kSdpNT / 2 : 1];
         if constexpr (kMods) {
             rmods = row_mods(p.mods, b, h, sq, sk);
             if (p.dbias != nullptr) dbias = dbias_block(p, b, h);
+            if (p.mods.dropout.on)  // keys are the fragment's rows here (S^T)
+                dropout_bytes<true>(rnd, drop_key_v, static_cast<uint32_t>(b * p.nhead_q + h), n0 + wk * kSdpRows,
+                                    m0 + wq * kSdpCols);
         }
         auto p_ds = [&](auto cap, auto bias) {
             [[maybe_unused]] constexpr bool kCap = decltype(cap)::value;  // read by the kMods kernel only
@@ -311,7 +328,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                             pv = ptx::ex2(fmaf(st[mt][nt][e], scale_log2, -l));
                         if (need_mask && !geom.visible(i, j)) pv = 0.f;
                         st[mt][nt][e] = pv;
-                        const float ds = pv * (dpt[mt][nt][e] - d);
+                        float dpv = dpt[mt][nt][e];
+                        if constexpr (kMods) {
+                            if (p.mods.dropout.on) {
+                                const bool keep = drop_byte<true>(rnd[mt][nt / 2], nt, e) <=
+                                                  static_cast<uint32_t>(p.mods.dropout.keep_max);
+                                st[mt][nt][e] = keep ? pv * p.mods.dropout.rp : 0.f;
+                                dpv = keep ? dpv * p.mods.dropout.rp : 0.f;
+                            }
+                        }
+                        const float ds = pv * (dpv - d);
                         if constexpr (kMods) {
                             if (dbias != nullptr && i < sq && j < sk) store_dbias<kDtype>(p, dbias, i, j, ds);
                             dpt[mt][nt][e] = ds * dcap;
@@ -482,7 +508,11 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     zero_acc(acc_dq);
     const float scale_log2 = p.scale_log2;
     RowMods rmods;
-    if constexpr (kMods) rmods = row_mods(p.mods, b, h, sq, sk);
+    [[maybe_unused]] DropKey drop_key_v{};
+    if constexpr (kMods) {
+        rmods = row_mods(p.mods, b, h, sq, sk);
+        if (p.mods.dropout.on) drop_key_v = drop_key(p.mods.dropout);
+    }
 
     if (n_begin < n_end) {
         const uint16_t* gQ = static_cast<const uint16_t*>(p.q) + si.q + h * p.q_head_stride +
@@ -534,6 +564,10 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
         ptx::cp_async_commit();
 
         const bool need_mask = !geom.template tile_full<kBN>(m0, m0 + rows_valid - 1, n0);
+        [[maybe_unused]] uint2 rnd[kMods ? kMT : 1][kMods ? kNT / 2 : 1];
+        if constexpr (kMods)
+            if (p.mods.dropout.on)
+                dropout_bytes<false>(rnd, drop_key_v, static_cast<uint32_t>(b * p.nhead_q + h), m0 + row0, n0);
         auto p_ds = [&](auto cap, auto bias) {
             [[maybe_unused]] constexpr bool kCap = decltype(cap)::value;  // read by the kMods kernel only
             [[maybe_unused]] constexpr int kBias = decltype(bias)::value;
@@ -554,7 +588,15 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
                         else
                             pv = ptx::ex2(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][hf]));
                         if (need_mask && !geom.visible(i, j)) pv = 0.f;
-                        s[mt][nt][e] = pv * (dp[mt][nt][e] - dsum[mt][hf]) * dcap;
+                        float dpv = dp[mt][nt][e];
+                        if constexpr (kMods) {
+                            if (p.mods.dropout.on)
+                                dpv = drop_byte<false>(rnd[mt][nt / 2], nt, e) <=
+                                              static_cast<uint32_t>(p.mods.dropout.keep_max)
+                                          ? dpv * p.mods.dropout.rp
+                                          : 0.f;
+                        }
+                        s[mt][nt][e] = pv * (dpv - dsum[mt][hf]) * dcap;
                     }
         };
         with_mods<kMods>(rmods, p_ds);
@@ -590,7 +632,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
 namespace bwd_detail {
 
 // Everything BwdKernel offers, for one fully specified configuration (the catalogue's traits plus tuning knobs).
-template <class Cfg_>
+// kMods: the modifier instance ("_mods"), serving exactly the calls with ScoreMods::per_element.
+template <class Cfg_, bool kMods>
 struct BwdKernelImpl {
     using Cfg = Cfg_;
     static constexpr mhakit_dtype kDtype = Cfg::kDtype;
@@ -625,7 +668,6 @@ struct BwdKernelImpl {
         const WsPlan plan = plan_workspace(p, kBlockN, kGroupMode, atomic);
         const BwdWs ws = make_ws(p, plan, atomic);
         const int flags = alignment_flags(p, kGroupMode);
-        const bool mods = p.mods.per_element;  // soft-cap / bias / ALiBi: the kernels compiled with them
         cudaError_t err;
         const dim3 row_block(kRowKernelWarps * 32);
 
@@ -635,18 +677,18 @@ struct BwdKernelImpl {
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sk > 0) {
-            static std::atomic<uint64_t> attr_main[2] = {0, 0};
-            auto kernel = mods ? bwd_main_kernel<Cfg, true> : bwd_main_kernel<Cfg, false>;
-            if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main[mods])) != cudaSuccess) return err;
+            static std::atomic<uint64_t> attr_main{0};
+            auto kernel = bwd_main_kernel<Cfg, kMods>;
+            if ((err = opt_in_dynamic_smem(kernel, kSmemBytes, attr_main)) != cudaSuccess) return err;
             const dim3 grid = MainScheduler::grid((max_sk + kBlockN - 1) / kBlockN, p.nhead_k * ws.n_splits, p.batch);
             kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, ws, flags);
             if ((err = cudaGetLastError()) != cudaSuccess) return err;
         }
         if (max_sq > 0) {
             if (!atomic) {
-                static std::atomic<uint64_t> attr_dq[2] = {0, 0};
-                auto kernel = mods ? bwd_dq_kernel<Cfg, true> : bwd_dq_kernel<Cfg, false>;
-                if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq[mods])) != cudaSuccess) return err;
+                static std::atomic<uint64_t> attr_dq{0};
+                auto kernel = bwd_dq_kernel<Cfg, kMods>;
+                if ((err = opt_in_dynamic_smem(kernel, kDqSmemBytes, attr_dq)) != cudaSuccess) return err;
                 const dim3 grid = DqScheduler<Cfg>::grid((max_sq + Cfg::kDqkBM - 1) / Cfg::kDqkBM, p.nhead_q, p.batch);
                 kernel<<<grid, Cfg::kDqkThreads, kDqSmemBytes, stream>>>(p, ws, flags);
             } else {
@@ -672,9 +714,10 @@ struct BwdKernelImpl {
 
 // The catalogue's template: traits, tile and tuning knobs (see BwdConfig).
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, bool kGroupMode, bool kMasked, int kBlockM, int kBlockN,
-          int kNumWarps, int kKeysPerWarp, int kDqRowTiles, int kDqBlockN, int kDqPass>
+          int kNumWarps, int kKeysPerWarp, int kDqRowTiles, int kDqBlockN, int kDqPass, bool kMods>
 struct BwdKernel
     : bwd_detail::BwdKernelImpl<bwd_detail::BwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked, kBlockM, kBlockN,
-                                                      kNumWarps, kKeysPerWarp, kDqRowTiles, kDqBlockN, kDqPass>> {};
+                                                      kNumWarps, kKeysPerWarp, kDqRowTiles, kDqBlockN, kDqPass>,
+                                kMods> {};
 
 }  // namespace mhakit::generic

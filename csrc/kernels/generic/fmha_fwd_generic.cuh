@@ -4,9 +4,11 @@
 // owning kBlockM / kNumWarps rows (a multiple of 16). Per key tile of kBlockN keys:
 //   S = Q·Kᵀ      mma.sync m16n8k16 (fp16/bf16 in, fp32 out); Q and K fragments come from shared memory by ldmatrix
 //                 (Q is kept in registers for the whole CTA when the register budget allows it);
-//   modifiers     soft-cap, bias / ALiBi (generic_score_mod.cuh) turn q·k into logits in a second kernel of the
-//                 instance (kMods, chosen at launch; the softmax then runs with scale 1; one branch per tile picks
-//                 the variant); a sink joins each row's denominator in the epilogue (both kernels);
+//   modifiers     soft-cap, bias / ALiBi (generic_score_mod.cuh) turn q·k into logits in the modifier instances
+//                 (kMods, "_mods" in the instance name: an instance is compiled either plain or with them; the
+//                 softmax then runs with scale 1; one branch per tile picks the variant); a sink joins each row's
+//                 denominator in the epilogue (both kinds of instance); dropout (generic_dropout.cuh, modifier
+//                 instances) zeroes dropped probabilities after the softmax's row sums and scales the kept ones;
 //   mask          only on tiles that straddle the sequence end or a row's window edge (per-row key bounds);
 //   softmax       online, fp32, exp2 with scale·log2(e) folded into one FMA; rows that see nothing stay at -inf
 //                 without producing NaN;
@@ -34,6 +36,7 @@
 #include "../common/mask_geometry.h"
 #include "../common/smem_opt_in.h"
 #include "../common/tile_scheduler.h"
+#include "generic_dropout.cuh"
 #include "generic_epilogue.cuh"
 #include "generic_ptx.cuh"
 #include "generic_score_mod.cuh"
@@ -189,7 +192,7 @@ __device__ __forceinline__ void mask_s(float (&s)[Cfg::kMT][Cfg::kNT][4], const 
             }
 }
 
-// kMods: the call has a soft-cap or a bias / ALiBi (ScoreMods::per_element); the plain kernel has none of that code.
+// kMods: the modifier instance's kernel (calls with ScoreMods::per_element); the plain kernel has none of that code.
 template <class Cfg, bool kMods>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p, const int align_flags) {
     constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kMT = Cfg::kMT, kNT = Cfg::kNT;
@@ -253,6 +256,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     RowMods rmods;
     if constexpr (kMods) rmods = row_mods(p.mods, b, h, sq, sk);
     const float softmax_scale = kMods ? 1.f : p.scale, softmax_scale_log2 = kMods ? kLog2e : p.scale_log2;
+    // Dropout: the call's seed and offset, the query head's index, where the random bytes go (tests only).
+    [[maybe_unused]] DropKey drop_key_v{};
+    [[maybe_unused]] uint8_t* randval = nullptr;
+    if constexpr (kMods) {
+        const Dropout& d = p.mods.dropout;
+        if (d.on) {
+            drop_key_v = drop_key(d);
+            if (d.randval != nullptr)
+                randval = d.randval + h * d.randval_head +
+                          (Cfg::kGroupMode ? p.seqstart_q[b] * d.randval_row : b * d.randval_batch);
+        }
+    }
     uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
 
     if (!visit.empty()) {
@@ -311,7 +326,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
         if (!full.contains(n_block)) mask_s<Cfg>(s, row_lo, row_hi, n0);
 
         // ---- online softmax, P as A fragments ----
-        softmax.update(s, acc_o, softmax_scale_log2);
+        softmax.update(s, acc_o, softmax_scale_log2);  // the row sums (and the LSE) are of the undropped softmax
+        if constexpr (kMods) {
+            if (p.mods.dropout.on) {
+                uint2 rnd[kMT][kNT / 2];
+                dropout_bytes<false>(rnd, drop_key_v, static_cast<uint32_t>(b * p.nhead_q + h), m0 + warp_row0, n0);
+                if (randval != nullptr)
+                    store_randval<kMT, kNT>(rnd, randval, p.mods.dropout.randval_row, m0 + warp_row0, n0, sq, sk);
+                apply_dropout<kMT, kNT>(s, rnd, p.mods.dropout);
+            }
+        }
         uint32_t p_frag[kMT][kKV][4];
         pack_p<Cfg>(p_frag, s);
 
@@ -333,6 +357,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     }
 
     // ---- epilogue: normalise, LSE, stage O in shared memory (the Q tile), store ----
+    if constexpr (kMods) {
+        if (p.mods.dropout.on)  // the kept probabilities' 1 / (1 − p), once for all key tiles
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kOT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= p.mods.dropout.rp;
+    }
     __syncthreads();  // every warp is done reading Q / K / V
     float* lse = p.lse != nullptr ? p.lse + si.lse_offset + h * p.lse_head_stride + m0 : nullptr;
     stage_o_and_lse<Cfg::kDtype, kMT, kOT, kSV>(sQ, acc_o, softmax, softmax_scale, warp_row0, p.hdim_v, lse, rows_valid,
@@ -344,8 +377,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
 
 }  // namespace detail
 
+// kMods: the modifier instance ("_mods"): serves exactly the calls with ScoreMods::per_element (the runtime's
+// static guard), the plain instance every other call.
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, bool kGroupMode, bool kMasked, int kBlockM, int kBlockN,
-          int kNumWarps>
+          int kNumWarps, bool kMods>
 struct FwdKernel {
     using Cfg = detail::FwdConfig<kDtype, kHdimQ, kHdimV, kGroupMode, kMasked, kBlockM, kBlockN, kNumWarps>;
     static constexpr int kSmemBytes = Cfg::kSmemBytes;
@@ -363,12 +398,9 @@ struct FwdKernel {
     static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
         const int max_sq = kGroupMode ? p.max_seqlen_q : p.seqlen_q;
         if (max_sq <= 0 || p.nhead_q <= 0 || p.batch <= 0) return cudaSuccess;
-        // Soft-cap / bias / ALiBi: the kernel compiled with the modifier code, else the plain one.
-        const bool mods = p.mods.per_element;
-        auto kernel = mods ? detail::fwd_kernel<Cfg, true> : detail::fwd_kernel<Cfg, false>;
-        static std::atomic<uint64_t> smem_opted_in[2] = {0, 0};
-        if (cudaError_t err = opt_in_dynamic_smem(kernel, kSmemBytes, smem_opted_in[mods]); err != cudaSuccess)
-            return err;
+        auto kernel = detail::fwd_kernel<Cfg, kMods>;
+        static std::atomic<uint64_t> smem_opted_in{0};
+        if (cudaError_t err = opt_in_dynamic_smem(kernel, kSmemBytes, smem_opted_in); err != cudaSuccess) return err;
         int flags = 0;
         if (detail::aligned16(p.q, p.q_row_stride, p.q_head_stride, kGroupMode ? 0 : p.q_batch_stride))
             flags |= detail::kAlignQ;

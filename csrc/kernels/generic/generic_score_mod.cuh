@@ -1,7 +1,7 @@
 // mhakit generic family — the score modifiers (csrc/kernels/common/score_mod.h) on the fp32 S fragments of
 // mma.sync m16n8k16 (a thread holds rows g, g + 8 and columns 2·t4, 2·t4 + 1 of each 16 x 8 tile), and the
-// element conversion both directions use. Every kernel takes the modifier path through a uniform run-time branch
-// (ScoreMods::per_element), so calls without them run the plain code.
+// element conversion both directions use. Only the modifier instances ("_mods", kMods) compile this path; the
+// runtime gives them the calls with ScoreMods::per_element, so calls without them run the plain instances' code.
 #pragma once
 
 #include <cuda_bf16.h>
