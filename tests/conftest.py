@@ -144,3 +144,17 @@ def python_path(monkeypatch):
     yield
     from mhakit import _ext
     _ext.reset()
+
+
+@pytest.fixture(scope="session")
+def fwd_lib(minimal_fwd_build):
+    """The minimal profile's libmha_fwd.so, loaded (the modifiers' C validator and dispatch tests)."""
+    from mhakit import _capi
+    return _capi.load_library(minimal_fwd_build / "libmha_fwd.so")
+
+
+@pytest.fixture(scope="session")
+def bwd_lib(minimal_bwd_build):
+    """The minimal profile's libmha_bwd.so, loaded."""
+    from mhakit import _capi
+    return _capi.load_bwd_library(minimal_bwd_build / "libmha_bwd.so")

@@ -127,16 +127,6 @@ def test_reference_varlen_dropout_is_the_batch_one_per_sequence():
 # The C validator and the dispatch (a real minimal-profile library, no GPU)
 # ----------------------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def fwd_lib(minimal_fwd_build):
-    return _capi.load_library(minimal_fwd_build / "libmha_fwd.so")
-
-
-@pytest.fixture(scope="module")
-def bwd_lib(minimal_bwd_build):
-    return _capi.load_bwd_library(minimal_bwd_build / "libmha_bwd.so")
-
-
 DROP_CASES = [
     (dict(p_drop=-0.1), "p_drop must be in [0, 1)"),
     (dict(p_drop=1.0), "p_drop must be in [0, 1)"),

@@ -13,16 +13,6 @@ from test_capi_validation import FAKE, valid_args
 from test_capi_validation_bwd import valid_args as valid_bwd_args
 
 
-@pytest.fixture(scope="module")
-def fwd_lib(minimal_fwd_build):
-    return _capi.load_library(minimal_fwd_build / "libmha_fwd.so")
-
-
-@pytest.fixture(scope="module")
-def bwd_lib(minimal_bwd_build):
-    return _capi.load_bwd_library(minimal_bwd_build / "libmha_bwd.so")
-
-
 MOD_CASES = [
     (dict(logits_soft_cap=-1.0), "logits_soft_cap must be finite and >= 0"),
     (dict(logits_soft_cap=float("inf")), "logits_soft_cap must be finite and >= 0"),
