@@ -20,7 +20,8 @@
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_bwd_hopper_common.hpp"
-#include "hopper_types.hpp"  // detail::pack2, seq_rows
+#include "hopper_epilogue.hpp"  // StagedRows
+#include "hopper_types.hpp"     // detail::pack2, seq_rows
 
 namespace mhakit::hopper::bwd {
 
@@ -113,10 +114,9 @@ struct ConvertParams {
 };
 
 // Impl: HopperBwdKernelImpl (its TiledMmadQ and tile sizes define the fragment order). The accumulator tile is read
-// with coalesced 16-byte loads in fragment order, scaled, converted and put in place in a shared-memory tile (rows
-// padded by 16 bytes so that the 8 rows of one fragment store fall in different banks), then written out row by
-// row with 16-byte stores. (Storing the fragments' 4-byte pairs straight to global memory left every other sector
-// of each write half used: 154 us for 16k tokens x 16 heads of 128 on the H200, a third of the bandwidth.)
+// with coalesced 16-byte loads in fragment order, scaled, converted and written out through StagedRows (storing the
+// fragments' pairs straight to global memory took 154 us for 16k tokens x 16 heads of 128 on the H200, a third of the
+// bandwidth).
 template <class Impl>
 __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) {
     using namespace cute;
@@ -124,9 +124,8 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
     constexpr int BM = Impl::kBlockM;
     constexpr int D = Impl::kHdim;
     constexpr int F = Impl::kDqFrag;
-    constexpr int kPitch = D + 8;  // elements per shared-memory row
-    static_assert(D % 8 == 0 && (kPitch * int(sizeof(Element))) % 16 == 0);
-    __shared__ alignas(16) Element tile[BM * kPitch];
+    using Tile = StagedRows<Element, BM, D>;
+    __shared__ alignas(16) Element smem[Tile::kElems];
 
     const auto work = RowTileScheduler::work();
     const int m = work.block, h = work.head, b = work.batch;
@@ -148,28 +147,20 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
     float4 a[F / 4];
     CUTLASS_PRAGMA_UNROLL
     for (int v = 0; v < F / 4; ++v) a[v] = src[v * 128];
+    const Tile tile{smem};
     CUTLASS_PRAGMA_UNROLL
     for (int v = 0; v < F / 4; ++v) {
-        *reinterpret_cast<uint32_t*>(&tile[get<0>(c(4 * v)) * kPitch + get<1>(c(4 * v))]) =
-            mhakit::hopper::detail::pack2<Element>(a[v].x * p.scale, a[v].y * p.scale);
-        *reinterpret_cast<uint32_t*>(&tile[get<0>(c(4 * v + 2)) * kPitch + get<1>(c(4 * v + 2))]) =
-            mhakit::hopper::detail::pack2<Element>(a[v].z * p.scale, a[v].w * p.scale);
+        tile.put(get<0>(c(4 * v)), get<1>(c(4 * v)),
+                 mhakit::hopper::detail::pack2<Element>(a[v].x * p.scale, a[v].y * p.scale));
+        tile.put(get<0>(c(4 * v + 2)), get<1>(c(4 * v + 2)),
+                 mhakit::hopper::detail::pack2<Element>(a[v].z * p.scale, a[v].w * p.scale));
     }
     __syncthreads();
 
     Element* dq = static_cast<Element*>(p.dq) + (p.seqstart_q != nullptr ? seq.first * p.dq_row : b * p.dq_batch) +
                   h * p.dq_head;
-    constexpr int kChunks = D / 8;  // 16-byte chunks per row
     const int rows = seq.len - m * BM < BM ? seq.len - m * BM : BM;
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = tid; k < BM * kChunks; k += 256) {
-        const int r = k / kChunks;
-        const int col = (k % kChunks) * 8;
-        if (r < rows && col < p.hdim) {
-            *reinterpret_cast<uint4*>(dq + int64_t(m * BM + r) * p.dq_row + col) =
-                *reinterpret_cast<uint4 const*>(&tile[r * kPitch + col]);
-        }
-    }
+    tile.store(dq + int64_t(m * BM) * p.dq_row, p.dq_row, rows, p.hdim, tid, 256);
 }
 
 }  // namespace mhakit::hopper::bwd

@@ -1,6 +1,7 @@
-// mhakit hopper family — the forward's epilogue for one consumer warpgroup (64 query rows): the fp32 natural-log
-// LSE, and O staged through a shared-memory tile (the warpgroup's own Q buffer, idle by then) so that global
-// memory sees whole 16-byte stores, predicated on the real seqlen_q and head dim.
+// mhakit hopper family — the epilogues. The forward's, for one consumer warpgroup (64 query rows): the fp32
+// natural-log LSE, and O staged through a shared-memory tile (the warpgroup's own Q buffer, idle by then) so that
+// global memory sees whole 16-byte stores, predicated on the real seqlen_q and head dim. The backward's: dK / dV
+// (and, in the light convert kernel, dQ) through StagedRows, a padded shared-memory tile written out in row chunks.
 #pragma once
 
 #include <cstdint>
@@ -65,10 +66,39 @@ struct FwdEpilogue {
 
 namespace mhakit::hopper {
 
+// A tile of kRows x kCols 16-bit elements on its way from MMA fragments to global memory: put in place in shared
+// memory (rows padded by 16 bytes, so that the 8 rows of one fragment store fall in different banks), then written
+// out in whole 16-byte row chunks. (Storing the fragments' 4-byte pairs straight to global memory half-fills every
+// 32-byte sector written.)
+template <class Element, int kRows, int kCols>
+struct StagedRows {
+    static constexpr int kPitch = kCols + 8;  // elements per shared-memory row
+    static constexpr int kElems = kRows * kPitch;
+    static_assert(kCols % 8 == 0 && (kPitch * int(sizeof(Element))) % 16 == 0);
+    Element* smem;  // kElems elements, 16-byte aligned
+
+    // The pair of elements (r, c), (r, c + 1), packed (detail::pack2).
+    CUTLASS_DEVICE void put(int r, int c, uint32_t pair) const {
+        *reinterpret_cast<uint32_t*>(smem + r * kPitch + c) = pair;
+    }
+    // Rows [0, rows) and columns [0, cols) (cols a multiple of 8) to dst, row stride in elements; thread tid of the
+    // nthreads that share the work. The caller synchronises between the puts and this.
+    CUTLASS_DEVICE void store(Element* dst, int64_t row_stride, int rows, int cols, int tid, int nthreads) const {
+        constexpr int kChunks = kCols / 8;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = tid; i < kRows * kChunks; i += nthreads) {
+            const int r = i / kChunks;
+            const int col = (i % kChunks) * 8;
+            if (r < rows && col < cols) {
+                *reinterpret_cast<uint4*>(dst + int64_t(r) * row_stride + col) =
+                    *reinterpret_cast<uint4 const*>(smem + r * kPitch + col);
+            }
+        }
+    }
+};
+
 // The backward's epilogue: a key block's dK (times scale) or dV accumulator (kBlockN keys x kCols, partitioned by
-// thr) through a free shared-memory tile (rows padded by 16 bytes, so that the 8 rows of one fragment store fall in
-// different banks) to global memory in whole 16-byte row chunks, predicated on the real keys and head dim. (Storing
-// the fragments' 4-byte pairs straight to global memory half-fills every 32-byte sector written.)
+// thr) through StagedRows in free shared memory to global memory, predicated on the real keys and head dim.
 template <class Element, int kBlockN>
 struct BwdEpilogue {
     int n0, seqlen_k;  // the block's first key, the sequence's keys
@@ -77,34 +107,23 @@ struct BwdEpilogue {
     uint32_t bar_id;   // a named barrier of those threads
 
     template <int kCols>
-    static constexpr int kStageElems = kBlockN * (kCols + 8);
+    static constexpr int kStageElems = StagedRows<Element, kBlockN, kCols>::kElems;
 
     // dst: (key 0 of the block's sequence, column 0) of this kv head.
     template <int kCols, class TensorAcc, class ThrMma>
     CUTLASS_DEVICE void store(Element* dst, int64_t row_stride, int cols, float scale, TensorAcc const& acc,
                               ThrMma const& thr) const {
         using namespace cute;
-        constexpr int kPitch = kCols + 8;
-        static_assert(kCols % 8 == 0 && (kPitch * int(sizeof(Element))) % 16 == 0);
+        const StagedRows<Element, kBlockN, kCols> tile{stage};
         Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kCols>>{}));
         static_assert(decltype(size(c))::value == decltype(size(acc))::value);
         CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < decltype(size(acc))::value / 2; ++k) {
-            *reinterpret_cast<uint32_t*>(stage + get<0>(c(2 * k)) * kPitch + get<1>(c(2 * k))) =
-                detail::pack2<Element>(acc(2 * k) * scale, acc(2 * k + 1) * scale);
-        }
+        for (int k = 0; k < decltype(size(acc))::value / 2; ++k)
+            tile.put(get<0>(c(2 * k)), get<1>(c(2 * k)),
+                     detail::pack2<Element>(acc(2 * k) * scale, acc(2 * k + 1) * scale));
         cutlass::arch::NamedBarrier::sync(nthreads, bar_id);
-        constexpr int kChunks = kCols / 8;
         const int keys = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = tid; i < kBlockN * kChunks; i += nthreads) {
-            const int r = i / kChunks;
-            const int col = (i % kChunks) * 8;
-            if (r < keys && col < cols) {
-                *reinterpret_cast<uint4*>(dst + int64_t(n0 + r) * row_stride + col) =
-                    *reinterpret_cast<uint4 const*>(stage + r * kPitch + col);
-            }
-        }
+        tile.store(dst + int64_t(n0) * row_stride, row_stride, keys, cols, tid, nthreads);
         cutlass::arch::NamedBarrier::sync(nthreads, bar_id);  // the stage is free again
     }
 };
