@@ -104,7 +104,7 @@ fi
 if want bench; then
     python3 bench/bench_fwd.py --lib "$lib_dir/libmha_fwd.so" --dtype bf16,fp16 --json "$logs/bench_fwd.json" \
         2>&1 | tee "$logs/bench_fwd.md" | tail -40
-    python3 bench/bench_bwd.py --lib "$lib_dir/libmha_bwd.so" --fwd-lib "$lib_dir/libmha_fwd.so" --dtype bf16 \
+    python3 bench/bench_bwd.py --lib "$lib_dir/libmha_bwd.so" --fwd-lib "$lib_dir/libmha_fwd.so" --dtype bf16,fp16 \
         --json "$logs/bench_bwd.json" 2>&1 | tee "$logs/bench_bwd.md" | tail -25
     python3 bench/bench_varlen.py --lib "$lib_dir/libmha_fwd.so" --bwd-lib "$lib_dir/libmha_bwd.so" \
         --json "$logs/bench_varlen.json" 2>&1 | tee "$logs/bench_varlen.md" | tail -25
@@ -112,7 +112,8 @@ if want bench; then
         | tee "$logs/bench_overhead.md" | tail -30
     MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_decode.py --json "$logs/bench_decode.json" 2>&1 \
         | tee "$logs/bench_decode.md" | tail -20
-    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md"
+    python3 bench/plot_perf.py "$logs/bench_fwd.json" "$logs/bench_bwd.json" --out-dir "$logs/plots"
+    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, plots/"
 fi
 
 echo
