@@ -319,17 +319,22 @@ __device__ __forceinline__ void stage_own_rows(float* s_o, float* s_m, float* s_
         }
 }
 
-// Launch order of the CTAs: the kv head fastest, then the split, then the row chunk (x), the batch (z).
+// Launch order of the CTAs: the kv head fastest, then the split, then the row chunk (x), the batch (z). A CTA's
+// tile holds packed rows [row0, row0 + rows) of the kv head's rows_total = group x seqlen_q (tiles of block_m rows).
 struct SplitkvWork {
-    int hk, split, chunk, b;
+    int hk, split, b;
+    int group, rows_total, row0, rows;
 };
-__device__ __forceinline__ SplitkvWork splitkv_work(const SplitkvParams& p) {
+__device__ __forceinline__ SplitkvWork splitkv_work(const SplitkvParams& p, int block_m) {
     SplitkvWork w;
     w.hk = int(blockIdx.x % unsigned(p.nhead_k));
     const int rest = int(blockIdx.x / unsigned(p.nhead_k));
     w.split = rest % p.num_splits;
-    w.chunk = rest / p.num_splits;
     w.b = blockIdx.z;
+    w.group = p.nhead_q / p.nhead_k;
+    w.rows_total = w.group * p.seqlen_q;
+    w.row0 = (rest / p.num_splits) * block_m;
+    w.rows = min(block_m, w.rows_total - w.row0);
     return w;
 }
 
@@ -421,12 +426,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     uint16_t* sK = sQ + kBlockM * kSQ;                // kStages x kBlockN x kSQ
     uint16_t* sV = sK + kStages * kBlockN * kSQ;      // kStages x kBlockN x kSV
 
-    const SplitkvWork work = splitkv_work(p);
-    const int split = work.split, hk = work.hk, b = work.b;
-    const int group = p.nhead_q / p.nhead_k;
-    const int rows_total = group * p.seqlen_q;
-    const int row0 = work.chunk * kBlockM;
-    const int rows = min(kBlockM, rows_total - row0);
+    const SplitkvWork work = splitkv_work(p, kBlockM);
+    const int split = work.split, hk = work.hk, b = work.b, group = work.group;
+    const int rows_total = work.rows_total, row0 = work.row0, rows = work.rows;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int warp_row0 = kRowSplit ? warp * 16 * kMT : 0;             // the warp's first row of the tile
     const int warp_key0 = kRowSplit ? 0 : warp * Cfg::kKeysPerWarp;    // the warp's first key of a block
