@@ -20,6 +20,7 @@ mkdir -p "$logs"
 work=${MHAKIT_GPU_WORK:-/tmp/mhakit_dectma}
 mkdir -p "$work/lib"
 export MHAKIT_CACHE_DIR="$work/jit_cache" MHAKIT_TEST_CACHE_DIR="$work/jit_cache"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mhakit, not an installed one
 jobs=$(nproc)
 steps=${*:-build tests smoke sanitizer bench}
 want() { [[ " $steps " == *" $1 "* ]]; }
