@@ -1,10 +1,12 @@
 """The decode_tma family (sm_90a: TMA producer warp, mbarrier ring) on the GPU, against
 mhakit.reference.attention_fwd_kvcache: which family serves a call (the instance name the library prints at log level
 1) and that its result is right. Contiguous caches and pages of 64, 192 (not a power of two) and 256 rows (whole
-64-key blocks: decode_tma), pages of 16 and packed tiles of more than 32 rows (refused by its guard: the decode
+64-key blocks: decode_tma), pages of 16 and head dims that are not multiples of 8 (refused by its guards: the decode
 family serves them); ragged cache lengths incl. 0 and lengths that end inside a block (the producer's cp.async tail);
-GQA 1 / 4 / 8; s_q 1 / 4 / 16; forced splits (2, 7: some parts empty) and the heuristic; causal and sliding-window
-masks; appended rows; cache_batch_idx; d64, d128, d72 and d != d_v (a V box left unread). Caches hold NaN past each
+GQA 1 / 3 / 4 / 8; s_q 1 / 4 / 8 / 16: the one-row-tile kernel, the key split (up to 32 packed rows) and the row
+split (48, 64 and 128 rows: one chunk with padded rows, one, two); forced splits (2, 3, 7: some parts empty) and the
+heuristic; causal and sliding-window masks; appended rows; cache_batch_idx; d64, d128, d72 and d != d_v (a V box
+left unread). Caches hold NaN past each
 batch's length (make_case), so a kernel that computed on those rows fails."""
 from __future__ import annotations
 
@@ -46,9 +48,13 @@ CASES = [
     ("fp16", 2, 1, 16, 2, 128, 64, [1111, 250], 0, 1, False, {}, 2, "decode_tma"),            # d != d_v
     ("bf16", 2, 4, 8, 2, 72, 72, [300, 999], 64, 0, False, {"causal": True}, 0, "decode_tma"),  # partial box
     ("bf16", 2, 2, 8, 2, 128, 128, [0, 0], 64, 0, False, {}, 0, "decode_tma"),                # empty caches
+    # the row split: 64 rows (one chunk), 48 (a chunk with 16 padded rows), 128 (two chunks)
+    ("fp16", 2, 16, 32, 8, 128, 128, [700, 33], 0, 2, False, {"causal": True}, 0, "decode_tma"),
+    ("bf16", 2, 16, 24, 8, 128, 128, [1000, 4097], 64, 0, False, {"causal": True}, 3, "decode_tma"),
+    ("bf16", 2, 16, 64, 8, 128, 128, [2100, 65], 256, 1, False, {"window": (300, 0)}, 0, "decode_tma"),
+    ("fp16", 2, 8, 64, 8, 64, 64, [999, 1500], 0, 0, False, {"causal": True}, 7, "decode_tma"),
     # refused by decode_tma's guards: the decode family serves them
     ("bf16", 3, 1, 32, 8, 128, 128, [300, 17, 1000], 16, 0, False, {}, 0, "decode"),          # pages of 16
-    ("fp16", 2, 16, 32, 8, 128, 128, [700, 33], 0, 2, False, {"causal": True}, 0, "decode"),  # 64 rows
     ("bf16", 2, 4, 8, 2, 59, 100, [77, 250], 0, 1, False, {"causal": True}, 2, "decode"),     # head dims
 ]
 

@@ -6,7 +6,8 @@
 #      case; tests/test_python_gpu_kvcache.py is the decode family's, now partly served by decode_tma);
 #   3. the decode smoke grid's quick mode (bf16), kernel names printed;
 #   4. compute-sanitizer memcheck on decode_tma calls: paged with forced splits, contiguous with appended rows and a
-#      tail block, cache_batch_idx, and one the guard sends to the decode family;
+#      tail block, cache_batch_idx, d64 paged, the row split (64 rows paged; 128 rows, two chunks), and one call the
+#      guard sends to the decode family (pages of 16);
 #   5. bench/bench_decode.py: issue 10's rows at s_q 1, 4, 16, contiguous and paged (64), cuDNN and FA2 in the same
 #      process, TB/s and ratios, the instance of each row.
 # Logs under $OUT (else ./verify_dectma_logs); the summary comes last.
@@ -76,6 +77,8 @@ if want sanitizer; then
 -prec=bf16 -b=3 -h=8 -h_k=4 -s=1 -s_k=500,7,1 -cache_batch_idx=1 -s_knew=2 -num_splits=7 -lse=1
 -prec=bf16 -b=2 -h=8 -h_k=2 -s=3 -s_k=700,33 -d=64 -page_block_size=256 -mask=b:64,0 -num_splits=0
 -prec=bf16 -b=2 -h=32 -h_k=8 -s=16 -s_k=1500,77 -page_block_size=64 -num_splits=3 -mask=b -lse=1
+-prec=fp16 -b=2 -h=64 -h_k=8 -s=16 -s_k=999,3000 -s_knew=1 -mask=b -num_splits=0 -lse=1
+-prec=bf16 -b=2 -h=16 -h_k=2 -s=16 -s_k=1500,77 -page_block_size=16 -num_splits=3 -mask=b -lse=1
 CASES
     note "compute-sanitizer memcheck: $((n - bad))/$n cases clean (families: $(grep -o 'sm90a_decode[a-z_]*' "$logs/sanitizer.log" | sort | uniq -c | tr '\n' ' '))"
 fi

@@ -4,11 +4,13 @@
 // issue-bound on the H200 (ncu: 91 % of the instructions in the K/V loads). Here one producer warp moves a whole K or
 // V block with a few TMA instructions into an mbarrier-tracked ring, and the consumer warps only compute.
 //
-// Work and arithmetic are the decode family's key split (fmha_fwd_splitkv.cuh): one CTA per (kv head, key split,
-// batch); its query tile packs the query heads of the kv head x seqlen_q rows (cache_rows.cuh, packed_row), at most
-// block_m rows (a call with <= 16 rows runs a one-row-tile kernel of the same instance); consumer warp w takes keys
-// [16w, 16w + 16) of every block of block_n = 16 x warps keys with its own online softmax (S = Q·Kᵀ, mask, P, O += P·V
-// by mma.sync), and the warps' partial results meet in shared memory at the end (combine_warps) and go out as the
+// Work and arithmetic are the decode family's (fmha_fwd_splitkv.cuh): one CTA per (kv head, key split, row chunk,
+// batch); its query tile packs the query heads of the kv head x seqlen_q rows (cache_rows.cuh, packed_row). Up to
+// block_m rows, the key split (a call with <= 16 rows runs a one-row-tile kernel of the same instance): consumer warp
+// w takes keys [16w, 16w + 16) of every block of block_n = 16 x warps keys with its own online softmax (S = Q·Kᵀ,
+// mask, P, O += P·V by mma.sync), and the warps' partial results meet in shared memory at the end (combine_warps).
+// More rows, the row split: warp w owns rows [16w, 16w + 16) of a chunk of warps x 16 rows and walks every key of a
+// block (stage_own_rows at the end); the ring has one slot fewer there (its Q tile is larger). Results go out as the
 // decode family writes them (write_result: O / LSE, or the fp32 partials for splitkv_combine.cuh). The split
 // heuristic, the append kernel and the combine kernel are the decode family's.
 //
@@ -28,9 +30,8 @@
 // blocks (page_block_size a multiple of block_n: the run-time guard), so a block is one box per 64 columns; the
 // producer reads the block table 32 blocks at a time (a lane per block) and passes each page on by a shuffle.
 //
-// What the instance refuses (supports(), then the decode family serves the call): more packed rows than block_m,
-// pages that do not hold whole blocks, strides TMA cannot take. The static guards (catalogue): 16-byte aligned
-// tensors, head dims multiples of 8.
+// What the instance refuses (supports(), then the decode family serves the call): pages that do not hold whole
+// blocks, strides TMA cannot take. The static guards (catalogue): 16-byte aligned tensors, head dims multiples of 8.
 #pragma once
 
 #include <cuda.h>
@@ -72,16 +73,19 @@ struct TmaConfig {
     static constexpr int kKBytes = kBoxesK * kBoxBytes, kVBytes = kBoxesV * kBoxBytes;
     static constexpr int kSlotBytes = kKBytes + kVBytes;
 
-    // Shared memory of the kernel with kMT row tiles: the ring (reused after the key loop for the warps' fp32
-    // partial results), the Q tile, the barriers; plus 1 KB to align the ring to the swizzle's 1024-byte pattern.
-    template <int kMT>
+    // Shared memory of a kernel: key split with kMT row tiles, or row split (kWarps x 16 rows, one row tile per
+    // warp, and one slot fewer than the tile's stages, at least two, so that as many CTAs fit an SM as with the key
+    // split's smaller Q tile): the ring (reused after the key loop for the fp32 partial results), the Q tile, the
+    // barriers; plus 1 KB to align the ring to the swizzle's 1024-byte pattern.
+    template <int kMT, bool kRowSplit>
     struct Smem {
-        static constexpr int kRows = 16 * kMT;
-        static constexpr int kRing = kStages * kSlotBytes;
-        static constexpr int kCombine = kWarps * kRows * (kHdimV + 2) * 4;
+        static constexpr int kRows = kRowSplit ? kWarps * 16 : 16 * kMT;
+        static constexpr int kSlots = kRowSplit && kStages > 2 ? kStages - 1 : kStages;
+        static constexpr int kRing = kSlots * kSlotBytes;
+        static constexpr int kCombine = (kRowSplit ? 1 : kWarps) * kRows * (kHdimV + 2) * 4;
         static constexpr int kQ = kRing > kCombine ? kRing : kCombine;  // byte offset of the Q tile
         static constexpr int kBarriers = (kQ + kRows * kSQ * 2 + 7) / 8 * 8;
-        static constexpr int kBytes = kBarriers + 2 * kStages * 8;
+        static constexpr int kBytes = kBarriers + 2 * kSlots * 8;
         static constexpr int kDynamic = kBytes + 1024;
         // CTAs one SM holds (228 KB, 1 KB of it reserved per CTA), and the registers per thread that let them all
         // stay resident (64 K per SM, in units of 8): the kernel's register cap. (__launch_bounds__' minimum of
@@ -97,47 +101,58 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// S (kMT row tiles x 16 keys of this warp) = Q·Kᵀ: Q from its padded tile (sQ_a: this lane's ldmatrix address at
-// column 0), K from a swizzled slot. k_lane: byte offset of this lane's K row in a box; kx: its chunk XOR (see the
-// kernel). kFull: the real hdim_q fills the bucket, else only its first ceil(hdim_q / 16) column steps.
+// S (kMT row tiles x the warp's W::kKeys keys, in groups of 16) = Q·Kᵀ: Q from its padded tile (sQ_a: this lane's
+// ldmatrix address at column 0 of the warp's first row), K from a swizzled slot. k_lane: byte offset of this lane's
+// K row in a box (for the first 16-key group; group np is 16 rows further); kx: its chunk XOR (see the kernel).
+// kFull: the real hdim_q fills the bucket, else only its first ceil(hdim_q / 16) column steps.
 template <class W, int kBoxBytes, bool kFull>
 __device__ __forceinline__ void qk_swizzled(float (&s)[W::kMT][W::kNT][4], uint32_t sQ_a, uint32_t k_lane, int kx,
                                             int hdim_q) {
-    static_assert(W::kNT == 2, "a consumer warp computes 16 keys");
     using Mma = ptx::Mma<W::kDtype>;
+    constexpr int kNP = W::kNT / 2;  // 16-key groups
     const int kq = kFull ? W::kKQ : (hdim_q + 15) >> 4;
 #pragma unroll
     for (int kk = 0; kk < W::kKQ; ++kk) {
         if (!kFull && kk >= kq) break;
-        uint32_t bk[4];
-        ptx::ldmatrix_x4(bk, k_lane + (kk >> 2) * kBoxBytes + ((kx ^ ((kk & 3) << 1)) << 4));
+        uint32_t a[W::kMT][4];
 #pragma unroll
-        for (int mt = 0; mt < W::kMT; ++mt) {
-            uint32_t a[4];
-            ptx::ldmatrix_x4(a, sQ_a + (mt * 16 * W::kSQ + kk * 16) * 2);
-            Mma::mma(s[mt][0], a, bk[0], bk[1]);
-            Mma::mma(s[mt][1], a, bk[2], bk[3]);
+        for (int mt = 0; mt < W::kMT; ++mt) ptx::ldmatrix_x4(a[mt], sQ_a + (mt * 16 * W::kSQ + kk * 16) * 2);
+        const uint32_t k_col = (kk >> 2) * kBoxBytes + ((kx ^ ((kk & 3) << 1)) << 4);
+#pragma unroll
+        for (int np = 0; np < kNP; ++np) {
+            uint32_t bk[4];
+            ptx::ldmatrix_x4(bk, k_lane + np * 16 * kRowBytes + k_col);
+#pragma unroll
+            for (int mt = 0; mt < W::kMT; ++mt) {
+                Mma::mma(s[mt][2 * np], a[mt], bk[0], bk[1]);
+                Mma::mma(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+            }
         }
     }
 }
 
-// O += P·V over this warp's 16 keys, V from a swizzled slot (v_lane, vx: this lane's row offset and chunk XOR).
+// O += P·V over the warp's keys (16-key chunks kk), V from a swizzled slot (v_lane, vx: this lane's row offset in
+// the first chunk and its chunk XOR; chunk kk is 16 rows further).
 template <class W, int kBoxBytes, bool kFull>
-__device__ __forceinline__ void pv_swizzled(float (&acc_o)[W::kMT][W::kOT][4], const uint32_t (&p_frag)[W::kMT][1][4],
-                                            uint32_t v_lane, int vx, int hdim_v) {
-    static_assert(W::kKV == 1, "a consumer warp computes 16 keys");
+__device__ __forceinline__ void pv_swizzled(float (&acc_o)[W::kMT][W::kOT][4],
+                                            const uint32_t (&p_frag)[W::kMT][W::kKV][4], uint32_t v_lane, int vx,
+                                            int hdim_v) {
     using Mma = ptx::Mma<W::kDtype>;
     constexpr int kNP = W::kOT / 2;
     const int nv = kFull ? kNP : (hdim_v + 15) >> 4;
 #pragma unroll
-    for (int np = 0; np < kNP; ++np) {
-        if (!kFull && np >= nv) break;
-        uint32_t bv[4];
-        ptx::ldmatrix_x4_trans(bv, v_lane + (np >> 2) * kBoxBytes + ((vx ^ ((np & 3) << 1)) << 4));
+    for (int kk = 0; kk < W::kKV; ++kk) {
 #pragma unroll
-        for (int mt = 0; mt < W::kMT; ++mt) {
-            Mma::mma(acc_o[mt][2 * np], p_frag[mt][0], bv[0], bv[1]);
-            Mma::mma(acc_o[mt][2 * np + 1], p_frag[mt][0], bv[2], bv[3]);
+        for (int np = 0; np < kNP; ++np) {
+            if (!kFull && np >= nv) break;
+            uint32_t bv[4];
+            ptx::ldmatrix_x4_trans(bv, v_lane + kk * 16 * kRowBytes + (np >> 2) * kBoxBytes +
+                                           ((vx ^ ((np & 3) << 1)) << 4));
+#pragma unroll
+            for (int mt = 0; mt < W::kMT; ++mt) {
+                Mma::mma(acc_o[mt][2 * np], p_frag[mt][kk], bv[0], bv[1]);
+                Mma::mma(acc_o[mt][2 * np + 1], p_frag[mt][kk], bv[2], bv[3]);
+            }
         }
     }
 }
@@ -162,16 +177,17 @@ __device__ __forceinline__ void load_tail(unsigned char* dst, RowPtr&& row_ptr, 
     ptx::cp_async_wait<0>();
 }
 
-template <class Cfg, int kMT>
-__global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::template Smem<kMT>::kMaxRegs)
+template <class Cfg, int kMT, bool kRowSplit>
+__global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem<kMT, kRowSplit>::kMaxRegs))
     splitkv_tma_kernel(const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
                        const SplitkvParams p) {
     using Base = typename Cfg::Base;
-    using W = WarpView<Base, kMT, false>;
-    using S = typename Cfg::template Smem<kMT>;
+    using W = WarpView<Base, kMT, kRowSplit>;
+    using S = typename Cfg::template Smem<kMT, kRowSplit>;
     using Barrier = cutlass::arch::ClusterTransactionBarrier;
-    constexpr int kBlockM = 16 * kMT, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kWarps = Cfg::kWarps;
+    constexpr int kBlockM = S::kRows, kBlockN = Cfg::kBlockN, kStages = S::kSlots, kWarps = Cfg::kWarps;
     constexpr int kSQ = Cfg::kSQ, kBoxBytes = Cfg::kBoxBytes;
+    constexpr int kParts = kRowSplit ? 1 : kWarps;  // partial results per row after the key loop
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -261,9 +277,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::template Smem<
     }
 
     // ---------------- consumer warps ----------------
-    const int warp_key0 = warp * 16;
+    // Key split: warp w computes keys [16w, 16w + 16) of every block for all rows of the tile; row split: rows
+    // [16w, 16w + 16) of the tile against every key of the block.
+    const int warp_row0 = kRowSplit ? warp * 16 : 0, warp_key0 = kRowSplit ? 0 : warp * 16;
     int row_lo[kMT][2], row_hi[kMT][2];
-    row_bounds<kMT>(row_lo, row_hi, keys.geom, row0, rows_total, group);
+    row_bounds<kMT>(row_lo, row_hi, keys.geom, row0 + warp_row0, rows_total, group);
 
     if (n_blocks > 0) {
         const uint16_t* q0 = static_cast<const uint16_t*>(p.q) + b * p.q_batch_stride;
@@ -280,11 +298,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::template Smem<
     named_sync(kConsumerBarrier, Cfg::kConsumers);  // the Q tile is complete
 
     // ldmatrix lane addresses. Q: padded rows, as in the decode family. K (B operand of Q·Kᵀ, not transposed):
-    // matrices (keys 0-7 | 8-15) x (columns 0-7 | 8-15) of a 16-column step; lane l gives row warp_key0 + l % 8 +
-    // 8 (l / 16) at chunk 2 kk + (l / 8) % 2. V (transposed): rows warp_key0 + l % 8 + 8 ((l / 8) % 2), chunk 2 np +
-    // l / 16. Every such row is 8-aligned plus l % 8, so the swizzle XORs its chunk with l % 8 and the chunk index
-    // 2 step + bit becomes (bit ^ l % 8) ^ 2 (step % 4) in box step / 4.
-    const uint32_t sQ_a = ptx::smem_addr(sQ + (lane & 15) * kSQ + ((lane >> 4) << 3));
+    // matrices (keys 0-7 | 8-15) x (columns 0-7 | 8-15) of a 16-key group and 16-column step; lane l gives row
+    // warp_key0 + l % 8 + 8 (l / 16) (+ 16 per group) at chunk 2 kk + (l / 8) % 2. V (transposed): rows warp_key0 +
+    // l % 8 + 8 ((l / 8) % 2) (+ 16 per key chunk), chunk 2 np + l / 16. Every such row is 8-aligned plus l % 8, so
+    // the swizzle XORs its chunk with l % 8 and the chunk index 2 step + bit becomes (bit ^ l % 8) ^ 2 (step % 4) in
+    // box step / 4.
+    const uint32_t sQ_a = ptx::smem_addr(sQ + (warp_row0 + (lane & 15)) * kSQ + ((lane >> 4) << 3));
     const uint32_t ring = ptx::smem_addr(smem);
     const uint32_t k_lane = uint32_t(warp_key0 + (lane & 7) + ((lane >> 4) << 3)) * kRowBytes;
     const uint32_t v_lane = uint32_t(warp_key0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes;
@@ -316,15 +335,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::template Smem<
         if (lane == 0) Barrier::arrive(&empty_bar[st]);
     }
 
-    // ---- the warps' partial results meet in shared memory (the ring is free: every block was waited for) ----
+    // ---- the partial results meet in shared memory (the ring is free: every block was waited for) ----
     named_sync(kConsumerBarrier, Cfg::kConsumers);
-    float* s_o = reinterpret_cast<float*>(smem);        // [kWarps][kBlockM][kHdimV]
-    float* s_m = s_o + kWarps * kBlockM * Cfg::kHdimV;  // [kWarps][kBlockM]
-    float* s_l = s_m + kWarps * kBlockM;
-    combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v,
-                             [] { named_sync(kConsumerBarrier, Cfg::kConsumers); });
+    float* s_o = reinterpret_cast<float*>(smem);        // [kParts][kBlockM][kHdimV]
+    float* s_m = s_o + kParts * kBlockM * Cfg::kHdimV;  // [kParts][kBlockM]
+    float* s_l = s_m + kParts * kBlockM;
+    if constexpr (kRowSplit)
+        stage_own_rows<W>(s_o, s_m, s_l, acc_o, softmax, warp_row0, p.hdim_v);
+    else
+        combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v,
+                                 [] { named_sync(kConsumerBarrier, Cfg::kConsumers); });
     named_sync(kConsumerBarrier, Cfg::kConsumers);
-    write_result<Base::kDtype, kWarps, kBlockM, Cfg::kHdimV, Cfg::kConsumers>(s_o, s_m, s_l, p, b, hk, split, row0,
+    write_result<Base::kDtype, kParts, kBlockM, Cfg::kHdimV, Cfg::kConsumers>(s_o, s_m, s_l, p, b, hk, split, row0,
                                                                               rows, group, tid);
 }
 
@@ -372,23 +394,45 @@ template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN,
 struct SplitkvTmaKernel {
     static_assert(kBlockM % 16 == 0 && kBlockN == 16 * kWarps, "tile: 16-row tiles, 16 keys per consumer warp");
     using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages>;
-    static_assert(Cfg::template Smem<kBlockM / 16>::kDynamic <= 232448, "decode_tma tile needs more than 227 KB");
+    template <int kMT, bool kRowSplit>
+    using Smem = typename Cfg::template Smem<kMT, kRowSplit>;
+    static_assert(Smem<kBlockM / 16, false>::kDynamic <= 232448 && Smem<1, true>::kDynamic <= 232448,
+                  "decode_tma tile needs more than 227 KB");
 
+    // The kernel a call runs, as in the decode family: one row tile (<= 16 packed rows), the key split's full tile
+    // (<= block_m rows), or the row split (more rows: chunks of warps x 16 rows, each reading the keys once).
+    enum class Shape { kOneTile, kKeySplit, kRowSplit };
     static long long packed_rows(const SplitkvParams& p) { return (long long)(p.nhead_q / p.nhead_k) * p.seqlen_q; }
-    static bool one_tile(const SplitkvParams& p) { return packed_rows(p) <= 16; }
+    static Shape shape(const SplitkvParams& p) {
+        const long long rows = packed_rows(p);
+        return rows <= 16 ? Shape::kOneTile : rows <= kBlockM ? Shape::kKeySplit : Shape::kRowSplit;
+    }
+    static int tile_rows(const SplitkvParams& p) {
+        switch (shape(p)) {
+            case Shape::kOneTile: return Smem<1, false>::kRows;
+            case Shape::kKeySplit: return Smem<kBlockM / 16, false>::kRows;
+            default: return Smem<1, true>::kRows;
+        }
+    }
     static int smem_bytes(const SplitkvParams& p) {
-        return one_tile(p) ? Cfg::template Smem<1>::kDynamic : Cfg::template Smem<kBlockM / 16>::kDynamic;
+        switch (shape(p)) {
+            case Shape::kOneTile: return Smem<1, false>::kDynamic;
+            case Shape::kKeySplit: return Smem<kBlockM / 16, false>::kDynamic;
+            default: return Smem<1, true>::kDynamic;
+        }
+    }
+    static long long row_chunks(const SplitkvParams& p) {
+        return (packed_rows(p) + tile_rows(p) - 1) / tile_rows(p);
     }
 
     // Run-time guard beyond the runtime's checks and the static guards (16-byte alignment, head dims multiples of
-    // 8): the key split's tile holds every packed row (one row chunk), pages hold whole blocks, TMA takes the cache
-    // strides, the grid fits. Pure host arithmetic.
+    // 8): pages hold whole blocks, TMA takes the cache strides, the grid fits (x: kv heads x splits x row chunks).
+    // Pure host arithmetic.
     static bool supports(const SplitkvParams& p) {
         using tma_detail::tma_stride_ok;
         const tma_detail::CacheModes used = tma_detail::cache_modes(p);
-        if (packed_rows(p) > kBlockM || p.batch > 65535) return false;
+        if (p.batch > 65535 || row_chunks(p) * MHAKIT_MAX_SPLITS * p.nhead_k >= (1LL << 31)) return false;
         if (p.block_table != nullptr && p.page_block_size % kBlockN != 0) return false;
-        if ((long long)MHAKIT_MAX_SPLITS * p.nhead_k >= (1LL << 31)) return false;
         return tma_stride_ok(p.k_row_stride, true) && tma_stride_ok(p.k_head_stride, used.head) &&
                tma_stride_ok(p.k_batch_stride, used.outer) && tma_stride_ok(p.v_row_stride, true) &&
                tma_stride_ok(p.v_head_stride, used.head) && tma_stride_ok(p.v_batch_stride, used.outer);
@@ -396,17 +440,17 @@ struct SplitkvTmaKernel {
 
     // The split count for num_splits = 0: the decode family's heuristic over this kernel's CTAs per SM.
     static int num_splits(const SplitkvParams& p, int smem_per_sm) {
-        return heuristic_splits(p, (long long)p.nhead_k * p.batch, kBlockN, smem_bytes(p), smem_per_sm);
+        return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, kBlockN, smem_bytes(p), smem_per_sm);
     }
 
-    template <int kMT>
+    template <int kMT, bool kRowSplit>
     static cudaError_t launch(const SplitkvParams& p, const CUtensorMap& tma_k, const CUtensorMap& tma_v,
                               cudaStream_t stream) {
-        auto kernel = tma_detail::splitkv_tma_kernel<Cfg, kMT>;
-        constexpr int smem = Cfg::template Smem<kMT>::kDynamic;
+        auto kernel = tma_detail::splitkv_tma_kernel<Cfg, kMT, kRowSplit>;
+        constexpr int smem = Smem<kMT, kRowSplit>::kDynamic;
         static std::atomic<uint64_t> opted_in{0};
         if (cudaError_t err = opt_in_dynamic_smem(kernel, smem, opted_in); err != cudaSuccess) return err;
-        const long long ctas = (long long)p.num_splits * p.nhead_k;
+        const long long ctas = row_chunks(p) * p.num_splits * p.nhead_k;
         kernel<<<dim3(unsigned(ctas), 1, p.batch), Cfg::kThreads, smem, stream>>>(tma_k, tma_v, p);
         return cudaGetLastError();
     }
@@ -421,8 +465,12 @@ struct SplitkvTmaKernel {
             tma_detail::encode_cache<kBlockN>(&tma_v, kDtype, p.v_cache, p.hdim_v, p.v_row_stride, p.v_head_stride,
                                               p.v_batch_stride, p) != CUDA_SUCCESS)
             return cudaErrorInvalidValue;  // supports() admitted only what TMA takes: not expected
-        const cudaError_t err = one_tile(p) ? launch<1>(p, tma_k, tma_v, stream)
-                                            : launch<kBlockM / 16>(p, tma_k, tma_v, stream);
+        cudaError_t err;
+        switch (shape(p)) {
+            case Shape::kOneTile: err = launch<1, false>(p, tma_k, tma_v, stream); break;
+            case Shape::kKeySplit: err = launch<kBlockM / 16, false>(p, tma_k, tma_v, stream); break;
+            default: err = launch<1, true>(p, tma_k, tma_v, stream); break;
+        }
         if (err != cudaSuccess || p.num_splits == 1) return err;
         return detail::combine_splits<kDtype>(p, stream);
     }
