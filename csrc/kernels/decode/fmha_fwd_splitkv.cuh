@@ -413,13 +413,33 @@ __device__ __forceinline__ void write_result(const float* s_o, const float* s_m,
     }
 }
 
+// After the key loop: the tile's partial results (this warp's acc_o and softmax) meet in shared memory at smem, which
+// the caller has made free (fp32 s_o [kParts][kBlockM][kHdimV], then s_m and s_l [kParts][kBlockM]; kParts: one per
+// warp in the key split, one in the row split, whose rows each belong to one warp), and go out (write_result).
+// Threads 0 .. kThreads - 1 take part; `sync` is their barrier.
+template <class W, int kWarps, bool kRowSplit, int kBlockM, int kThreads, class Sync>
+__device__ __forceinline__ void finish_tile(unsigned char* smem, const float (&acc_o)[W::kMT][W::kOT][4],
+                                            const generic::detail::OnlineSoftmax<W::kMT>& softmax,
+                                            const SplitkvParams& p, int warp_row0, int b, int hk, int split, int row0,
+                                            int rows, int group, int tid, Sync&& sync) {
+    constexpr int kParts = kRowSplit ? 1 : kWarps, kHdimV = W::kOT * 8;
+    float* s_o = reinterpret_cast<float*>(smem);  // [kParts][kBlockM][kHdimV]
+    float* s_m = s_o + kParts * kBlockM * kHdimV;  // [kParts][kBlockM]
+    float* s_l = s_m + kParts * kBlockM;
+    if constexpr (kRowSplit)
+        stage_own_rows<W>(s_o, s_m, s_l, acc_o, softmax, warp_row0, p.hdim_v);
+    else
+        combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v, sync);
+    sync();
+    write_result<W::kDtype, kParts, kBlockM, kHdimV, kThreads>(s_o, s_m, s_l, p, b, hk, split, row0, rows, group, tid);
+}
+
 template <class Cfg, int kMT, bool kRowSplit>
 __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvParams p, const int align_flags) {
     using W = WarpView<Cfg, kMT, kRowSplit>;
     constexpr int kBlockM = Cfg::template tile_rows<kMT, kRowSplit>();
     constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
     constexpr int kSQ = Cfg::kSQ, kSV = Cfg::kSV, kWarps = Cfg::kWarps;
-    constexpr int kParts = kRowSplit ? 1 : kWarps;  // partial results per row after the key loop
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
@@ -590,16 +610,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     // ---- the warps' partial results meet in shared memory (the Q / K / V bytes are free now) ----
     ptx::cp_async_wait<0>();
     __syncthreads();
-    float* s_o = reinterpret_cast<float*>(smem_raw);        // [kParts][kBlockM][kHdimV]
-    float* s_m = s_o + kParts * kBlockM * Cfg::kHdimV;      // [kParts][kBlockM]
-    float* s_l = s_m + kParts * kBlockM;
-    if constexpr (kRowSplit)
-        stage_own_rows<W>(s_o, s_m, s_l, acc_o, softmax, warp_row0, p.hdim_v);
-    else
-        combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v, [] { __syncthreads(); });
-    __syncthreads();
-    write_result<Cfg::kDtype, kParts, kBlockM, Cfg::kHdimV, kThreads>(s_o, s_m, s_l, p, b, hk, split, row0, rows,
-                                                                      group, tid);
+    finish_tile<W, kWarps, kRowSplit, kBlockM, kThreads>(smem_raw, acc_o, softmax, p, warp_row0, b, hk, split, row0,
+                                                         rows, group, tid, [] { __syncthreads(); });
 }
 
 }  // namespace detail

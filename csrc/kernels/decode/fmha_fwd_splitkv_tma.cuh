@@ -187,7 +187,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
     using Barrier = cutlass::arch::ClusterTransactionBarrier;
     constexpr int kBlockM = S::kRows, kBlockN = Cfg::kBlockN, kStages = S::kSlots, kWarps = Cfg::kWarps;
     constexpr int kSQ = Cfg::kSQ, kBoxBytes = Cfg::kBoxBytes;
-    constexpr int kParts = kRowSplit ? 1 : kWarps;  // partial results per row after the key loop
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -337,17 +336,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
 
     // ---- the partial results meet in shared memory (the ring is free: every block was waited for) ----
     named_sync(kConsumerBarrier, Cfg::kConsumers);
-    float* s_o = reinterpret_cast<float*>(smem);        // [kParts][kBlockM][kHdimV]
-    float* s_m = s_o + kParts * kBlockM * Cfg::kHdimV;  // [kParts][kBlockM]
-    float* s_l = s_m + kParts * kBlockM;
-    if constexpr (kRowSplit)
-        stage_own_rows<W>(s_o, s_m, s_l, acc_o, softmax, warp_row0, p.hdim_v);
-    else
-        combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v,
-                                 [] { named_sync(kConsumerBarrier, Cfg::kConsumers); });
-    named_sync(kConsumerBarrier, Cfg::kConsumers);
-    write_result<Base::kDtype, kParts, kBlockM, Cfg::kHdimV, Cfg::kConsumers>(s_o, s_m, s_l, p, b, hk, split, row0,
-                                                                              rows, group, tid);
+    finish_tile<W, kWarps, kRowSplit, kBlockM, Cfg::kConsumers>(smem, acc_o, softmax, p, warp_row0, b, hk, split, row0,
+                                                                rows, group, tid,
+                                                                [] { named_sync(kConsumerBarrier, Cfg::kConsumers); });
 }
 
 // Bytes of a stride as TMA takes it: a mode of extent 1 is never stepped, so any legal stride (16) stands in.
