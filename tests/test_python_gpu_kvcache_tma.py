@@ -48,6 +48,9 @@ CASES = [
     ("fp16", 2, 1, 16, 2, 128, 64, [1111, 250], 0, 1, False, {}, 2, "decode_tma"),            # d != d_v
     ("bf16", 2, 4, 8, 2, 72, 72, [300, 999], 64, 0, False, {"causal": True}, 0, "decode_tma"),  # partial box
     ("bf16", 2, 2, 8, 2, 128, 128, [0, 0], 64, 0, False, {}, 0, "decode_tma"),                # empty caches
+    # the key split's two row tiles, partly padded: 20 and 24 rows
+    ("fp16", 2, 4, 20, 4, 128, 128, [333, 1025], 0, 0, False, {"causal": True}, 0, "decode_tma"),
+    ("bf16", 2, 3, 32, 4, 64, 64, [100, 2000], 0, 0, False, {}, 2, "decode_tma"),
     # the row split: 64 rows (one chunk), 48 (a chunk with 16 padded rows), 128 (two chunks)
     ("fp16", 2, 16, 32, 8, 128, 128, [700, 33], 0, 2, False, {"causal": True}, 0, "decode_tma"),
     ("bf16", 2, 16, 24, 8, 128, 128, [1000, 4097], 64, 0, False, {"causal": True}, 3, "decode_tma"),
