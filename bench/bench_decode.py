@@ -21,6 +21,7 @@ against the first peer that runs (CK's rule, bf16 1e-2/1e-2).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import sys
@@ -54,6 +55,9 @@ def parse_args(argv=None):
                    help="memory order of the cache (and of each page): bshd (FlashAttention's kv-cache, default) or "
                         "bhsd (each head's keys contiguous); the calls see [b, s, h, d] views either way")
     p.add_argument("--peers", default="cudnn,fa2", help="comma list of SDPA backends: cudnn, fa2")
+    p.add_argument("--show-kernel", action="store_true",
+                   help="print the split-KV instance of each row's first contiguous and paged call on stdout (the "
+                        "library's log line: decode_tma or decode, and the split count)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--json", metavar="OUT.json")
@@ -114,6 +118,20 @@ def sdpa_call(name, q, k, v, sq, sk, scale):
     return (lambda: run(mask)), out, note
 
 
+def first_call(opts, fn) -> None:
+    """fn() once; with --show-kernel at log level 1, so that the library prints the instance it launches."""
+    if not opts.show_kernel:
+        fn()
+        return
+    level, mhakit.api.LOG_LEVEL = mhakit.api.LOG_LEVEL, 1
+    try:
+        fn()
+    finally:
+        mhakit.api.LOG_LEVEL = level
+        sys.stdout.flush()
+        ctypes.CDLL(None).fflush(None)  # the library's printf, before the rows that follow
+
+
 def run_row(opts, b, hq, hk, sk, sq, gen) -> dict:
     dt, d = DTYPES[opts.dtype], opts.hdim
     scale = 1.0 / math.sqrt(d)
@@ -130,7 +148,7 @@ def run_row(opts, b, hq, hk, sk, sq, gen) -> dict:
     def ours():
         mhakit.mha_fwd_kvcache(q, kc, vc, lens, causal=causal, num_splits=opts.num_splits, out=out)
 
-    ours()
+    first_call(opts, ours)
     torch.cuda.synchronize()
     ref, ref_note = None, None
     peer_runs = {}
@@ -170,7 +188,7 @@ def run_row(opts, b, hq, hk, sk, sq, gen) -> dict:
         def ours_paged():
             mhakit.mha_fwd_kvcache(q, pk, pv, lens, block_table=table, causal=causal, num_splits=opts.num_splits,
                                    out=out_p)
-        ours_paged()
+        first_call(opts, ours_paged)
         torch.cuda.synchronize()
         rtol, atol = tolerances(opts.dtype)
         row["paged_matches"] = bool(torch.allclose(out_p.float(), out.float(), rtol=rtol, atol=atol))

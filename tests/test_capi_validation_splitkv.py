@@ -92,15 +92,36 @@ def test_null_pointers_to_the_entry_points(lib):
 
 
 def test_instance_choice_serves_every_head_dim_up_to_the_bucket(lib):
+    """The minimal library holds the bf16 d128 instance of both split-KV families: decode_tma (priority 10) where
+    its static guards (16-byte alignment, head dims multiples of 8) and run-time guard (pages of whole 64-key blocks,
+    strides TMA takes) hold, decode for every other call."""
+    tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
     name = "splitkv_d128_bf16_batch_mask_sm90a_decode_b32x64w4"
-    assert lib.splitkv_kernel_name(valid_args()) == name, lib.last_error()
+    assert lib.splitkv_kernel_name(valid_args()) == tma, lib.last_error()
     assert lib.last_error() == ""
-    for hq, hv in [(1, 1), (59, 128), (128, 40), (96, 96)]:
-        assert lib.splitkv_kernel_name(valid_args(hdim_q=hq, hdim_v=hv)) == name
-    paged = valid_args(block_table_ptr=FAKE, page_block_size=1, batch_stride_block_table=4096)
-    assert lib.splitkv_kernel_name(paged) == name
+    for hq, hv, want in [(1, 1, name), (59, 128, name), (128, 40, tma), (96, 96, tma), (72, 128, tma)]:
+        assert lib.splitkv_kernel_name(valid_args(hdim_q=hq, hdim_v=hv)) == want, (hq, hv)
+    for page, want in [(1, name), (16, name), (64, tma), (192, tma), (256, tma), (96, name)]:
+        paged = valid_args(block_table_ptr=FAKE, page_block_size=page, batch_stride_block_table=4096)
+        assert lib.splitkv_kernel_name(paged) == want, page
     window = valid_args(mask_type=_capi.MASK_BOTTOM_RIGHT, window_size_left=128, window_size_right=0)
-    assert lib.splitkv_kernel_name(window) == name
+    assert lib.splitkv_kernel_name(window) == tma
+    # packed rows per kv head: up to 32 (4 x 8) the key split, more (4 x 16, 4 x 1000) the row split
+    for sq in (8, 16, 1000):
+        assert lib.splitkv_kernel_name(valid_args(seqlen_q=sq)) == tma
+    # alignment (static guard): base pointers and used strides in 16-byte units
+    assert lib.splitkv_kernel_name(valid_args(k_cache_ptr=FAKE + 8)) == name
+    assert lib.splitkv_kernel_name(valid_args(stride_v=8 * 128 + 4)) == name
+    assert lib.splitkv_kernel_name(valid_args(seqlen_knew=1, k_new_ptr=FAKE, v_new_ptr=FAKE, stride_knew=4,
+                                              nhead_stride_knew=4, batch_stride_knew=4)) == name
+    # strides of modes that are never stepped do not count (one kv head; one batch of a contiguous cache) ...
+    mqa = valid_args(nhead_q=8, nhead_k=1, nhead_stride_k=0, nhead_stride_v=3)
+    assert lib.splitkv_kernel_name(mqa) == tma
+    assert lib.splitkv_kernel_name(valid_args(batch=1, batch_stride_k=0, batch_stride_v=0)) == tma
+    # ... but a cache reached through cache_batch_idx may be stepped in its batch mode
+    assert lib.splitkv_kernel_name(valid_args(batch=1, batch_stride_k=0, cache_batch_idx_ptr=FAKE)) == name
+    # strides beyond TMA's 2^40 bytes
+    assert lib.splitkv_kernel_name(valid_args(batch_stride_k=2**39)) == name
 
 
 def test_traits_not_built_are_unsupported(lib):

@@ -22,8 +22,10 @@ def make_spec(family="generic", arch="sm_90a", dtype="bf16", hq=128, hv=128, mod
 class TestCatalogue:
     def test_cuda_catalogue_loads_with_both_families(self):
         cat = catalogue.load("cuda")
-        assert set(cat.families) >= {("fwd", "hopper"), ("fwd", "generic"), ("splitkv", "decode")}
-        assert cat.arch("sm_90a").families == ("hopper", "generic", "decode")
+        assert set(cat.families) >= {("fwd", "hopper"), ("fwd", "generic"), ("splitkv", "decode"),
+                                     ("splitkv", "decode_tma")}
+        assert cat.arch("sm_90a").families == ("hopper", "generic", "decode_tma", "decode")
+        assert "decode_tma" not in cat.arch("sm_80").families
         assert cat.arch("sm_90a").gencode == "arch=compute_90a,code=sm_90a"
 
     def test_every_arch_lists_known_families_only(self):
@@ -93,22 +95,24 @@ class TestNames:
         assert len(names) == len(set(names))
         pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
         # the forward library's split-KV (decode) instances: batch "mode", one mask class serving every mask
-        decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode_b\d+x\d+w\d+$")
+        decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+w\d+$")
         assert all(pattern.match(n) or decode.match(n) for n in names), [n for n in names if not pattern.match(n)]
-        assert sum(bool(decode.match(n)) for n in names) == 6
+        assert sum(bool(decode.match(n)) for n in names) == 6 + 4  # decode 2 x 3 buckets, decode_tma 2 x (64, 128)
 
 
 class TestProfiles:
     def test_counts(self):
-        # minimal: hopper + generic, masked and unmasked, one masked generic modifier instance, one decode instance
-        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 1 + 1
+        # minimal: hopper + generic, masked and unmasked, one masked generic modifier instance, one decode and one
+        # decode_tma instance
+        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 1 + 1 + 1
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
         # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
         # 2 modes x 2 masks in the default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the
-        # forward library also holds the decode family's split-KV instances (2 dtypes x 3 buckets)
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
+        # forward library also holds the split-KV instances: decode (2 dtypes x 3 buckets) and, on sm_90a only,
+        # decode_tma (2 dtypes x the 64 / 128 buckets)
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
 
@@ -178,8 +182,14 @@ class TestRendering:
         specs = [s for s in everything if s.signature.api == "fwd"]
         splitkv = [s for s in everything if s.signature.api == "splitkv"]
         assert f"const int kNumFwdInstances = {len(specs)};" in text
-        assert len(splitkv) == 1 and "const int kNumSplitkvInstances = 1;" in text
-        assert f'{{"{splitkv[0].name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/1,' in text
+        assert len(splitkv) == 2 and "const int kNumSplitkvInstances = 2;" in text
+        tma, = [s for s in splitkv if s.algorithm.family == "decode_tma"]
+        plain, = [s for s in splitkv if s.algorithm.family == "decode"]
+        # each with its family's priority and static guards (decode_tma: TMA's 16-byte units, whole 16-byte chunks)
+        assert (f'{{"{plain.name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/1,\n'
+                "     /*equal_head_dims=*/false, /*align_bytes=*/2,\n     /*head_dim_multiple=*/1,") in text
+        assert (f'{{"{tma.name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/10,\n'
+                "     /*equal_head_dims=*/false, /*align_bytes=*/16,\n     /*head_dim_multiple=*/8,") in text
         alone = render.render_dispatch("fwd", "sm_90a", splitkv)  # a decode-only library: an empty mha_fwd table
         assert "kFwdInstances[1] = {\n};" in alone and "const int kNumFwdInstances = 0;" in alone
         assert 'const BuiltArch kFwdBuiltArch = {"sm_90a", 9, 0, /*arch_specific=*/true};' in text
@@ -189,8 +199,8 @@ class TestRendering:
         hopper = [s for s in specs if s.algorithm.family == "hopper"]
         assert hopper and all(not s.guards.equal_head_dims and s.guards.align_bytes == 16 for s in hopper)
         assert text.count("/*equal_head_dims=*/false,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
-        assert text.count("/*head_dim_multiple=*/8,") == len(hopper)
-        assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper)
+        assert text.count("/*head_dim_multiple=*/8,") == len(hopper) + 1  # + decode_tma
+        assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper) + 1  # + decode
         assert text.count("/*mods=*/true,") == sum(s.signature.mods for s in specs) == 1
         assert text.count("/*mods=*/false,") == len(specs) - 1
         sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)

@@ -93,9 +93,15 @@ def test_mha_fwd_kvcache(case, path, monkeypatch):
     o, lse = mhakit.mha_fwd_kvcache(**dev, num_splits=splits, return_lse=True,
                                     dtype="bf16" if dtype == "bf16" else None, **mask_kwargs)
     cp.cuda.runtime.deviceSynchronize()
+    check_against_reference(host, dev, o, lse, dtype, mask_kwargs, s_new)
+    _ext.reset()
+
+
+def check_against_reference(host, dev, o, lse, dtype, mask_kwargs, s_new) -> None:
+    """O and LSE of a decode call against the NumPy reference, and (s_new > 0) the appended rows in the cache."""
     mask_type, left, right = mhakit.api._resolve_mask(mask_kwargs.get("causal", False), None,
                                                       mask_kwargs.get("window"))
-    ref_o, ref_lse, ref_kc, ref_vc = reference.attention_fwd_kvcache(
+    ref_o, ref_lse, ref_kc, _ = reference.attention_fwd_kvcache(
         **host, mask_type=mask_type, window_left=left, window_right=right, return_lse=True)
     assert_close(to_float(host_of(o), dtype), ref_o, dtype, "O")
     assert_close(host_of(lse), ref_lse, "fp16", "LSE")
@@ -103,7 +109,6 @@ def test_mha_fwd_kvcache(case, path, monkeypatch):
         kc = to_float(cp.asnumpy(dev["k_cache"]), dtype)
         new_rows = ~np.isnan(ref_kc) & np.isnan(host["k_cache"])
         assert np.array_equal(kc[new_rows], ref_kc[new_rows])
-    _ext.reset()
 
 
 @pytest.mark.skipif(torch is None, reason="PyTorch with CUDA is not installed")

@@ -130,12 +130,20 @@ class TestDerive:
             "fwd_d128_bf16_group_mask_sm100_generic_b128x64w4"]
 
     def test_splitkv_entries_live_in_the_forward_library(self):
-        """mha_fwd_kvcache's calls derive entries of the decode family alone (one instance per bucket serves every
-        mask), built as libmha_fwd.so; mha_fwd's entries never pull a decode instance in."""
-        for hq, hv, bucket in [(128, 128, 128), (59, 100, 128), (1, 64, 64), (200, 64, 256)]:
+        """mha_fwd_kvcache's calls derive entries of the decode families (one instance per bucket serves every
+        mask), built as libmha_fwd.so: on sm_90a the decode_tma instance first where its static guards admit the head
+        dims (multiples of 8 within 64 / 128) with the decode one as the fallback, else decode alone; mha_fwd's
+        entries never pull a decode instance in."""
+        tile = {64: "b64x64w4", 128: "b32x64w4", 256: "b16x32w2"}
+        for hq, hv, bucket in [(59, 100, 128), (200, 64, 256), (72, 256, 256)]:
             e = jit.derive_entry("splitkv", "sm_90a", "fp16", hq, hv, "batch", True)
             assert e.api == "fwd" and e.instance_names == [f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_"
-                                                           + {64: "b64x64w4", 128: "b32x64w4", 256: "b16x32w2"}[bucket]]
+                                                           + tile[bucket]]
+        for hq, hv, bucket in [(128, 128, 128), (8, 64, 64), (72, 128, 128), (128, 64, 128)]:
+            e = jit.derive_entry("splitkv", "sm_90a", "fp16", hq, hv, "batch", True)
+            assert e.api == "fwd" and e.instance_names == [
+                f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_tma_{'b32x64w4'}",
+                f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_{tile[bucket]}"]
         assert jit.derive_entry("splitkv", "sm_80", "bf16", 128, 128, "batch", True).instance_names == [
             "splitkv_d128_bf16_batch_mask_sm80_decode_b32x64w4"]
         assert all(not n.startswith("splitkv") for n in entry(masked=True).instance_names)
@@ -470,14 +478,15 @@ class TestPrebuild:
         compiled = []
         monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
-        # four mha_fwd libraries, the modifier one and the split-KV (decode) one: the forward library's entries
-        assert len(paths) == 6 and builder.calls == 6 and compiled == [6]
+        # four mha_fwd libraries, the modifier one and two split-KV ones (decode alone, decode_tma + decode): the
+        # forward library's entries, from its seven instances
+        assert len(paths) == 7 and builder.calls == 7 and compiled == [7]
         from mhakit import _ext
         assert _ext.compiler() is None or _ext.cached(cache) is not None, "prebuild fills in the C call path too"
-        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 6
+        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 7
         # a first call of a prebuilt configuration finds it without building or rendering
         monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
-        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 6
+        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 7
         # an unmasked modifier call too: the masked modifier instance serves it
         mods_lib = cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False, mods=True)
         assert mods_lib in paths and "mask_mods" in str(mods_lib)

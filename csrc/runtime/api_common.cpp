@@ -93,6 +93,22 @@ bool tensors_aligned(const BwdParams& p, int elem_bytes, int bytes) {
            tensor_aligned(p.dv, p.dv_row_stride, p.dv_head_stride, hk, p.dv_batch_stride, nb, e, bytes);
 }
 
+// Split-KV: q, o, the caches and the new rows. A cache's outer stride (batch, or page when paged) counts wherever it
+// can be stepped: several batches, a paged cache, or cache_batch_idx (which may name any cache batch).
+bool tensors_aligned(const SplitkvParams& p, int elem_bytes, int bytes) {
+    const int nb = p.batch, hq = p.nhead_q, hk = p.nhead_k;
+    const int n_cache = (p.block_table != nullptr || p.cache_batch_idx != nullptr) ? 2 : nb;
+    const int64_t e = elem_bytes;
+    const bool appended = p.seqlen_new > 0;
+    return tensor_aligned(p.q, p.q_row_stride, p.q_head_stride, hq, p.q_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.o, p.o_row_stride, p.o_head_stride, hq, p.o_batch_stride, nb, e, bytes) &&
+           tensor_aligned(p.k_cache, p.k_row_stride, p.k_head_stride, hk, p.k_batch_stride, n_cache, e, bytes) &&
+           tensor_aligned(p.v_cache, p.v_row_stride, p.v_head_stride, hk, p.v_batch_stride, n_cache, e, bytes) &&
+           (!appended ||
+            (tensor_aligned(p.k_new, p.knew_row_stride, p.knew_head_stride, hk, p.knew_batch_stride, nb, e, bytes) &&
+             tensor_aligned(p.v_new, p.vnew_row_stride, p.vnew_head_stride, hk, p.vnew_batch_stride, nb, e, bytes)));
+}
+
 float check_nonnegative_strides(std::initializer_list<int64_t> strides) {
     for (int64_t s : strides)
         if (s < 0)

@@ -71,6 +71,7 @@ constexpr int kElemBytes = 2;
 // The static guard align_bytes over every tensor a pass reads or writes (the LSE excepted: fp32, any strides).
 bool tensors_aligned(const FwdParams& p, int elem_bytes, int bytes);
 bool tensors_aligned(const BwdParams& p, int elem_bytes, int bytes);
+bool tensors_aligned(const SplitkvParams& p, int elem_bytes, int bytes);
 
 inline bool wants_deterministic(const FwdParams&) { return false; }  // the forward has nothing to choose
 inline bool wants_deterministic(const BwdParams& p) { return p.deterministic; }

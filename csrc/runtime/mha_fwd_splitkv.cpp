@@ -119,13 +119,21 @@ SplitkvParams to_params(const mhakit_fwd_splitkv_args& a) {
     return p;
 }
 
-// The instance of the tightest head-dim bucket (then the highest priority) whose dtype and guard fit the call.
+// The family's static guards (catalogue data, carried by the dispatch table) against one call.
+bool splitkv_guards_hold(const SplitkvInstance& inst, const SplitkvParams& p) {
+    if (inst.equal_head_dims && p.hdim_q != p.hdim_v) return false;
+    if (p.hdim_q % inst.head_dim_multiple != 0 || p.hdim_v % inst.head_dim_multiple != 0) return false;
+    return tensors_aligned(p, kElemBytes, inst.align_bytes);
+}
+
+// The instance of the highest priority (then the tightest head-dim bucket) whose dtype and guards fit the call.
 const SplitkvInstance* choose(const SplitkvParams& p, int dtype) {
     const SplitkvInstance* best = nullptr;
     long best_score = 0;
     for (int i = 0; i < kNumSplitkvInstances; ++i) {
         const SplitkvInstance& inst = kSplitkvInstances[i];
         if (inst.dtype != dtype || p.hdim_q > inst.hdim_q || p.hdim_v > inst.hdim_v) continue;
+        if (!splitkv_guards_hold(inst, p)) continue;
         if (!inst.supports(p)) continue;
         const long padding = (inst.hdim_q - p.hdim_q) + (inst.hdim_v - p.hdim_v);
         const long score = inst.priority * 100000L - padding;

@@ -48,14 +48,18 @@ struct KernelInstance {
 
 using FwdInstance = KernelInstance<FwdParams>;
 
-// A split-KV (decode) instance of libmha_fwd.so: one per dtype and head-dim bucket, serving every mask, layout,
-// paging and GQA ratio at run time.
+// A split-KV (decode) instance of libmha_fwd.so: one per dtype and head-dim bucket and family, serving every mask
+// and GQA ratio at run time (layouts and page sizes: within its family's guards).
 struct SplitkvInstance {
     const char* name;
     mhakit_dtype dtype;
     int hdim_q;     // compiled bucket: serves real head dims <= it
     int hdim_v;
     int priority;   // family rank from the catalogue (higher is faster)
+    // The family's static guards (catalogue), checked before the run-time guard `supports`.
+    bool equal_head_dims;   // serves only hdim_q == hdim_v
+    int align_bytes;        // every tensor's base pointer and used strides a multiple of this many bytes
+    int head_dim_multiple;  // serves only hdim_q and hdim_v that are multiples of this
     bool (*supports)(const SplitkvParams&);                    // run-time guard (pure host arithmetic)
     int (*num_splits)(const SplitkvParams&, int smem_per_sm);  // the split heuristic for num_splits = 0
     dev::Error (*run)(const SplitkvParams&, dev::Stream);      // append, attend, combine; no sync, no allocation

@@ -25,9 +25,11 @@ struct CacheRows {
     // Paged: the block-table slot of row j, and row j's address once its page is known (the kernel reads the block
     // table one key block ahead, so that the lookup's latency is not paid between a block's loads).
     __device__ __forceinline__ int page_slot(int j) const { return page_shift >= 0 ? j >> page_shift : j / page_size; }
+    __device__ __forceinline__ int in_page(int j) const {  // row j's row within its page
+        return page_shift >= 0 ? (j & (page_size - 1)) : j - (j / page_size) * page_size;
+    }
     __device__ __forceinline__ T* row_in_page(int page, int j) const {
-        const int in_page = page_shift >= 0 ? (j & (page_size - 1)) : j - (j / page_size) * page_size;
-        return base + int64_t(page) * page_stride + int64_t(in_page) * row_stride;
+        return base + int64_t(page) * page_stride + int64_t(in_page(j)) * row_stride;
     }
 
     __device__ __forceinline__ T* row(int j) const {

@@ -264,12 +264,13 @@ __device__ __forceinline__ void merged_row(const float* s_m, const float* s_l, i
 
 // After the key loop (key split): every warp's (max, sum, O) of the same rows into one result per row, in shared
 // memory. Writes the per-warp O (scaled to the common max and divided by the common sum) to s_o[warp][row][col] and
-// the rows' maxima and sums to s_m / s_l [warp][row]; the caller sums s_o over warps.
-template <class W, int kWarps>
+// the rows' maxima and sums to s_m / s_l [warp][row]; the caller sums s_o over warps. Warps 0 .. kWarps - 1 take
+// part; `sync` is their barrier (the CTA's, or a named one where a producer warp does not take part).
+template <class W, int kWarps, class Sync>
 __device__ __forceinline__ void combine_warps(float* s_o, float* s_m, float* s_l,
                                               const float (&acc_o)[W::kMT][W::kOT][4],
                                               const generic::detail::OnlineSoftmax<W::kMT>& sm, float scale_log2,
-                                              int hdim_v) {
+                                              int hdim_v, Sync&& sync) {
     constexpr int kRows = 16 * W::kMT;
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
 #pragma unroll
@@ -283,7 +284,7 @@ __device__ __forceinline__ void combine_warps(float* s_o, float* s_m, float* s_l
                 s_l[warp * kRows + r] = l;
             }
         }
-    __syncthreads();
+    sync();
 #pragma unroll
     for (int mt = 0; mt < W::kMT; ++mt)
 #pragma unroll
@@ -318,18 +319,119 @@ __device__ __forceinline__ void stage_own_rows(float* s_o, float* s_m, float* s_
         }
 }
 
-// Launch order of the CTAs: the kv head fastest, then the split, then the row chunk (x), the batch (z).
+// Launch order of the CTAs: the kv head fastest, then the split, then the row chunk (x), the batch (z). A CTA's
+// tile holds packed rows [row0, row0 + rows) of the kv head's rows_total = group x seqlen_q (tiles of block_m rows).
 struct SplitkvWork {
-    int hk, split, chunk, b;
+    int hk, split, b;
+    int group, rows_total, row0, rows;
 };
-__device__ __forceinline__ SplitkvWork splitkv_work(const SplitkvParams& p) {
+__device__ __forceinline__ SplitkvWork splitkv_work(const SplitkvParams& p, int block_m) {
     SplitkvWork w;
     w.hk = int(blockIdx.x % unsigned(p.nhead_k));
     const int rest = int(blockIdx.x / unsigned(p.nhead_k));
     w.split = rest % p.num_splits;
-    w.chunk = rest / p.num_splits;
     w.b = blockIdx.z;
+    w.group = p.nhead_q / p.nhead_k;
+    w.rows_total = w.group * p.seqlen_q;
+    w.row0 = (rest / p.num_splits) * block_m;
+    w.rows = min(block_m, w.rows_total - w.row0);
     return w;
+}
+
+// The key blocks of kBlockN keys that one CTA walks: the blocks some row of its tile (packed rows [row0, row0 + rows)
+// of batch b) sees, cut into num_splits parts of equal size, this CTA's part; `full` holds the blocks every row of
+// the tile sees whole (no element mask; a block past the cache end is never full).
+struct SplitKeys {
+    int sk;         // keys of the batch: cache rows + new rows
+    MaskGeometry<true> geom;
+    TileRange full;
+    int blk_begin;  // first block of the part
+    int n_blocks;   // blocks in the part (0: an empty part)
+};
+template <int kBlockN>
+__device__ __forceinline__ SplitKeys split_keys(const SplitkvParams& p, int b, int split, int row0, int rows,
+                                                int group) {
+    const int sk = cache_len(p, b) + p.seqlen_new;
+    const auto geom = MaskGeometry<true>::make(p.mask_type, p.window_left, p.window_right, p.seqlen_q, sk);
+    const int qi_first = row0 / group, qi_last = (row0 + rows - 1) / group;
+    const TileRange visit = geom.template key_tiles<kBlockN>(qi_first, qi_last);
+    const int n_visit = visit.empty() ? 0 : visit.end - visit.begin;
+    const int per_split = (n_visit + p.num_splits - 1) / p.num_splits;
+    const int blk_begin = visit.begin + split * per_split;
+    const int n_blocks = max(0, min(visit.begin + n_visit, blk_begin + per_split) - blk_begin);
+    return SplitKeys{sk, geom, geom.template full_key_tiles<kBlockN>(qi_first, qi_last), blk_begin, n_blocks};
+}
+
+// The keys [row_lo, row_hi) that each of this thread's fragment rows (mt, hf) sees: rows of a warp that start at
+// packed row warp_row (padded rows past rows_total see nothing).
+template <int kMT>
+__device__ __forceinline__ void row_bounds(int (&row_lo)[kMT][2], int (&row_hi)[kMT][2], const MaskGeometry<true>& geom,
+                                           int warp_row, int rows_total, int group) {
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int r = warp_row + mt * 16 + g + 8 * hf;
+            const bool real = r < rows_total;
+            const int qi = real ? r / group : 0;
+            row_lo[mt][hf] = real ? int(geom.key_begin(qi)) : 0;
+            row_hi[mt][hf] = real ? int(geom.key_end(qi)) : 0;  // padded rows see nothing
+        }
+}
+
+// The tile's result, after the warps' partial results met in shared memory (s_o [kParts][kBlockM][kHdimV], s_m / s_l
+// [kParts][kBlockM]): O and LSE of each packed row (one split), or its fp32 partials in o_acc / lse_acc for the
+// combine kernel. Threads 0 .. kThreads - 1 take part (tid: this thread's index among them).
+template <mhakit_dtype kDtype, int kParts, int kBlockM, int kHdimV, int kThreads>
+__device__ __forceinline__ void write_result(const float* s_o, const float* s_m, const float* s_l,
+                                             const SplitkvParams& p, int b, int hk, int split, int row0, int rows,
+                                             int group, int tid) {
+    const bool direct = p.num_splits == 1;
+    for (int idx = tid; idx < rows * p.hdim_v; idx += kThreads) {
+        const int r = idx / p.hdim_v, c = idx - r * p.hdim_v;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kParts; ++w) v += s_o[(w * kBlockM + r) * kHdimV + c];
+        const PackedRow pr = packed_row(row0 + r, group, hk);
+        if (direct)
+            static_cast<uint16_t*>(p.o)[b * p.o_batch_stride + pr.head * p.o_head_stride +
+                                        int64_t(pr.qi) * p.o_row_stride + c] = to_elem<kDtype>(v);
+        else
+            p.o_acc[acc_row(p, split, b, pr.head, pr.qi) * p.hdim_v + c] = v;
+    }
+    if (direct && p.lse == nullptr) return;
+    for (int r = tid; r < rows; r += kThreads) {
+        float m_all, l_all;
+        merged_row<kParts, kBlockM>(s_m, s_l, r, p.scale_log2, &m_all, &l_all);
+        const float lse = l_all > 0.f ? m_all * p.scale + logf(l_all) : -INFINITY;
+        const PackedRow pr = packed_row(row0 + r, group, hk);
+        if (direct)
+            p.lse[b * p.lse_batch_stride + pr.head * p.lse_head_stride + pr.qi] = lse;
+        else
+            p.lse_acc[acc_row(p, split, b, pr.head, pr.qi)] = lse;
+    }
+}
+
+// After the key loop: the tile's partial results (this warp's acc_o and softmax) meet in shared memory at smem, which
+// the caller has made free (fp32 s_o [kParts][kBlockM][kHdimV], then s_m and s_l [kParts][kBlockM]; kParts: one per
+// warp in the key split, one in the row split, whose rows each belong to one warp), and go out (write_result).
+// Threads 0 .. kThreads - 1 take part; `sync` is their barrier.
+template <class W, int kWarps, bool kRowSplit, int kBlockM, int kThreads, class Sync>
+__device__ __forceinline__ void finish_tile(unsigned char* smem, const float (&acc_o)[W::kMT][W::kOT][4],
+                                            const generic::detail::OnlineSoftmax<W::kMT>& softmax,
+                                            const SplitkvParams& p, int warp_row0, int b, int hk, int split, int row0,
+                                            int rows, int group, int tid, Sync&& sync) {
+    constexpr int kParts = kRowSplit ? 1 : kWarps, kHdimV = W::kOT * 8;
+    float* s_o = reinterpret_cast<float*>(smem);  // [kParts][kBlockM][kHdimV]
+    float* s_m = s_o + kParts * kBlockM * kHdimV;  // [kParts][kBlockM]
+    float* s_l = s_m + kParts * kBlockM;
+    if constexpr (kRowSplit)
+        stage_own_rows<W>(s_o, s_m, s_l, acc_o, softmax, warp_row0, p.hdim_v);
+    else
+        combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v, sync);
+    sync();
+    write_result<W::kDtype, kParts, kBlockM, kHdimV, kThreads>(s_o, s_m, s_l, p, b, hk, split, row0, rows, group, tid);
 }
 
 template <class Cfg, int kMT, bool kRowSplit>
@@ -338,45 +440,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     constexpr int kBlockM = Cfg::template tile_rows<kMT, kRowSplit>();
     constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
     constexpr int kSQ = Cfg::kSQ, kSV = Cfg::kSV, kWarps = Cfg::kWarps;
-    constexpr int kParts = kRowSplit ? 1 : kWarps;  // partial results per row after the key loop
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
     uint16_t* sK = sQ + kBlockM * kSQ;                // kStages x kBlockN x kSQ
     uint16_t* sV = sK + kStages * kBlockN * kSQ;      // kStages x kBlockN x kSV
 
-    const SplitkvWork work = splitkv_work(p);
-    const int split = work.split, hk = work.hk, b = work.b;
-    const int group = p.nhead_q / p.nhead_k;
-    const int rows_total = group * p.seqlen_q;
-    const int row0 = work.chunk * kBlockM;
-    const int rows = min(kBlockM, rows_total - row0);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const SplitkvWork work = splitkv_work(p, kBlockM);
+    const int split = work.split, hk = work.hk, b = work.b, group = work.group;
+    const int rows_total = work.rows_total, row0 = work.row0, rows = work.rows;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int warp_row0 = kRowSplit ? warp * 16 * kMT : 0;             // the warp's first row of the tile
     const int warp_key0 = kRowSplit ? 0 : warp * Cfg::kKeysPerWarp;    // the warp's first key of a block
 
     // ---- the keys this CTA walks: the blocks some row of the tile sees, cut into num_splits parts ----
-    const int sk = cache_len(p, b) + p.seqlen_new;
-    const auto geom = MaskGeometry<true>::make(p.mask_type, p.window_left, p.window_right, p.seqlen_q, sk);
-    const int qi_first = row0 / group, qi_last = (row0 + rows - 1) / group;
-    const TileRange visit = geom.template key_tiles<kBlockN>(qi_first, qi_last);
-    const TileRange full = geom.template full_key_tiles<kBlockN>(qi_first, qi_last);
-    const int n_visit = visit.empty() ? 0 : visit.end - visit.begin;
-    const int per_split = (n_visit + p.num_splits - 1) / p.num_splits;
-    const int blk_begin = visit.begin + split * per_split;
-    const int n_blocks = max(0, min(visit.begin + n_visit, blk_begin + per_split) - blk_begin);
+    const SplitKeys keys = split_keys<kBlockN>(p, b, split, row0, rows, group);
+    const int sk = keys.sk, blk_begin = keys.blk_begin, n_blocks = keys.n_blocks;
+    const TileRange full = keys.full;
 
     int row_lo[kMT][2], row_hi[kMT][2];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int r = row0 + warp_row0 + mt * 16 + g + 8 * hf;
-            const bool real = r < rows_total;
-            const int qi = real ? r / group : 0;
-            row_lo[mt][hf] = real ? int(geom.key_begin(qi)) : 0;
-            row_hi[mt][hf] = real ? int(geom.key_end(qi)) : 0;  // padded rows see nothing
-        }
+    row_bounds<kMT>(row_lo, row_hi, keys.geom, row0 + warp_row0, rows_total, group);
 
     const bool alQ = align_flags & kAlignQ, alK = align_flags & kAlignK, alV = align_flags & kAlignV;
     const int q_chunks = ((p.hdim_q + 15) >> 4) << 1, v_chunks = ((p.hdim_v + 15) >> 4) << 1;
@@ -527,39 +610,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) splitkv_kernel(const SplitkvPar
     // ---- the warps' partial results meet in shared memory (the Q / K / V bytes are free now) ----
     ptx::cp_async_wait<0>();
     __syncthreads();
-    float* s_o = reinterpret_cast<float*>(smem_raw);        // [kParts][kBlockM][kHdimV]
-    float* s_m = s_o + kParts * kBlockM * Cfg::kHdimV;      // [kParts][kBlockM]
-    float* s_l = s_m + kParts * kBlockM;
-    if constexpr (kRowSplit)
-        stage_own_rows<W>(s_o, s_m, s_l, acc_o, softmax, warp_row0, p.hdim_v);
-    else
-        combine_warps<W, kWarps>(s_o, s_m, s_l, acc_o, softmax, p.scale_log2, p.hdim_v);
-    __syncthreads();
-
-    const bool direct = p.num_splits == 1;
-    for (int idx = tid; idx < rows * p.hdim_v; idx += kThreads) {
-        const int r = idx / p.hdim_v, c = idx - r * p.hdim_v;
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kParts; ++w) v += s_o[(w * kBlockM + r) * Cfg::kHdimV + c];
-        const PackedRow pr = packed_row(row0 + r, group, hk);
-        if (direct)
-            static_cast<uint16_t*>(p.o)[b * p.o_batch_stride + pr.head * p.o_head_stride +
-                                        int64_t(pr.qi) * p.o_row_stride + c] = to_elem<Cfg::kDtype>(v);
-        else
-            p.o_acc[acc_row(p, split, b, pr.head, pr.qi) * p.hdim_v + c] = v;
-    }
-    if (direct && p.lse == nullptr) return;
-    for (int r = tid; r < rows; r += kThreads) {
-        float m_all, l_all;
-        merged_row<kParts, kBlockM>(s_m, s_l, r, p.scale_log2, &m_all, &l_all);
-        const float lse = l_all > 0.f ? m_all * p.scale + logf(l_all) : -INFINITY;
-        const PackedRow pr = packed_row(row0 + r, group, hk);
-        if (direct)
-            p.lse[b * p.lse_batch_stride + pr.head * p.lse_head_stride + pr.qi] = lse;
-        else
-            p.lse_acc[acc_row(p, split, b, pr.head, pr.qi)] = lse;
-    }
+    finish_tile<W, kWarps, kRowSplit, kBlockM, kThreads>(smem_raw, acc_o, softmax, p, warp_row0, b, hk, split, row0,
+                                                         rows, group, tid, [] { __syncthreads(); });
 }
 
 }  // namespace detail
@@ -605,11 +657,7 @@ struct SplitkvKernel {
 
     // The split count for num_splits = 0 (split_heuristic.h), from the SM count and shared memory the runtime read.
     static int num_splits(const SplitkvParams& p, int smem_per_sm) {
-        const int per_sm = smem_per_sm / (smem_bytes(p) + 1024);
-        const long long ctas = row_chunks(p) * p.nhead_k * p.batch;
-        const long long keys = (long long)p.max_seqlen_k + p.seqlen_new;
-        const int key_blocks = int((keys + Cfg::kBlockN - 1) / Cfg::kBlockN);
-        return choose_num_splits(ctas, key_blocks, p.num_sms, per_sm > 0 ? per_sm : 1);
+        return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, Cfg::kBlockN, smem_bytes(p), smem_per_sm);
     }
 
     template <int kMT, bool kRowSplit>

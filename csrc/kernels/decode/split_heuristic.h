@@ -12,6 +12,7 @@
 #pragma once
 
 #include "../../include/mha_common.h"
+#include "../common/splitkv_params.h"
 
 namespace mhakit::decode {
 
@@ -37,6 +38,15 @@ inline int choose_num_splits(long long ctas, int key_blocks, int num_sms, int ct
     for (int s = 1; s <= cap; ++s)
         if (efficiency(even(s)) >= 0.9 * best) return even(s);
     return even(cap);
+}
+
+// The split count of a call whose kernel runs `ctas` CTAs of smem_bytes each over blocks of block_n keys, on a GPU
+// of p.num_sms SMs with smem_per_sm bytes of shared memory each (1 KB of it reserved per CTA).
+inline int heuristic_splits(const SplitkvParams& p, long long ctas, int block_n, int smem_bytes, int smem_per_sm) {
+    const int per_sm = smem_per_sm / (smem_bytes + 1024);
+    const long long keys = (long long)p.max_seqlen_k + p.seqlen_new;
+    const int key_blocks = int((keys + block_n - 1) / block_n);
+    return choose_num_splits(ctas, key_blocks, p.num_sms, per_sm > 0 ? per_sm : 1);
 }
 
 }  // namespace mhakit::decode
