@@ -27,6 +27,8 @@ JOBS="${JOBS:-16}"
 python="${PYTHON:-python3}"
 mkdir -p "$OUT/build"
 OUT="$(cd "$OUT" && pwd)"
+cd "$repo" || exit 2
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mhakit and codegen, not an installed one
 failed=()
 
 step() {  # step NAME COMMAND...: runs it with its output in $OUT/NAME.log (and on the terminal), records a failure
@@ -82,10 +84,14 @@ timing() {
             line="$("$BENCH" "${base[@]}" -mask=$mask $mod 2>&1)" || { echo "$line"; return 1; }
             echo "$line"
             ms="$(grep -o ', [0-9.]* ms' <<<"$line" | tail -1 | tr -dc '0-9.')"
+            name="$(grep -o 'mha_fwd -> [^ ]*' <<<"$line" | tail -1)"
+            name="${name#mha_fwd -> }"
             if [ -z "$mod" ]; then
                 plain="$ms"
-                echo "  -> mask=$mask plain (Hopper): $ms ms"
+                echo "  -> mask=$mask plain: $ms ms ($name)"
+                [[ "$name" == *_sm90a_hopper_* && "$name" != *_mods_* ]] || { echo "not a plain Hopper instance"; return 1; }
             else
+                [[ "$name" == *_mods_sm90a_hopper_* ]] || { echo "$mod did not run on a Hopper _mods instance"; return 1; }
                 echo "  -> mask=$mask ${mod#-}: $ms ms, cost vs plain: $(awk -v a="$ms" -v b="$plain" \
                     'BEGIN { printf "%+.1f %%", (a / b - 1) * 100 }')"
             fi
