@@ -52,10 +52,16 @@ class Family:
     # Serves only head dims (hdim_q and hdim_v) that are multiples of this (optional key, default 1: any head dim the
     # API accepts; the Hopper kernels need whole 16-byte rows).
     head_dim_multiple: int = 1
-    # Serves the score modifiers (optional key, default false: calls that set one run on a family that has them):
-    # attention sinks in its plain instances, logits soft-cap, elementwise bias / ALiBi and dropout in a second set of
-    # instances, one per signature, that hold the modifier kernel ("_mods" in the name; Signature.mods).
-    score_mods: bool = False
+    # The score modifiers it serves (optional key `score_mods`, a table {plain = [...], mods = [...]} of SCORE_MODS
+    # names, default none: a call that sets one the family lacks runs on a family that has it): `plain` those its
+    # plain instances serve, `mods` those only a second set of instances serves, one per signature, that hold the
+    # modifier kernel ("_mods" in the name; Signature.mods; such an instance serves the plain ones' modifiers too).
+    plain_mods: tuple[str, ...] = ()
+    instance_mods: tuple[str, ...] = ()
+
+    @property
+    def has_mod_instances(self) -> bool:
+        return bool(self.instance_mods)
     # Further instance axes of the family (e.g. CK-tile's padding flags and LSE store), each with its values in order
     # of preference: every combination is one instance, and an earlier value ranks above a later one at run time.
     variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -182,6 +188,26 @@ def _parse_variants(raw: dict, where: str) -> tuple[tuple[str, tuple[str, ...]],
     return tuple(variants)
 
 
+# The score modifiers a family can list (catalogue `score_mods`), each the C enum mhakit_score_mod's
+# MHAKIT_MOD_<NAME> (csrc/include/mha_common.h): soft-cap, elementwise bias, ALiBi, attention sink, dropout.
+SCORE_MODS = ("softcap", "bias", "alibi", "sink", "dropout")
+
+
+def _parse_score_mods(raw, where: str) -> dict:
+    """A family's `score_mods` table: {plain = [names], mods = [names]} -> Family's plain_mods / instance_mods."""
+    if not isinstance(raw, dict) or set(raw) - {"plain", "mods"}:
+        raise CatalogueError(f"{where}.score_mods: must be a table with the keys plain and mods (lists of names)")
+    out = {}
+    for key, field_name in (("plain", "plain_mods"), ("mods", "instance_mods")):
+        names = raw.get(key, [])
+        if not isinstance(names, list) or any(n not in SCORE_MODS for n in names) or len(set(names)) != len(names):
+            raise CatalogueError(f"{where}.score_mods.{key}: must list distinct names of {', '.join(SCORE_MODS)}")
+        out[field_name] = tuple(n for n in SCORE_MODS if n in names)
+    if set(out["plain_mods"]) & set(out["instance_mods"]):
+        raise CatalogueError(f"{where}.score_mods: a modifier is listed under both plain and mods")
+    return out
+
+
 _FAMILY_KEYS = {"v3", "template", "priority", "needs_arch_specific", "dtypes", "modes", "masks", "equal_head_dims",
                 "deterministic", "align_bytes", "head_dim_multiple", "score_mods", "tiles", "variants", "knobs"}
 # The keys of an [arch.*] table that Arch's own fields hold (besides the backend's target key); the rest are traits.
@@ -233,7 +259,7 @@ def load(backend: str = "cuda") -> Catalogue:
                 variants=_parse_variants(raw.get("variants", {}), where),
                 knobs=_freeze(raw.get("knobs", {})),
                 head_dim_multiple=int(raw.get("head_dim_multiple", 1)),
-                score_mods=bool(raw.get("score_mods", False)),
+                **_parse_score_mods(raw.get("score_mods", {}), where),
             )
     known_names = {name for _, name in families}
     for arch in arches.values():

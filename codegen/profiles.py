@@ -16,7 +16,8 @@ from .spec import Algorithm, Guards, KernelSpec, Signature
 PROFILES_FILE = Path(__file__).resolve().parent / "profiles.toml"
 PROFILE_KEYS = ("dtype", "hdim", "mode", "mask", "family")
 # A profile's `mods` key narrows its modifier instances (Signature.mods) further: a table of the keys above (what the
-# profile keeps of them), or false (none). Without it the profile keeps the modifier instances of every plain one.
+# profile keeps of them), a list of such tables (it keeps what any of them keeps), or false (none). Without it the
+# profile keeps the modifier instances of every plain one.
 MODS_KEY = "mods"
 
 # The public API names that compile.py accepts. *_v3 builds the same library from the arch-specialised
@@ -37,9 +38,11 @@ def load_profiles() -> dict[str, dict]:
         if unknown:
             raise SelectionError(f"profiles.toml: profile '{name}' has unknown keys {sorted(unknown)}")
         mods = body.get(MODS_KEY, {})
-        if mods is not False and not (isinstance(mods, dict) and set(mods) <= set(PROFILE_KEYS)):
-            raise SelectionError(f"profiles.toml: profile '{name}': `{MODS_KEY}` must be false or a table of "
-                                 f"{', '.join(PROFILE_KEYS)}")
+        tables = mods if isinstance(mods, list) else [mods]
+        if mods is not False and not (tables and all(isinstance(t, dict) and set(t) <= set(PROFILE_KEYS)
+                                                     for t in tables)):
+            raise SelectionError(f"profiles.toml: profile '{name}': `{MODS_KEY}` must be false, a table of "
+                                 f"{', '.join(PROFILE_KEYS)} or a list of such tables")
     return profiles
 
 
@@ -80,7 +83,7 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
             continue
         knobs = (*cat.tables, *arch_record.traits, *fam.knobs)
         # A family with the score modifiers has a modifier instance beside each plain one.
-        mods_choices = (False, True) if fam.score_mods else (False,)
+        mods_choices = (False, True) if fam.has_mod_instances else (False,)
         for tile, dtype, mode, mask, (variant, rank), mods in itertools.product(
                 fam.tiles, fam.dtypes, fam.modes, fam.masks, _variant_choices(fam), mods_choices):
             spec = KernelSpec(
@@ -118,7 +121,10 @@ def _profile_admits(profile: dict, spec: KernelSpec) -> bool:
     if not s.mods:
         return True
     mods = profile.get(MODS_KEY, {})
-    return mods is not False and all(values[key] in mods[key] for key in PROFILE_KEYS if key in mods)
+    if mods is False:
+        return False
+    return any(all(values[key] in t[key] for key in PROFILE_KEYS if key in t)
+               for t in (mods if isinstance(mods, list) else [mods]))
 
 
 def select(api: str, arch: str, profile: str = "default", name_filter: str | None = None,

@@ -48,8 +48,8 @@ def family_serves_signature(spec: KernelSpec, cat) -> Optional[str]:
 
 def modifier_instances_need_score_mods(spec: KernelSpec, cat) -> Optional[str]:
     fam = _family(spec, cat)
-    if fam is not None and spec.signature.mods and not fam.score_mods:
-        return f"the {fam.name} family has no score modifiers (catalogue score_mods), so no modifier instance"
+    if fam is not None and spec.signature.mods and not fam.has_mod_instances:
+        return f"the {fam.name} family has no score modifiers (catalogue score_mods.mods), so no modifier instance"
     return None
 
 

@@ -21,7 +21,7 @@ class Signature:
     mode: str     # "batch" | "group"
     mask: str     # "nmask" (no mask) | "mask" (any mask kind: causal, windows, generic)
     # The score-modifier kernel (soft-cap, bias / ALiBi, dropout): an instance holds either the plain kernel or this
-    # one, never both; "_mods" in the name. Only families whose catalogue entry has score_mods = true have them.
+    # one, never both; "_mods" in the name. Only families whose catalogue score_mods lists `mods` have them.
     mods: bool = False
 
     @property
@@ -64,14 +64,19 @@ class Guards:
     deterministic: bool    # bwd: serves deterministic calls
     align_bytes: int       # every tensor's base pointer and strides a multiple of this many bytes
     head_dim_multiple: int = 1  # serves only head dims that are multiples of this
-    score_mods: bool = False    # has the score modifiers: sinks in its plain instances, soft-cap, bias / ALiBi and
-                                # dropout in its modifier instances (Signature.mods)
+    plain_mods: tuple[str, ...] = ()     # the score modifiers its plain instances serve (catalogue score_mods.plain)
+    instance_mods: tuple[str, ...] = ()  # those only its modifier instances serve (score_mods.mods; Signature.mods)
 
     @classmethod
     def of(cls, family) -> "Guards":
         """From a catalogue Family."""
         return cls(family.equal_head_dims, family.deterministic, family.align_bytes, family.head_dim_multiple,
-                   family.score_mods)
+                   family.plain_mods, family.instance_mods)
+
+
+def mod_bits(names) -> str:
+    """A set of score-modifier names as the C expression of their mhakit_score_mod bits ("0" for none)."""
+    return " | ".join(f"MHAKIT_MOD_{n.upper()}" for n in names) or "0"
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,20 @@ class KernelSpec:
     # Catalogue data the template reads besides the signature and tile: the family's knobs and the arch's traits
     # (nested (key, value) tuples, as the catalogue stores them). Empty for families that need none.
     knobs: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def serves_mods(self) -> tuple[str, ...]:
+        """The score modifiers this instance serves: its family's plain ones, and in a modifier instance the rest."""
+        g = self.guards
+        return g.plain_mods + g.instance_mods if self.signature.mods else g.plain_mods
+
+    def serves_call_mods(self, names) -> bool:
+        """Whether the runtime gives a call that sets these modifiers to this instance (static_guards_hold): it
+        serves them all, and a modifier instance only takes calls that the plain one cannot serve."""
+        names = set(names)
+        if not names <= set(self.serves_mods):
+            return False
+        return not self.signature.mods or not names <= set(self.guards.plain_mods)
 
     def admits_head_dims(self, hdim_q: int, hdim_v: int) -> bool:
         """Whether a call's real head dims fit this instance: within the bucket, multiples of the family's
@@ -126,5 +145,6 @@ class KernelSpec:
             "deterministic": "true" if self.guards.deterministic else "false",
             "align_bytes": self.guards.align_bytes,
             "head_dim_multiple": self.guards.head_dim_multiple,
-            "score_mods": "true" if self.guards.score_mods else "false",
+            "mod_kinds": mod_bits(self.serves_mods),
+            "plain_mod_kinds": mod_bits(self.guards.plain_mods),
         }

@@ -34,6 +34,12 @@ MASK_NONE = 0
 MASK_TOP_LEFT = 1
 MASK_BOTTOM_RIGHT = 2
 MASK_GENERIC = 3
+# mhakit_bias_type
+BIAS_NONE = 0
+BIAS_ELEMENTWISE = 1
+BIAS_ALIBI = 2
+# mhakit_score_mod: the bits of the score modifiers a call sets, by the catalogue's names (codegen SCORE_MODS)
+SCORE_MOD_BITS: Dict[str, int] = {"softcap": 1, "bias": 2, "alibi": 4, "sink": 8, "dropout": 16}
 # Negative return codes of mhakit_mha_fwd / mhakit_mha_bwd
 ERROR_UNSUPPORTED = -1
 ERROR_INVALID_ARGS = -2

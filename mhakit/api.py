@@ -453,7 +453,7 @@ class _Call:
         return _resolve_device(views, self.layer)
 
     def library(self, api: str, device: int, kind: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
-                mods: bool = False):
+                mods: int = 0):
         from . import jit
         return jit.library(api, device, kind, hdim_q, hdim_v, mode, masked, backend=self.backend, mods=mods)
 
@@ -589,10 +589,17 @@ def _score_mods(call: "_Call", storage: str, batch: int, hq: int, rows_q: int, r
     return fields, views
 
 
-def _modifier_kernel(fields: dict) -> bool:
-    """Whether a call with these modifier fields needs a modifier instance ("_mods"): a soft-cap, a bias / ALiBi or
-    dropout (ScoreMods::per_element in csrc/kernels/common/score_mod.h); a sink alone runs on the plain instances."""
-    return fields.get("logits_soft_cap", 0.0) > 0 or fields.get("bias_type", 0) != 0 or fields.get("p_drop", 0.0) > 0
+def _modifier_kinds(fields: dict) -> int:
+    """The score modifiers a call with these fields sets, as mhakit_score_mod bits (ScoreMods::kinds in
+    csrc/kernels/common/score_mod.h): which instances serve it is the catalogue's score_mods (jit.derive_entry)."""
+    from . import _capi
+    bits = _capi.SCORE_MOD_BITS
+    bias_type = fields.get("bias_type", 0)
+    return ((bits["softcap"] if fields.get("logits_soft_cap", 0.0) > 0 else 0) |
+            (bits["bias"] if bias_type == _capi.BIAS_ELEMENTWISE else 0) |
+            (bits["alibi"] if bias_type == _capi.BIAS_ALIBI else 0) |
+            (bits["sink"] if fields.get("sink_ptr") else 0) |
+            (bits["dropout"] if fields.get("p_drop", 0.0) > 0 else 0))
 
 
 def _dropout(call: "_Call", fields: dict, views: list, dropout_p: Any, seed: Any, offset: Any, randval: Any,
@@ -738,10 +745,10 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     stream: int CUstream or a stream object (``torch.cuda.current_stream()``, a CuPy stream, ...); default: the
     legacy default stream. dtype: how to read 16-bit integer storage (e.g. 'bf16' for CuPy arrays of bf16 bits).
 
-    Score modifiers (generic family; mha_fwd.h says what they mean): ``softcap=cap`` (logits cap·tanh(l/cap)),
-    ``alibi_slopes=`` float32 [h_q] or [b, h_q] (bias -slope·|i + s_k - s_q - j|) or ``bias=`` [b|1, h_q|1, s_q, s_k]
-    float32 or q's dtype (exclusive with alibi_slopes), ``sink=`` float32 [h_q] logits added to the softmax
-    denominator (gpt-oss).
+    Score modifiers (the Hopper forward and the generic family; mha_fwd.h says what they mean): ``softcap=cap``
+    (logits cap·tanh(l/cap)), ``alibi_slopes=`` float32 [h_q] or [b, h_q] (bias -slope·|i + s_k - s_q - j|) or
+    ``bias=`` [b|1, h_q|1, s_q, s_k] float32 or q's dtype (exclusive with alibi_slopes), ``sink=`` float32 [h_q]
+    logits added to the softmax denominator (gpt-oss).
 
     Dropout (generic family; FlashAttention's semantics: kept probabilities scaled by 1/(1-p), the LSE of the
     undropped softmax): ``dropout_p=p`` with ``seed=`` and ``offset=`` (ints, or both device arrays of one uint64:
@@ -788,7 +795,7 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
         return (o, lse) if return_lse else o
 
     from . import _capi
-    lib = call.library("fwd", device, kind, d, dv, "batch", mask_type != 0, _modifier_kernel(mods))
+    lib = call.library("fwd", device, kind, d, dv, "batch", mask_type != 0, _modifier_kinds(mods))
     call.order_inputs(views, device)
     lse_strides = (0, 0)
     if lv is not None:
@@ -861,7 +868,7 @@ def _mha_varlen_fwd_py(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
         return (o, lse) if return_lse else o
 
     from . import _capi
-    lib = call.library("fwd", device, kind, d, dv, "group", mask_type != 0, _modifier_kernel(mods))
+    lib = call.library("fwd", device, kind, d, dv, "group", mask_type != 0, _modifier_kinds(mods))
     call.order_inputs(views, device)
     seq_ptrs, uploads = seqs.pointers(call, device)
     # No sequence has keys when total_k == 0; the C API still wants non-null k/v pointers in group mode.
@@ -1168,7 +1175,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
         return result
 
     from . import _capi
-    lib = call.library("bwd", device, kind, d, d_v, "batch", mask_type != 0, _modifier_kernel(mods))
+    lib = call.library("bwd", device, kind, d, d_v, "batch", mask_type != 0, _modifier_kinds(mods))
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     args = _capi.make_bwd_args(
@@ -1252,7 +1259,7 @@ def _mha_varlen_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seq
         return result
 
     from . import _capi
-    lib = call.library("bwd", device, kind, d, d_v, "group", mask_type != 0, _modifier_kernel(mods))
+    lib = call.library("bwd", device, kind, d, d_v, "group", mask_type != 0, _modifier_kinds(mods))
     call.order_inputs(views, device)
     dqv, dkv, dvv = (grads[name][1] for name in ("dq", "dk", "dv"))
     # Group mode: the C API wants every pointer non-null. A side without tokens (total 0) is never addressed, so any

@@ -164,7 +164,11 @@ class Entry:
     @property
     def name(self) -> str:
         s = self.specs[0].signature
-        parts = dict.fromkeys(f"{sp.algorithm.family}_{sp.signature.hdim_token}" for sp in self.specs)
+        # (an instance of another mask class or kind than the first, e.g. a sink call's plain generic instance
+        # beside the hopper "_mods" one, says so)
+        parts = dict.fromkeys(f"{sp.algorithm.family}_{sp.signature.hdim_token}" +
+                              ("" if sp.signature.mask_token == s.mask_token else f"_{sp.signature.mask_token}")
+                              for sp in self.specs)
         return f"{self.api}_{s.dtype}_{s.mode}_{s.mask_token}_{self.arch.replace('_', '')}-" + "-".join(parts)
 
     @property
@@ -172,24 +176,36 @@ class Entry:
         return [sp.name for sp in self.specs]
 
 
+def mod_names(mods: int) -> tuple[str, ...]:
+    """The score modifiers of a call's mhakit_score_mod bits (_capi.SCORE_MOD_BITS), by their catalogue names."""
+    from . import _capi
+    unknown = int(mods) & ~sum(_capi.SCORE_MOD_BITS.values())
+    if unknown:
+        raise ValueError(f"mods: unknown score-modifier bits {unknown:#x} (known: {_capi.SCORE_MOD_BITS})")
+    return tuple(name for name, bit in _capi.SCORE_MOD_BITS.items() if int(mods) & bit)
+
+
 def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
-                 candidates: Optional[Iterable] = None, mods: bool = False) -> Entry:
-    """The entry a call needs: per kernel family of `arch` that serves (dtype, mode, mask class) and whose static
-    guard admits the head dims, the instance with the tightest head-dim bucket that holds them (the runtime's own
-    score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one as fallback.
-    mods: the call sets a soft-cap, a bias / ALiBi or dropout, which only a family's modifier instances ("_mods")
-    serve; the entry then holds the masked one (the runtime never gives such a call to a plain instance, nor a plain
-    call to one of them; a masked instance serves unmasked calls too, and the default profile builds only those)."""
+                 candidates: Optional[Iterable] = None, mods: int = 0) -> Entry:
+    """The entry a call needs: per kernel family of `arch` that serves (dtype, mode, mask class, score modifiers)
+    and whose static guard admits the head dims, the instance with the tightest head-dim bucket that holds them (the
+    runtime's own score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one
+    as fallback. mods: the score modifiers the call sets (mhakit_score_mod bits): a family serves them on its plain
+    instance when that has them all (catalogue score_mods.plain), else on its modifier instance ("_mods", the masked
+    one: a masked instance serves unmasked calls too, and the default profile builds only those), else not at all
+    (KernelSpec.serves_call_mods, the runtime's static_guards_hold)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    mask = "mask" if masked or mods else "nmask"
+    names = mod_names(mods)
     pool = _catalogue_specs(api, arch) if candidates is None else list(candidates)  # read twice below
     best: dict[str, tuple[int, object]] = {}
     for spec in pool:
         s = spec.signature
-        if s.dtype != dtype or s.mode != mode or s.mask != mask or s.mods != mods:
+        if s.dtype != dtype or s.mode != mode or not spec.serves_call_mods(names):
+            continue
+        if s.mask != ("mask" if masked or s.mods else "nmask"):
             continue
         if not spec.admits_head_dims(hdim_q, hdim_v):
             continue
@@ -200,7 +216,7 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     if not best:
         raise ValueError(f"no {api} kernel in the catalogue serves dtype={dtype} hdim_q={hdim_q} hdim_v={hdim_v} "
                          f"mode={mode} {'masked' if masked else 'unmasked'}"
-                         f"{' with score modifiers (soft-cap, bias / ALiBi or dropout)' if mods else ''} on {arch}")
+                         f"{' with score modifiers (' + ', '.join(names) + ')' if names else ''} on {arch}")
     # A family whose bucket holds several instances (CK-tile's tiles and padding/LSE variants, which the runtime
     # picks among by its guards) contributes all of them; the CUDA families hold one per bucket.
     # A family marked complete in the catalogue (its instances together serve every call in their bucket) ends
@@ -234,6 +250,25 @@ def _representative_head_dims(api: str, arch: str) -> list[int]:
     return sorted(d for ds in members.values() for d in ds)
 
 
+def _representative_mods(api: str, arch: str) -> list[int]:
+    """Score-modifier sets (mhakit_score_mod bits) that between them derive every entry a call can derive on `arch`:
+    derive_entry depends on a call's modifiers only through which instance of each family (plain, "_mods" or none)
+    serves them, so one set per such outcome stands for all of them (the smallest, none first)."""
+    from . import _capi
+    bits = list(_capi.SCORE_MOD_BITS.values())
+    specs = _catalogue_specs(api, arch)
+    families = {sp.algorithm.family: sp.guards for sp in specs}
+    seen: dict[tuple, int] = {}
+    for mods in sorted(range(1 << len(bits)), key=lambda m: (bin(m).count("1"), m)):
+        value = sum(b for i, b in enumerate(bits) if mods >> i & 1)
+        names = set(mod_names(value))
+        outcome = tuple(("plain" if names <= set(g.plain_mods) else
+                         "mods" if names <= set(g.plain_mods) | set(g.instance_mods) else None)
+                        for _, g in sorted(families.items()))
+        seen.setdefault(outcome, value)
+    return sorted(seen.values())
+
+
 def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
     """Every entry a call could derive on `arch` whose instances all lie in `specs` (e.g. a profile's selection):
     what ``prebuild`` builds so that those calls need no compiler."""
@@ -243,7 +278,7 @@ def entries_within(api: str, arch: str, specs: Iterable) -> list[Entry]:
     dims = _representative_head_dims(api, arch)
     for dtype in DTYPES:
         for mode in MODES:
-            for masked, mods in itertools.product((False, True), (False, True)):
+            for masked, mods in itertools.product((False, True), _representative_mods(api, arch)):
                 for hq in dims:
                     for hv in dims:
                         try:
@@ -658,10 +693,10 @@ class KernelCache:
         self._remember("entries", _entry_key(plan.entry, self.root), plan, lib)
 
     def library_for(self, api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
-                    jobs: Optional[int] = None, mods: bool = False) -> Path:
+                    jobs: Optional[int] = None, mods: int = 0) -> Path:
         """The library a call needs: from the call index (no derivation, no rendering), the entry index (derivation
-        only: a prebuilt cache), or by computing the entry's keys and finding or building it. mods: the call sets a
-        soft-cap, a bias / ALiBi or dropout (derive_entry)."""
+        only: a prebuilt cache), or by computing the entry's keys and finding or building it. mods: the score
+        modifiers the call sets (mhakit_score_mod bits; derive_entry)."""
         call_key = _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, self.root, mods)
         lib = self._from_index("calls", call_key)
         if lib is not None:
@@ -762,8 +797,8 @@ def _toolchain_identity(root: Path):
     return ident
 
 
-def _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, root: Path, mods: bool = False) -> str:
-    return _sha256_json([FORMAT, "call", api, arch, dtype, hdim_q, hdim_v, mode, bool(masked), bool(mods),
+def _call_key(api, arch, dtype, hdim_q, hdim_v, mode, masked, root: Path, mods: int = 0) -> str:
+    return _sha256_json([FORMAT, "call", api, arch, dtype, hdim_q, hdim_v, mode, bool(masked), int(mods),
                          _tree_digest(), list(_toolchain_identity(root))])
 
 
@@ -814,11 +849,11 @@ def device_arch(device: int, backend: str = "cuda") -> str:
 
 
 def library(api: str, device: int, dtype: str, hdim_q: int, hdim_v: int, mode: str, masked: bool,
-            backend: str = "cuda", mods: bool = False):
+            backend: str = "cuda", mods: int = 0):
     """The loaded library serving a call on `device` of `backend` ("cuda", or "rocm" for a ROCm array) (memoised: a
     dict lookup after the first call): a _capi.FwdLibrary for api "fwd", a _capi.BwdLibrary for "bwd". mods: the
-    call sets a soft-cap, a bias / ALiBi or dropout, which the modifier instances serve (derive_entry)."""
-    key = (api, device, dtype, hdim_q, hdim_v, mode, masked, backend, bool(mods))
+    score modifiers the call sets (mhakit_score_mod bits), which decide the instances (derive_entry)."""
+    key = (api, device, dtype, hdim_q, hdim_v, mode, masked, backend, int(mods))
     lib = _LIBS.get(key)
     if lib is not None:
         return lib

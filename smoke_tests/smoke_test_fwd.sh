@@ -6,9 +6,11 @@
 #   mode with per-sequence lengths: prec x perm {0, 1} x hdim {64, 128, 256} x lse {0, 1}, three shapes each;
 #   then head dims that are not multiples of 8 (1, 3, 59, 111, 255, d != d_v among them): prec x mode x perm, seven
 #   shapes each (GQA, masks, LSE). They run on the generic family's smallest bucket that holds them. Then the score
-#   modifiers (generic family): prec x mode x hdim {59, 64, 128} x (aiter's bias kinds e, e:1, e:2, a, a:1 on three
-#   shapes, plus five soft-cap / sink / combined shapes), 240 runs; then dropout with the random bytes stored and
-#   checked: prec x mode x hdim {59, 64, 128} x 3 shapes, 36 runs.
+#   modifiers: prec x mode x hdim {59, 64, 128} x (aiter's bias kinds e, e:1, e:2, a, a:1 on three shapes, plus five
+#   soft-cap / sink / combined shapes), 240 runs (59 on the generic family, 64 / 128 on the Hopper "_mods" instances
+#   where the library has them); then the modifiers at the Hopper-only buckets: prec x mode x hdim {256, 192/128} x 5
+#   shapes, 40 runs; then dropout with the random bytes stored and checked: prec x mode x hdim {59, 64, 128} x 3
+#   shapes, 36 runs.
 # Every run validates against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_fwd in the current directory.
@@ -27,6 +29,7 @@ environment:
   BENCH           benchmark executable (default: ./benchmark_mha_fwd)
   MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=nf -seed=7"
   MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
+  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, group, odd, mods, hmods, dropout
 USAGE
 }
 
@@ -43,7 +46,11 @@ if [ "$QUICK" -eq 1 ]; then
     LSES="1"
 fi
 
+# Whether section $1 runs (MHA_SMOKE_ONLY lists the sections to run; unset: all of them).
+want() { [ -z "${MHA_SMOKE_ONLY:-}" ] || [[ ",$MHA_SMOKE_ONLY," == *",$1,"* ]]; }
+
 smoke_header
+want grid &&
 for prec in $PRECS; do
 for mode in 1 0; do
 for perm in 0 1; do
@@ -67,6 +74,7 @@ done
 
 # Group mode with per-sequence lengths (seqlen_q != seqlen_k, empty sequences on either side, tiles that cross into
 # the next sequence) on the equal head dims that the Hopper family serves; both layouts (perm).
+want group &&
 for prec in $PRECS; do
 for perm in 0 1; do
 for hdim in 64 128 256; do
@@ -81,6 +89,7 @@ done
 done
 
 # Head dims that are not multiples of 8: rows of odd byte length (contiguous d=59: 118 bytes), partial last chunks.
+want odd &&
 for prec in $PRECS; do
 for mode in 1 0; do
 for perm in 0 1; do
@@ -96,8 +105,9 @@ done
 done
 done
 
-# Score modifiers (generic family): aiter's bias grid (elementwise e, e:1, e:2; ALiBi a, a:1) over masks, GQA and
-# group mode, plus soft-cap, sinks (an empty K gives LSE = sink) and combinations, at an odd head dim too.
+# Score modifiers: aiter's bias grid (elementwise e, e:1, e:2; ALiBi a, a:1) over masks, GQA and group mode, plus
+# soft-cap, sinks (an empty K gives LSE = sink) and combinations, at an odd head dim (generic) too.
+want mods &&
 for prec in $PRECS; do
 for mode in 1 0; do
 for hdim in 59 64 128; do
@@ -117,9 +127,26 @@ done
 done
 done
 
+# The same modifiers at the head dims only the Hopper family has buckets for (256 and (192, 128): their "_mods"
+# instances where the library has them, else generic), with masks, GQA, group mode and rows that see no key.
+want hmods &&
+for prec in $PRECS; do
+for mode in 1 0; do
+for dims in 256,256 192,128; do
+    p=(-prec="$prec" -mode="$mode" -d="${dims%,*}" -d_v="${dims#*,}" -lse=1)
+    run "${p[@]}" -b=2 -h=4 -h_k=2 -s=200 -s_k=333 -mask=b -bias=e:1 -sink=1
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=300 -mask=t:64,30 -logits_soft_cap=10 -bias=a:1
+    run "${p[@]}" -b=2 -h=2 -h_k=1 -s=129 -s_k=77 -bias=e:2 -logits_soft_cap=30
+    run "${p[@]}" -b=1 -h=2 -s=250 -s_k=70 -mask=b -sink=1 -bias=a
+    run "${p[@]}" -b=2 -h=3 -s=64 -s_k=520 -mask=g:30,100 -bias=e
+done
+done
+done
+
 # Dropout (generic family): aiter's -p_drop with the random bytes stored (-s_randval=1: they must equal the host's
 # Philox and feed the host reference), masks, GQA, group mode, seed / offset in device memory (-drop_prefs=1), with
 # modifiers.
+want dropout &&
 for prec in $PRECS; do
 for mode in 1 0; do
 for hdim in 59 64 128; do

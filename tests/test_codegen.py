@@ -75,7 +75,7 @@ class TestRules:
         (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=0), "hdim_q=0 is not an accepted head dim: head dims must be in [1, 256]"),
         (dict(hv=264), "hdim_v=264 is not an accepted head dim: head dims must be in [1, 256]"),
-        (dict(family="hopper", mods=True), "the hopper family has no score modifiers"),
+        (dict(api="bwd", family="hopper", mods=True), "the hopper family has no score modifiers"),
     ])
     def test_invalid_specs_are_rejected_with_a_reason(self, kwargs, reason):
         reasons = rules.violations(make_spec(**kwargs))
@@ -102,17 +102,19 @@ class TestNames:
 
 class TestProfiles:
     def test_counts(self):
-        # minimal: hopper + generic, masked and unmasked, one masked generic modifier instance, one decode and one
-        # decode_tma instance
-        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 1 + 1 + 1
+        # minimal: hopper + generic, masked and unmasked, one masked modifier instance of each (the backward: generic
+        # only), one decode and one decode_tma instance
+        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 2 + 1 + 1
+        assert len(profiles.select("bwd", "sm_90a", "minimal").specs) == 4 + 1
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
         # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
         # 2 modes x 2 masks in the default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the
         # forward library also holds the split-KV instances: decode (2 dtypes x 3 buckets) and, on sm_90a only,
-        # decode_tma (2 dtypes x the 64 / 128 buckets)
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4
+        # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper forward's modifier instances: bf16 x 64 / 128 / 256
+        # x 2 modes, masked, in the default profile, one per plain instance in `all`
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
 
@@ -121,12 +123,19 @@ class TestProfiles:
         assert {(s.signature.hdim_q, s.signature.mask, s.algorithm.family) for s in mods} == \
             {(64, "mask", "generic"), (128, "mask", "generic"), (256, "mask", "generic")}
         assert all(s.name.split("_")[4:6] == ["mask", "mods"] for s in mods)
-        # every modifier instance has its plain twin, and only families with score_mods have them
+        fwd = [s for s in profiles.select("fwd", "sm_90a", "default").specs if s.signature.mods]
+        assert {(s.signature.dtype, s.signature.hdim_q, s.signature.mode, s.signature.mask) for s in fwd
+                if s.algorithm.family == "hopper"} == {("bf16", d, m, "mask") for d in (64, 128, 256)
+                                                         for m in ("batch", "group")}
+        assert sum(s.algorithm.family == "generic" for s in fwd) == 12
+        # every modifier instance has its plain twin, and only families whose score_mods list `mods` have them
         every = profiles.enumerate_specs("fwd", "sm_90a").specs
         plain = {s.name for s in every if not s.signature.mods}
         twins = [s for s in every if s.signature.mods]
-        assert len(twins) == 40 and all(s.name.replace("_mods", "") in plain for s in twins)
-        assert all(s.guards.score_mods for s in twins)
+        assert len(twins) == 40 + 48 and all(s.name.replace("_mods", "") in plain for s in twins)
+        assert all(s.guards.instance_mods for s in twins)
+        bwd_twins = [s for s in profiles.enumerate_specs("bwd", "sm_90a").specs if s.signature.mods]
+        assert len(bwd_twins) == 40 and {s.algorithm.family for s in bwd_twins} == {"generic"}
         assert not any(s.signature.mods for s in profiles.enumerate_specs("fwd", "gfx942").specs)
         # the profile's `mods` table narrows modifier instances only; `mods = false` drops them
         generic_mods = make_spec(hq=32, hv=32, mask="nmask", mods=True)
@@ -136,7 +145,12 @@ class TestProfiles:
         assert not profiles._profile_admits({"mods": {"mask": ["mask"]}}, generic_mods)
         assert profiles._profile_admits({"mods": {"mask": ["mask"]}}, make_spec(hq=32, hv=32))
         sel = profiles.select("fwd", "sm_90a", "default", "_mods_")
-        assert len(sel.specs) == 12
+        assert len(sel.specs) == 12 + 6
+        # a list of tables keeps what any of them keeps
+        either = {"mods": [{"family": ["generic"]}, {"family": ["hopper"], "dtype": ["fp16"]}]}
+        assert profiles._profile_admits(either, generic_mods)
+        assert not profiles._profile_admits(either, make_spec(family="hopper", mask="mask", mods=True))
+        assert profiles._profile_admits(either, make_spec(family="hopper", dtype="fp16", mask="mask", mods=True))
 
     def test_v3_keeps_only_the_hopper_family(self):
         specs = profiles.select("fwd_v3", "sm_90a", "default").specs
@@ -173,7 +187,14 @@ class TestRendering:
         assert "score modifiers" not in generic
         spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
         hopper = render.render_instance(spec)
-        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, 256, /*group_mode=*/false, /*masked=*/true,\n                                 128, 64>" in hopper
+        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, 256, /*group_mode=*/false, /*masked=*/true,\n                                 128, 64, /*mods=*/false>" in hopper
+        assert "score modifiers" not in hopper
+        mods_spec = profiles.select("fwd", "sm_90a", "all", "fwd_d128_fp16_group_mask_mods_sm90a_hopper*").specs[0]
+        hopper_mods = render.render_instance(mods_spec)
+        assert "hopper::FwdKernel<MHAKIT_DTYPE_FP16, 128, 128, /*group_mode=*/true, /*masked=*/true,\n                                 128, 128, /*mods=*/true>" in hopper_mods
+        assert "the score modifiers' kernel in place of the plain one (\"_mods\": soft-cap, bias / ALiBi, sink)" in hopper_mods
+        bwd = profiles.select("bwd", "sm_90a", "default", "bwd_d128_bf16_batch_mask_sm90a_hopper*").specs[0]
+        assert "64, 128>;" in render.render_instance(bwd)  # the Hopper backward has no modifier kernel
         assert f"bool {spec.name}_supports(" in hopper and f"dev::Error {spec.name}_run(" in hopper
 
     def test_dispatch_lists_every_instance_with_its_traits(self):
@@ -201,8 +222,19 @@ class TestRendering:
         assert text.count("/*equal_head_dims=*/false,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
         assert text.count("/*head_dim_multiple=*/8,") == len(hopper) + 1  # + decode_tma
         assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper) + 1  # + decode
-        assert text.count("/*mods=*/true,") == sum(s.signature.mods for s in specs) == 1
-        assert text.count("/*mods=*/false,") == len(specs) - 1
+        assert text.count("/*mods=*/true,") == sum(s.signature.mods for s in specs) == 2
+        assert text.count("/*mods=*/false,") == len(specs) - 2
+        # what each instance serves of the score modifiers (catalogue score_mods), as mhakit_score_mod bits
+        for s in specs:
+            row = text[text.index(f'{{"{s.name}"'):]
+            row = row[:row.index("&instances::")]
+            served = {("generic", False): "MHAKIT_MOD_SINK",
+                      ("generic", True): "MHAKIT_MOD_SINK | MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | "
+                                         "MHAKIT_MOD_DROPOUT",
+                      ("hopper", False): "0",
+                      ("hopper", True): "MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | MHAKIT_MOD_SINK"}
+            plain = "MHAKIT_MOD_SINK" if s.algorithm.family == "generic" else "0"
+            assert f"/*mod_kinds=*/{served[(s.algorithm.family, s.signature.mods)]}, /*plain_mod_kinds=*/{plain}," in row
         sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)
         assert 'const BuiltArch kBwdBuiltArch = {"sm_86", 8, 6, /*arch_specific=*/false};' in sm80
 

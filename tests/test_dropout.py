@@ -213,7 +213,7 @@ def test_python_dropout_fields():
     fields = {}
     api._dropout(_Call(), fields, [], 0.5, _View("uint64", (1,), ptr=0x1000), _View("int64", (), ptr=0x2000), None, None)
     assert fields == dict(p_drop=0.5, drop_seed_ptr=0x1000, drop_offset_ptr=0x2000)
-    assert api._modifier_kernel(fields) and not api._modifier_kernel({})
+    assert api._modifier_kinds(fields) == 16 and api._modifier_kinds({}) == 0  # MHAKIT_MOD_DROPOUT; none
     fields = {}
     api._dropout(_Call(), fields, [], 0.5, 1, 2, _View("uint8", (3, 40, 9)), (3, 40, 9))  # varlen [h, total_q, max_k]
     assert (fields["batch_stride_randval"], fields["nhead_stride_randval"], fields["stride_randval"]) == (0, 360, 9)

@@ -41,8 +41,9 @@ def close(out, ref, tol, what):
 
 
 def make_mods(rng, kind: str, b: int, h: int, sq: int, sk: int, dtype: str):
-    """(device kwargs, reference kwargs) for one modifier set; kind is '+'-joined: cap, alibi, alibi_bh, bias32,
-    bias16_b (dtype, broadcast over heads), sink."""
+    """(device kwargs, reference kwargs) for one modifier set; kind is '+'-joined: cap, alibi ([h]), alibi_bh
+    ([b, h]), bias32 ([1, h, sq, sk] fp32), bias16 ([b, h, sq, sk] of the data type), bias16_b ([b, 1, sq, sk]),
+    sink."""
     d_kw, r_kw = {}, {}
     for part in kind.split("+"):
         if part == "cap":
@@ -53,15 +54,27 @@ def make_mods(rng, kind: str, b: int, h: int, sq: int, sk: int, dtype: str):
         elif part == "bias32":
             bias = rng.uniform(-2, 2, (1, h, sq, sk)).astype(np.float32)
             d_kw["bias"], r_kw["bias"] = cp.asarray(bias), bias
-        elif part == "bias16_b":
-            d_bias, rounded = dev(rng.uniform(-2, 2, (b, 1, sq, sk)).astype(np.float32), dtype)
-            d_kw["bias"], r_kw["bias"] = d_bias, rounded
+        elif part in ("bias16", "bias16_b"):
+            shape = (b, h, sq, sk) if part == "bias16" else (b, 1, sq, sk)
+            d_kw["bias"], r_kw["bias"] = dev(rng.uniform(-2, 2, shape).astype(np.float32), dtype)
         elif part == "sink":
             sink = rng.uniform(-1, 2, (h,)).astype(np.float32)
             d_kw["sink"], r_kw["sink"] = cp.asarray(sink), sink
         else:
             raise ValueError(part)
     return d_kw, r_kw
+
+
+def sequence_mods(r_kw: dict, i: int, len_q: int, len_k: int) -> dict:
+    """The reference kwargs of sequence i of a varlen call (group mode) from the whole call's: its ALiBi slopes
+    ([b, h]: row i), its bias block ([b|1, h|1, :len_q, :len_k]), the rest as they are."""
+    one = dict(r_kw)
+    if "alibi_slopes" in r_kw and r_kw["alibi_slopes"].ndim == 2:
+        one["alibi_slopes"] = r_kw["alibi_slopes"][i:i + 1]
+    if "bias" in r_kw:
+        bias = r_kw["bias"]
+        one["bias"] = (bias[i:i + 1] if bias.shape[0] > 1 else bias)[:, :, :len_q, :len_k]
+    return one
 
 
 MASKS = {"none": (dict(), (0, -1, -1)), "causal": (dict(causal=True), (2, -1, 0)),
@@ -134,15 +147,7 @@ def test_group_mode(kind):
     tol_f, tol_b = reference.tolerances(dtype), reference.tolerances_bwd(dtype, d, d)
     for i in range(b):
         q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]
-        one = {}
-        if "softcap" in r_kw:
-            one["softcap"] = r_kw["softcap"]
-        if "alibi_slopes" in r_kw:
-            one["alibi_slopes"] = r_kw["alibi_slopes"][i:i + 1]
-        if "bias" in r_kw:
-            one["bias"] = r_kw["bias"][:, :, :q1 - q0, :k1 - k0]
-        if "sink" in r_kw:
-            one["sink"] = r_kw["sink"]
+        one = sequence_mods(r_kw, i, q1 - q0, k1 - k0)
         bhsd = lambda x: x[None].transpose(0, 2, 1, 3)  # noqa: E731
         o_ref, lse_ref = reference.attention_fwd(bhsd(qf[q0:q1]), bhsd(kf[k0:k1]), bhsd(vf[k0:k1]), mask_type=2,
                                                  window_left=-1, window_right=0, return_lse=True, **one)

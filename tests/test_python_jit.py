@@ -39,7 +39,10 @@ def fake_toolchain(arch="sm_90a", version="13.0.88", path="/opt/fake-cuda/bin/nv
                               version=version, cutlass=Path("/opt/fake-cutlass"))
 
 
-def entry(dtype="bf16", hq=128, hv=128, mode="batch", masked=False, arch="sm_90a", api="fwd", mods=False):
+SOFTCAP, BIAS, ALIBI, SINK, DROPOUT = (1, 2, 4, 8, 16)  # mhakit_score_mod bits (_capi.SCORE_MOD_BITS)
+
+
+def entry(dtype="bf16", hq=128, hv=128, mode="batch", masked=False, arch="sm_90a", api="fwd", mods=0):
     return jit.derive_entry(api, arch, dtype, hq, hv, mode, masked, mods=mods)
 
 
@@ -117,8 +120,9 @@ class TestDerive:
                     e = jit.derive_entry(api, arch, "fp16", hq, hv, "batch", masked)
                     assert e.name in names, (hq, hv, masked, e.name)
                     if arch.startswith("sm"):
-                        e = jit.derive_entry(api, arch, "fp16", hq, hv, "batch", masked, mods=True)
-                        assert e.name in names, (hq, hv, masked, e.name)
+                        for mods in (SOFTCAP, BIAS | SINK, SINK, DROPOUT, ALIBI | DROPOUT):
+                            e = jit.derive_entry(api, arch, "fp16", hq, hv, "batch", masked, mods=mods)
+                            assert e.name in names, (hq, hv, masked, mods, e.name)
 
     def test_group_mode_and_other_arches(self):
         assert entry(mode="group").instance_names == ["fwd_d128_bf16_group_nmask_sm90a_hopper_b128x128",
@@ -150,25 +154,55 @@ class TestDerive:
 
     @pytest.mark.parametrize("api", ["fwd", "bwd"])
     def test_a_modifier_call_gets_the_modifier_instance_alone(self, api):
-        """Soft-cap / bias / ALiBi / dropout calls need the "_mods" instance of the tightest generic bucket (hopper
-        has none); plain calls never pull one in."""
+        """Dropout calls need the "_mods" instance of the tightest generic bucket (hopper has no dropout), and so do
+        the backward's soft-cap / bias / ALiBi calls; plain calls never pull one in."""
         tile = {"fwd": {64: "b128x128w4", 128: "b128x64w4"}, "bwd": {64: "b64x128w8", 128: "b64x64w4"}}[api]
-        e = entry(api=api, mods=True, masked=True)
-        assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tile[128]}"]
-        assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-generic_d128"
-        # an unmasked one too: the masked modifier instance serves it (the default profile builds only those)
-        assert entry(api=api, hq=59, hv=59, mods=True, mode="group").instance_names == [
-            f"{api}_d64_bf16_group_mask_mods_sm90a_generic_{tile[64]}"]
+        for mods in ((DROPOUT, DROPOUT | SOFTCAP) if api == "fwd" else (SOFTCAP, BIAS, ALIBI | SINK, DROPOUT)):
+            e = entry(api=api, mods=mods, masked=True)
+            assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tile[128]}"], mods
+            assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-generic_d128"
+            # an unmasked one too: the masked modifier instance serves it (the default profile builds only those)
+            assert entry(api=api, hq=59, hv=59, mods=mods, mode="group").instance_names == [
+                f"{api}_d64_bf16_group_mask_mods_sm90a_generic_{tile[64]}"]
         for masked in (False, True):
             assert not any("_mods_" in n for n in entry(api=api, masked=masked).instance_names)
-        with pytest.raises(ValueError, match="with score modifiers"):
-            entry(api=api, arch="gfx942", mods=True)
+        with pytest.raises(ValueError, match=r"with score modifiers \(softcap\)"):
+            entry(api=api, arch="gfx942", mods=SOFTCAP)
+        with pytest.raises(ValueError, match="unknown score-modifier bits 0x20"):
+            entry(api=api, mods=32)
+
+    @pytest.mark.parametrize("mods", [SOFTCAP, BIAS, ALIBI, SOFTCAP | ALIBI | SINK, BIAS | SINK])
+    def test_a_hopper_modifier_call_gets_the_hopper_modifier_instance(self, mods):
+        """Soft-cap, bias / ALiBi and sinks run on the Hopper forward's "_mods" instance (catalogue score_mods), with
+        the generic one as the fallback for the calls Hopper refuses at run time (unaligned, odd head dims)."""
+        for masked in (False, True):
+            e = entry(mods=mods, masked=masked)
+            assert e.instance_names == ["fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128",
+                                        "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4"]
+            assert e.name == "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128"
+        assert entry(mods=mods, hq=192, hv=128, mode="group").instance_names == [
+            "fwd_d192x128_bf16_group_mask_mods_sm90a_hopper_b128x96",
+            "fwd_d192x128_bf16_group_mask_mods_sm90a_generic_b64x64w4"]
+        # a head dim Hopper does not take (not a multiple of 8): generic alone
+        assert entry(mods=mods, hq=59, hv=59).instance_names == ["fwd_d64_bf16_batch_mask_mods_sm90a_generic_b128x128w4"]
+
+    def test_a_sink_alone_gets_the_hopper_modifier_instance_and_the_plain_generic_one(self):
+        """A sink is served by the plain generic instances (in their epilogue) but only by Hopper's "_mods" ones."""
+        for masked, mask in ((False, "nmask"), (True, "mask")):
+            e = entry(mods=SINK, masked=masked)
+            assert e.instance_names == ["fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128",
+                                        f"fwd_d128_bf16_batch_{mask}_sm90a_generic_b128x64w4"]
+            assert e.name == f"fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128_{mask}"
+        assert entry(api="bwd", mods=SINK).instance_names == ["bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4"]
 
     def test_modifier_entries_within_a_profile(self):
         default = profiles_mod.select("bwd", "sm_90a", "default").specs
         mods = [e.name for e in jit.entries_within("bwd", "sm_90a", default) if "_mods_" in e.name]
         # the default profile's masked modifier instances of 64 / 128 / 256 (fp16, bf16; batch, group)
         assert len(mods) == 12 and all("_mask_mods_" in n for n in mods)
+        fwd = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
+        hopper_mods = {sp.name for e in fwd for sp in e.specs if sp.signature.mods and sp.algorithm.family == "hopper"}
+        assert len(hopper_mods) == 6 and all("_bf16_" in n and "_mask_mods_" in n for n in hopper_mods)
 
     def test_unknown_values_are_refused(self):
         with pytest.raises(ValueError, match="dtype must be one of"):
@@ -179,12 +213,17 @@ class TestDerive:
     def test_entries_within_a_profile(self):
         minimal = profiles_mod.select("fwd", "sm_90a", "minimal").specs
         names = [e.name for e in jit.entries_within("fwd", "sm_90a", minimal)]
-        assert names == ["fwd_bf16_batch_mask_mods_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-generic_d128",
-                         "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
+        assert names == ["fwd_bf16_batch_mask_mods_sm90a-generic_d128",
+                         "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128",
+                         "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128_mask",
+                         "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128_nmask",
+                         "fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        # 80 plain entries, 12 of the modifier instances (the masked ones of 64 / 128 / 256)
-        assert len(default) == 92 and len({e.name for e in default}) == 92
+        # 80 plain entries, 12 of the generic modifier instances alone (the masked ones of 64 / 128 / 256; dropout,
+        # and the calls Hopper's head-dim rule refuses), 22 with a Hopper modifier instance (bf16 64 / 128 / 256,
+        # batch and group: with the generic modifier instance, or with a plain generic one for a sink alone)
+        assert len(default) == 114 and len({e.name for e in default}) == 114
 
     def test_arch_for_compute_capability(self):
         f = toolchain_mod.arch_for_compute_capability
@@ -478,17 +517,18 @@ class TestPrebuild:
         compiled = []
         monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
-        # four mha_fwd libraries, the modifier one and two split-KV ones (decode alone, decode_tma + decode): the
-        # forward library's entries, from its seven instances
-        assert len(paths) == 7 and builder.calls == 7 and compiled == [7]
+        # four mha_fwd libraries, four with modifier instances (generic alone: dropout; hopper + generic; a sink:
+        # hopper's modifier instance + a plain generic one, masked or not) and two split-KV ones (decode alone,
+        # decode_tma + decode)
+        assert len(paths) == 10 and builder.calls == 10 and compiled == [8]
         from mhakit import _ext
         assert _ext.compiler() is None or _ext.cached(cache) is not None, "prebuild fills in the C call path too"
-        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 7
+        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 10
         # a first call of a prebuilt configuration finds it without building or rendering
         monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
-        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 7
+        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 10
         # an unmasked modifier call too: the masked modifier instance serves it
-        mods_lib = cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False, mods=True)
+        mods_lib = cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False, mods=SOFTCAP)
         assert mods_lib in paths and "mask_mods" in str(mods_lib)
         assert mods_lib != cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False)
         assert cache.library_for("splitkv", "sm_90a", "bf16", 128, 128, "batch", True) in paths
@@ -635,7 +675,7 @@ class TestDeriveBwd:
         asked, loaded = [], []
 
         class Cache:
-            def library_for(self, *args, mods=False):
+            def library_for(self, *args, mods=0):
                 asked.append(args)
                 return tmp_path / "libmha_bwd.so"
 

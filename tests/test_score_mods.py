@@ -53,27 +53,52 @@ def test_backward_modifier_arguments_are_refused_with_one_sentence(bwd_lib, over
     assert message in bwd_lib.last_error()
 
 
+MOD_CALLS = [dict(logits_soft_cap=30.0), dict(bias_type=2, bias_ptr=FAKE),
+             dict(bias_type=1, bias_ptr=FAKE, stride_bias=256, nhead_stride_bias=0, batch_stride_bias=0),
+             dict(bias_type=1, bias_ptr=FAKE, bias_fp32=1, stride_bias=256), dict(sink_ptr=FAKE),
+             dict(logits_soft_cap=30.0, bias_type=2, bias_ptr=FAKE, sink_ptr=FAKE)]
+
+
 @pytest.mark.compile
-@pytest.mark.parametrize("overrides, mods", [(dict(logits_soft_cap=30.0), True), (dict(bias_type=2, bias_ptr=FAKE), True),
-                                             (dict(bias_type=1, bias_ptr=FAKE, stride_bias=256), True),
-                                             (dict(sink_ptr=FAKE), False)])
-def test_calls_with_modifiers_run_on_the_generic_family(fwd_lib, bwd_lib, overrides, mods):
-    """The hopper family lacks score_mods (catalogue guard): a call that sets a modifier goes to generic, a soft-cap or
-    bias / ALiBi to its modifier instance ("_mods": the minimal profile's masked one serves this unmasked call), a
-    sink alone to its plain instance; plain calls never reach the modifier instance."""
-    assert fwd_lib.kernel_name(valid_args()).endswith("_hopper_b128x128")
+@pytest.mark.parametrize("overrides", MOD_CALLS)
+def test_forward_modifier_calls_run_on_the_hopper_modifier_instance(fwd_lib, overrides):
+    """The Hopper forward serves soft-cap, bias / ALiBi and sinks on its "_mods" instances (catalogue score_mods: the
+    minimal profile's masked one serves this unmasked call too); what Hopper refuses (a head dim not a multiple of
+    8) goes to the generic "_mods" instance, or, for a sink alone, to the plain generic one; plain calls never reach a
+    modifier instance."""
+    assert fwd_lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
     assert fwd_lib.kernel_name(valid_args(mask_type=1, hdim_q=59, hdim_v=59)) == \
         "fwd_d128_bf16_batch_mask_sm90a_generic_b128x64w4"
-    expected = ("fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4" if mods
-                else "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4")
-    assert fwd_lib.kernel_name(valid_args(**overrides)) == expected
+    for mask_type in (0, 1, 2, 3):
+        assert fwd_lib.kernel_name(valid_args(mask_type=mask_type, **overrides)) == \
+            "fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128", fwd_lib.last_error()
+    odd = fwd_lib.kernel_name(valid_args(hdim_q=59, hdim_v=59, **overrides))
+    assert odd == ("fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4" if overrides == dict(sink_ptr=FAKE)
+                   else "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4")
+
+
+@pytest.mark.compile
+def test_forward_dropout_runs_on_the_generic_modifier_instance(fwd_lib):
+    """Hopper has no dropout (catalogue score_mods): a dropout call, with or without other modifiers, goes to the
+    generic "_mods" instance."""
+    for extra in ({}, dict(logits_soft_cap=30.0), dict(sink_ptr=FAKE)):
+        assert fwd_lib.kernel_name(valid_args(p_drop=0.1, **extra)) == \
+            "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4", fwd_lib.last_error()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("overrides", MOD_CALLS)
+def test_backward_modifier_calls_run_on_the_generic_family(bwd_lib, overrides):
+    """The Hopper backward has no score modifiers: a soft-cap or bias / ALiBi runs on the generic "_mods" instance, a
+    sink alone on the plain generic one."""
+    mods = overrides != dict(sink_ptr=FAKE)
     name = bwd_lib.kernel_name(valid_bwd_args(**overrides))
     assert name is not None and "_generic_" in name and ("_mask_mods_" in name) == mods, bwd_lib.last_error()
 
 
 @pytest.fixture(scope="module")
 def plain_fwd_lib(minimal_fwd_build, build_root):
-    """The minimal forward library without its modifier instance (the same objects, another table)."""
+    """The minimal forward library without its modifier instances (the same objects, another table)."""
     from conftest import run_compile
     out = build_root / "minimal-plain"
     out.mkdir(exist_ok=True)
@@ -85,6 +110,7 @@ def plain_fwd_lib(minimal_fwd_build, build_root):
 
 @pytest.mark.compile
 def test_a_library_without_the_modifier_instance_refuses_modifier_calls(plain_fwd_lib):
+    # a sink alone: the plain generic instance (the plain Hopper kernel has no sink)
     assert plain_fwd_lib.kernel_name(valid_args(sink_ptr=FAKE)).endswith("_nmask_sm90a_generic_b128x64w4")
     assert plain_fwd_lib.mha_fwd_raw(valid_args(logits_soft_cap=30.0)) == _capi.ERROR_UNSUPPORTED
     message = plain_fwd_lib.last_error()
@@ -95,10 +121,39 @@ def test_a_library_without_the_modifier_instance_refuses_modifier_calls(plain_fw
 def test_catalogue_states_which_families_serve_modifiers():
     from codegen import catalogue
     cat = catalogue.load("cuda")
-    served = {(api, name): fam.score_mods for (api, name), fam in cat.families.items()}
-    assert served[("fwd", "generic")] and served[("bwd", "generic")]
-    assert not served[("fwd", "hopper")] and not served[("bwd", "hopper")]
-    assert not any(f.score_mods for f in catalogue.load("rocm").families.values())
+    served = {(api, name): (fam.plain_mods, fam.instance_mods) for (api, name), fam in cat.families.items()}
+    for api in ("fwd", "bwd"):
+        assert served[(api, "generic")] == (("sink",), ("softcap", "bias", "alibi", "dropout"))
+    assert served[("fwd", "hopper")] == ((), ("softcap", "bias", "alibi", "sink"))  # no dropout
+    assert served[("bwd", "hopper")] == ((), ())
+    assert not served[("splitkv", "decode")][0] and not served[("splitkv", "decode")][1]
+    assert not any(f.plain_mods or f.instance_mods for f in catalogue.load("rocm").families.values())
+
+
+def test_the_modifier_names_are_the_c_enum_and_the_python_bits():
+    """One vocabulary: the catalogue's names, the C enum mhakit_score_mod (MHAKIT_MOD_<NAME>, mha_common.h) and the
+    Python mirror (_capi.SCORE_MOD_BITS, which the JIT and the call paths use) agree."""
+    import re
+    from pathlib import Path
+    from codegen import catalogue
+    header = (Path(__file__).resolve().parents[1] / "csrc" / "include" / "mha_common.h").read_text()
+    body = re.search(r"typedef enum mhakit_score_mod \{(.*?)\} mhakit_score_mod;", header, re.S).group(1)
+    enum = {name.lower(): int(value) for name, value in re.findall(r"MHAKIT_MOD_(\w+) = (\d+)", body)}
+    assert enum == _capi.SCORE_MOD_BITS
+    assert tuple(enum) == catalogue.SCORE_MODS
+    from mhakit import api
+    assert api._modifier_kinds(dict(logits_soft_cap=30.0, bias_type=2, sink_ptr=0x100)) == 1 | 4 | 8
+    assert api._modifier_kinds(dict(logits_soft_cap=0.0, bias_type=1, p_drop=0.0)) == 2
+
+
+def test_catalogue_score_mods_errors(tmp_path, monkeypatch):
+    from codegen import catalogue
+    for raw, message in [({"mods": ["softcap", "fp8"]}, "must list distinct names of softcap"),
+                         ({"plain": ["sink"], "mods": ["sink"]}, "listed under both plain and mods"),
+                         ({"instances": ["sink"]}, "must be a table with the keys plain and mods"),
+                         (True, "must be a table with the keys plain and mods")]:
+        with pytest.raises(catalogue.CatalogueError, match=message):
+            catalogue._parse_score_mods(raw, "cuda.toml: fwd.x")
 
 
 # ----------------------------------------------------------------------------------------------------------------

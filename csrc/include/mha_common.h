@@ -47,6 +47,17 @@ typedef enum mhakit_bias_type {
     MHAKIT_BIAS_ALIBI = 2,
 } mhakit_bias_type;
 
+// The score-modifier kinds a call can use, as bits (the catalogue's score_mods names, upper-cased: a family's
+// `score_mods` lists which of them its plain and its modifier ("_mods") instances serve; the runtime compares a call's
+// kinds, ScoreMods::kinds, with an instance's; the Python front end asks its JIT for a library by the same bits).
+typedef enum mhakit_score_mod {
+    MHAKIT_MOD_SOFTCAP = 1,   // logits_soft_cap > 0
+    MHAKIT_MOD_BIAS = 2,      // bias_type ELEMENTWISE
+    MHAKIT_MOD_ALIBI = 4,     // bias_type ALIBI
+    MHAKIT_MOD_SINK = 8,      // sink_ptr
+    MHAKIT_MOD_DROPOUT = 16,  // p_drop > 0
+} mhakit_score_mod;
+
 // Return codes of mha_fwd / mha_bwd. A non-negative value is the kernel time in ms (0 when not timing).
 enum {
     MHAKIT_ERROR_UNSUPPORTED = -1,   // arguments are valid, but no built kernel serves these traits (a rebuild with

@@ -627,7 +627,7 @@ enum { API_FWD = 0, API_BWD = 1, API_SPLITKV = 2 };
 static const char* const k_api_names[] = {"fwd", "bwd", "splitkv"};
 
 typedef struct {
-    int api, device, dtype, hdim_q, hdim_v, group, masked, mods;  // mods: needs a modifier ("_mods") instance
+    int api, device, dtype, hdim_q, hdim_v, group, masked, mods;  // mods: the score modifiers (mhakit_score_mod bits)
     void* run;
     err_fn last_error;
     void* aux;  // bwd: the workspace size (ws_fn); splitkv: the accumulator size (acc_fn)
@@ -648,10 +648,9 @@ static const Library* library_for(int api, int device, int dtype, int hdim_q, in
             return l;
         }
     }
-    PyObject* r = PyObject_CallFunction(g_resolve, "sisiisOO", k_api_names[api], device,
+    PyObject* r = PyObject_CallFunction(g_resolve, "sisiisOi", k_api_names[api], device,
                                         dtype == MHAKIT_DTYPE_BF16 ? "bf16" : "fp16", hdim_q, hdim_v,
-                                        group ? "group" : "batch", masked ? Py_True : Py_False,
-                                        mods ? Py_True : Py_False);
+                                        group ? "group" : "batch", masked ? Py_True : Py_False, mods);
     if (r == NULL) {
         *rc = FAILED;
         return NULL;
@@ -931,9 +930,12 @@ static int read_mods(Call* c, PyObject* mods, const Inputs* in, int group, Mods*
     return HANDLED;
 }
 
-// Whether the call needs a modifier ("_mods") instance: a soft-cap or a bias / ALiBi (ScoreMods::per_element); a sink
-// alone runs on the plain instances.
-static int modifier_kernel(const Mods* m) { return m->softcap > 0.f || m->bias_type != 0; }
+// The score modifiers the call sets, as mhakit_score_mod bits (ScoreMods::kinds): the library resolver (mhakit.jit)
+// builds the instances that serve them (catalogue score_mods). Dropout takes the Python path.
+static int modifier_kinds(const Mods* m) {
+    return (m->softcap > 0.f ? MHAKIT_MOD_SOFTCAP : 0) | (m->bias_type == MHAKIT_BIAS_ELEMENTWISE ? MHAKIT_MOD_BIAS : 0) |
+           (m->bias_type == MHAKIT_BIAS_ALIBI ? MHAKIT_MOD_ALIBI : 0) | (m->sink != 0 ? MHAKIT_MOD_SINK : 0);
+}
 
 #define FILL_MODS(args, m)                                                                            \
     do {                                                                                              \
@@ -984,7 +986,7 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     if ((rc = read_mods(&c, a[16], &in, group, &mods)) != HANDLED) goto done_rc;
     // The library next (built on first use; None from the resolver: head dims it does not serve), then outputs.
     const Library* lib = library_for(API_FWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0,
-                                     modifier_kernel(&mods), &rc);
+                                     modifier_kinds(&mods), &rc);
     if (lib == NULL) goto done_rc;
     const int new_o = ov == NULL;
     if ((rc = fwd_outputs(&c, in.q, a[3], a[4], o_ndim, o_shape, lse_ndim, lse_shape, return_lse, &ov, &lv, &o_obj,
@@ -1105,7 +1107,7 @@ static PyObject* ext_bwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     Mods mods;
     if ((rc = read_mods(&c, a[21], &in, group, &mods)) != HANDLED) goto done_rc;
     const Library* lib = library_for(API_BWD, c.device, in.dtype, (int)in.d, (int)in.dv, group, mask_type != 0,
-                                     modifier_kernel(&mods), &rc);
+                                     modifier_kinds(&mods), &rc);
     if (lib == NULL) goto done_rc;
     for (int i = 0; i < 3; ++i) {
         if (gv[i] != NULL) {

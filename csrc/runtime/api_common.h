@@ -82,8 +82,10 @@ bool static_guards_hold(const KernelInstance<Params>& inst, const Params& p) {
     if (inst.equal_head_dims && p.hdim_q != p.hdim_v) return false;
     if (p.hdim_q % inst.head_dim_multiple != 0 || p.hdim_v % inst.head_dim_multiple != 0) return false;
     if (!inst.deterministic && wants_deterministic(p)) return false;
-    if (!inst.score_mods && p.mods.any) return false;
-    if (inst.mods != p.mods.per_element) return false;  // a modifier call on a "_mods" instance, every other on a plain one
+    // The call's score modifiers: all served by the instance, and a "_mods" instance only for calls that set one
+    // beyond what the family's plain instances serve (those run on the plain kernel).
+    if ((p.mods.kinds & ~inst.mod_kinds) != 0) return false;
+    if (inst.mods && (p.mods.kinds & ~inst.plain_mod_kinds) == 0) return false;
     return tensors_aligned(p, kElemBytes, inst.align_bytes);
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/common/bwd_params.h"
 #include "kernels/common/fwd_params.h"
@@ -38,9 +39,10 @@ struct KernelInstance {
     bool deterministic;    // serves deterministic backward calls
     int align_bytes;       // every tensor's base pointer and strides a multiple of this many bytes
     int head_dim_multiple; // serves only hdim_q and hdim_v that are multiples of this
-    bool score_mods;       // the family has the score modifiers (its plain instances serve sinks)
-    bool mods;             // holds the modifier kernel ("_mods": soft-cap, bias / ALiBi, dropout) instead of the
-                           // plain one: serves exactly the calls that set one of those
+    bool mods;             // holds the modifier kernel ("_mods") instead of the plain one
+    uint32_t mod_kinds;    // the score modifiers (mhakit_score_mod bits) it serves (catalogue score_mods)
+    uint32_t plain_mod_kinds;  // those the family's plain instances serve: a "_mods" instance takes only calls that
+                               // set a modifier beyond them
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)

@@ -14,13 +14,15 @@
 
 #include <cmath>
 
+#include "../../include/mha_common.h"
 #include "dropout.h"
 #include "mask.h"  // MHAKIT_HOST_DEVICE
 
 namespace mhakit {
 
 struct ScoreMods {
-    bool any;             // any modifier set (the catalogue's score_mods guard applies)
+    uint32_t kinds;       // the modifiers set, as mhakit_score_mod bits (the runtime matches them with an instance's)
+    bool any;             // any modifier set
     bool per_element;     // soft-cap or bias / ALiBi: the kernels take the logit path below (a sink alone does not)
     float scale;          // the softmax scale (q·k -> logit)
     float softcap;        // > 0: L = softcap · tanh(scale·q·k / softcap)
@@ -64,6 +66,9 @@ inline ScoreMods score_mods_of(const Args& a, float scale) {
     m.dropout = dropout_of(a);
     m.per_element = m.softcap > 0.f || m.bias != nullptr || m.dropout.on;
     m.any = m.per_element || m.sink != nullptr;
+    m.kinds = (m.softcap > 0.f ? MHAKIT_MOD_SOFTCAP : 0u) | (m.bias_type == 1 ? MHAKIT_MOD_BIAS : 0u) |
+              (m.bias_type == 2 ? MHAKIT_MOD_ALIBI : 0u) | (m.sink != nullptr ? MHAKIT_MOD_SINK : 0u) |
+              (m.dropout.on ? MHAKIT_MOD_DROPOUT : 0u);
     return m;
 }
 

@@ -1,6 +1,7 @@
 // mhakit hopper family — forward FMHA on sm_90a (wgmma + TMA + warp specialization), batch and group mode.
 //
-//   template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+//   template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN,
+//             bool kMods>
 //   struct mhakit::hopper::FwdKernel {
 //       static bool supports(const FwdParams& p);                       // runtime guard, launches nothing
 //       static cudaError_t run(const FwdParams& p, cudaStream_t stream); // asynchronous, no allocation, no sync
@@ -14,10 +15,14 @@
 // (empty ones included) packed along the rows; the TMA descriptors see the packed tensors as one batch of total_q /
 // total_k rows, which the caller must give (FwdParams::total_q / total_k; 0 = unknown and the call goes to the
 // generic family), and each CTA offsets its tiles by its sequence's seqstart (hopper_tile_io.hpp).
-// Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type 1, 2, 3: causal top-left /
-// bottom-right, sliding windows (t:l,r / b:l,r) and CK's generic (y, x). Key tiles outside a block's window are
-// skipped, not just masked.
+// Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type 1, 2, 3 (with kMods 0 too): causal
+// top-left / bottom-right, sliding windows (t:l,r / b:l,r) and CK's generic (y, x). Key tiles outside a block's
+// window are skipped, not just masked.
 // Layout: any element strides whose byte values are multiples of 16 (TMA), 16-byte aligned q/k/v/o pointers.
+// Score modifiers (kMods, the "_mods" instances; the runtime gives them exactly the calls that set a soft-cap, a bias /
+// ALiBi or a sink, and none with dropout: catalogue score_mods): soft-cap, elementwise bias (fp32 or 16-bit, any
+// strides, broadcast by zero strides), ALiBi ([h] or [b, h] slopes) and sinks, with the generic family's semantics
+// (kernels/common/score_mod.h; mha_fwd.h).
 //
 // Tiles: kBlockM = 64 * (number of consumer warpgroups) in {128, 192}; kBlockN a multiple of 16 <= 256.
 // Measured on H200 (bf16/fp16, 16k tokens, .scratch/hopper): hdim 64: 192x128 (128x128 is ~10% better only for
@@ -30,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -45,10 +51,11 @@
 
 namespace mhakit::hopper {
 
-template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
 struct FwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = HopperFwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>;
+    using Impl = std::conditional_t<kMods, HopperFwdKernelModsImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
+                                    HopperFwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -60,7 +67,9 @@ struct FwdKernel {
         if (kGroup != (p.seqstart_q != nullptr)) return false;
         if (kGroup ? (p.total_q < 1 || p.total_k < 1 || p.max_seqlen_q < 1) : (p.seqlen_q < 1 || p.seqlen_k < 1))
             return false;
-        if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
+        // A masked modifier instance serves unmasked calls too (the mask coordinate of mask_type 0 is the whole
+        // rectangle), as the generic family's do: the profiles and the JIT build only the masked ones.
+        if (kMasked ? (p.mask_type == 0 && !kMods) : p.mask_type != 0) return false;
         const auto ok = [](int64_t stride, int64_t extent) { return tma_stride_ok<Element>(stride, extent); };
         // rows: TMA needs the row stride even when a tensor has one row; require it always.
         if (!ok(p.q_row_stride, 2) || !ok(p.k_row_stride, 2) || !ok(p.v_row_stride, 2) || !ok(p.o_row_stride, 2))
@@ -134,6 +143,7 @@ struct FwdKernel {
         params.mask_type = p.mask_type;
         params.window_left = p.window_left;
         params.window_right = p.window_right;
+        if constexpr (kMods) params.mods = p.mods;
         return params;
     }
 

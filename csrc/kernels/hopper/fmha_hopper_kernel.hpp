@@ -12,6 +12,11 @@
 // are our own, composed of this family's pieces: ForwardMask (fmha_hopper_mask.hpp, over the shared tile geometry),
 // OnlineSoftmax (hopper_softmax.hpp), FwdEpilogue (hopper_epilogue.hpp), and the shared SingleTileScheduler
 // (kernels/common/tile_scheduler.h). The collective's Fusion parameter is never called by this kernel.
+//
+// kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (the softmax in
+// logit units, scale 1), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
+// HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below: a plain instance compiles
+// to exactly the code (and the kernel symbol) it had before the modifiers came.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +35,7 @@
 
 #include "fmha_hopper_mask.hpp"
 #include "hopper_epilogue.hpp"
+#include "hopper_score_mod.hpp"
 #include "hopper_softmax.hpp"
 #include "hopper_tile_io.hpp"
 #include "hopper_types.hpp"
@@ -38,8 +44,8 @@ namespace mhakit::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
-struct HopperFwdKernelImpl {
+template <class Element_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
+struct HopperFwdKernelBody {
     using Element = Element_;
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "kBlockN: a multiple of 16, at most 256");
@@ -124,7 +130,7 @@ struct HopperFwdKernelImpl {
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
 
-    struct Params {
+    struct Params : ModParams<kMods> {  // kMods: the call's score modifiers (`mods`) first; plain: nothing
         // (b, (g, hk), sq, sk, d, x, y) as the TMA descriptors see the tensors. Group mode: (1, (g, hk), total_q,
         // total_k, d, -, -), the packed tensors as one batch; the sequences come from seqstart_q / seqstart_k.
         HopperProblemShape problem;
@@ -276,7 +282,10 @@ struct HopperFwdKernelImpl {
 
         const int tidx = int(threadIdx.x % 128);
         const int row0 = work.block * kBlockM + wg * 64;  // first query row of this warpgroup
-        const float scale_log2 = params.mainloop.scale_softmax_log2;
+        // Modifier instances: logits in place of q·k, so the softmax's scale is 1 (log2(e) in exp2 units). What the
+        // modifiers need of this (sequence, head) is made per tile from the kernel parameters (constant memory), so
+        // that it holds no registers across the key loop (kept live, it made the d64 / d256 consumers spill).
+        const float scale_log2 = kMods ? 1.4426950408889634f : params.mainloop.scale_softmax_log2;
 
         TiledMmaQK mma_qk;
         TiledMmaPV mma_pv;
@@ -357,6 +366,9 @@ struct HopperFwdKernelImpl {
             warpgroup_fence_operand(acc_s);
             pipe_kv.consumer_release(rkv);
             ++rkv;  // -> V0
+            if constexpr (kMods)  // logits
+                apply_score_mods<Element>(s_mn, c_mn, row_mods(params.mods, work.batch, work.head, seq.sq, seq.sk),
+                                          row0, tiles.visit.begin * kBlockN);
             mask_tile(tiles.visit.begin);
             softmax.template update<true>(s_mn, scale_log2);
             detail::pack_fragment<Element>(acc_s, tOrP);  // P: the A operand (registers) of P·V
@@ -374,6 +386,9 @@ struct HopperFwdKernelImpl {
                 warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
                 warpgroup_fence_operand(acc_s);
                 pipe_kv.consumer_release(rkv);
+                if constexpr (kMods)  // logits
+                    apply_score_mods<Element>(s_mn, c_mn, row_mods(params.mods, work.batch, work.head, seq.sq, seq.sk),
+                                              row0, n * kBlockN);
                 mask_tile(n);
                 softmax.template update<false>(s_mn, scale_log2);
 
@@ -394,7 +409,10 @@ struct HopperFwdKernelImpl {
 
         // ---- normalise, LSE, O ----
         float lse[R];
-        softmax.finalize(o_mn, params.mainloop.scale_softmax, lse);
+        if constexpr (kMods)
+            softmax.finalize(o_mn, 1.f, lse, sink_logit(params.mods, work.head));
+        else
+            softmax.finalize(o_mn, params.mainloop.scale_softmax, lse);
         const int64_t h = work.head;
         const int64_t o_seq = kGroup ? int64_t(seq.q0) * params.o_row : int64_t(work.batch) * params.o_batch;
         const int64_t lse_seq = kGroup ? int64_t(seq.q0) : int64_t(work.batch) * params.lse_batch;
@@ -407,5 +425,12 @@ struct HopperFwdKernelImpl {
         epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
     }
 };
+
+// The kernel types (distinct names, so that the plain one keeps its symbol): plain and modifier instances.
+template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+struct HopperFwdKernelImpl : HopperFwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false> {};
+template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+struct HopperFwdKernelModsImpl
+    : HopperFwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
 
 }  // namespace mhakit::hopper

@@ -57,10 +57,20 @@ struct OnlineSoftmax {
     template <class TensorO>
     CUTLASS_DEVICE void rescale(TensorO& o_mn) const {
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < R; ++i) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < decltype(cute::size<1>(o_mn))::value; ++j) o_mn(i, j) *= scale_o[i];
-        }
+        for (int i = 0; i < R; ++i) scale_row(o_mn, i, scale_o[i]);
+    }
+
+    // Row i's sum over the four threads that share it.
+    CUTLASS_DEVICE float row_total(int i) const {
+        float s = row_sum[i];
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        return s;
+    }
+    template <class TensorO>
+    CUTLASS_DEVICE static void scale_row(TensorO& o_mn, int i, float f) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < decltype(cute::size<1>(o_mn))::value; ++j) o_mn(i, j) *= f;
     }
 
     // O /= row sum, and the natural-log LSE (-inf, with O = 0, for rows that saw no key).
@@ -68,14 +78,29 @@ struct OnlineSoftmax {
     CUTLASS_DEVICE void finalize(TensorO& o_mn, float scale, float (&lse)[R]) const {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < R; ++i) {
-            float s = row_sum[i];
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            const float s = row_total(i);
             const bool any = s > 0.f;
             const float inv = any ? 1.f / s : 0.f;
             lse[i] = any ? row_max[i] * scale + __logf(s) : -INFINITY;
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < decltype(cute::size<1>(o_mn))::value; ++j) o_mn(i, j) *= inv;
+            scale_row(o_mn, i, inv);
+        }
+    }
+
+    // The same with an attention sink (the modifier instances; -inf: none): the sink logit joins every row's
+    // denominator and LSE, in logit units (scale: q·k -> logit); a row that saw no key gets O = 0 and LSE = sink.
+    template <class TensorO>
+    CUTLASS_DEVICE void finalize(TensorO& o_mn, float scale, float (&lse)[R], float sink) const {
+        if (sink == -INFINITY) return finalize(o_mn, scale, lse);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            const float s = row_total(i);
+            const bool any = s > 0.f;
+            const float m = any ? row_max[i] * scale : -INFINITY;
+            const float mm = fmaxf(m, sink);
+            const float a = any ? expf(m - mm) : 0.f;
+            const float total = s * a + expf(sink - mm);
+            lse[i] = mm + logf(total);
+            scale_row(o_mn, i, a / total);
         }
     }
 };

@@ -1,0 +1,125 @@
+// mhakit hopper family — the score modifiers (kernels/common/score_mod.h) on one consumer warpgroup's S accumulator
+// (the wgmma C fragment in its rows x keys view, coordinates from the identity tensor partitioned the same way).
+// Only the forward's modifier instances ("_mods", kMods) compile this: soft-cap and bias / ALiBi turn the raw q·k
+// into logits in place, before the mask (the softmax then runs with scale 1); the sink joins each row's
+// denominator and LSE in OnlineSoftmax::finalize (hopper_softmax.hpp).
+//
+// Elementwise bias values are read from global memory by the consumer threads, in the loop that applies them: a quad
+// of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8 rows, so a warp's load of one
+// pair per thread reads 8 rows x 16 (16-bit bias) or 32 (fp32) contiguous bytes, and the loads of a tile are
+// independent of each other. Staging bias tiles in shared memory by the producer warp (TMA, alongside K) would take
+// those loads and their latency off the consumers; not done yet (docs/PERFORMANCE.md).
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+
+#include "kernels/common/score_mod.h"
+
+namespace mhakit::hopper {
+
+// The modifier instances' part of the kernel parameters: the call's modifiers (a plain instance's Params derive from
+// the empty one, so their layout is unchanged).
+template <bool kMods>
+struct ModParams {};
+template <>
+struct ModParams<true> {
+    ScoreMods mods;
+};
+
+namespace detail {
+
+// Two consecutive bias elements (p 2-element aligned) as floats: one 4-byte (16-bit bias) or 8-byte (fp32) load.
+template <class BiasT>
+CUTLASS_DEVICE void load_bias_pair(BiasT const* p, float& a, float& b) {
+    if constexpr (sizeof(BiasT) == 4) {
+        const float2 v = *reinterpret_cast<float2 const*>(p);
+        a = v.x, b = v.y;
+    } else {
+        const uint32_t w = *reinterpret_cast<uint32_t const*>(p);
+        a = float(BiasT::bitcast(uint16_t(w & 0xffffu)));
+        b = float(BiasT::bitcast(uint16_t(w >> 16)));
+    }
+}
+
+// One tile of apply_score_mods for the variant <soft-cap, bias kind> (and, with an elementwise bias, its element
+// type BiasT: float, or the data type): the logit of score_mod.h without the bias, then the bias elements where the
+// position lies inside the sequence (rows a tile runs over and keys the mask hides next read nothing). A thread's
+// fragment holds keys in pairs (columns c, c + 1 of the wgmma C layout: j = 2k, 2k + 1 of the rows x keys view);
+// a pair inside the sequence is one load when the bias rows are 2-element aligned (pair_ok).
+template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC>
+CUTLASS_DEVICE void score_mods_tile(TensorS& s_mn, TensorC const& c_mn, RowMods const& r, int row0, int key0,
+                                    bool pair_ok) {
+    constexpr int R = decltype(cute::size<0>(s_mn))::value;
+    constexpr int C = decltype(cute::size<1>(s_mn))::value;
+    static_assert(C % 2 == 0, "a thread holds its keys in pairs");
+    const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
+    constexpr int kLogitBias = kBias == 2 ? 2 : 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < R; ++i) {
+        const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
+        [[maybe_unused]] BiasT const* bias_row = nullptr;
+        [[maybe_unused]] bool row_in = false;
+        if constexpr (kBias == 1) {
+            row_in = row < r.seqlen_q;
+            bias_row = reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < C; j += 2) {
+            const int c0 = key0 + int(cute::get<1>(c_mn(i, j)));
+            const int c1 = key0 + int(cute::get<1>(c_mn(i, j + 1)));
+            float l0 = modified_logit_t<kCap, kLogitBias>(r, s_mn(i, j), row, c0, unused16, nullptr);
+            float l1 = modified_logit_t<kCap, kLogitBias>(r, s_mn(i, j + 1), row, c1, unused16, nullptr);
+            if constexpr (kBias == 1) {
+                if (row_in) {
+                    if (pair_ok && c1 == c0 + 1 && c1 < r.seqlen_k) {
+                        float b0, b1;
+                        load_bias_pair(bias_row + c0, b0, b1);
+                        l0 += b0, l1 += b1;
+                    } else {
+                        if (c0 < r.seqlen_k) l0 += float(bias_row[c0]);
+                        if (c1 < r.seqlen_k) l1 += float(bias_row[c1]);
+                    }
+                }
+            }
+            s_mn(i, j) = l0;
+            s_mn(i, j + 1) = l1;
+        }
+    }
+}
+
+}  // namespace detail
+
+// S (raw q·k, rows x keys view s_mn with tile coordinates c_mn) of the key tile starting at key0, for query rows
+// from row0 on (positions count from the sequence's start) -> logits, in place. One branch per tile picks the variant
+// <soft-cap, bias kind, bias element type>, so the element loop has no branch on the modifiers. (The dispatch is
+// with_mod_kind's, written out: through its lambda nvcc outlined the whole tile, with S on the stack.)
+template <class Element, bool kCap, class TensorS, class TensorC>
+CUTLASS_DEVICE void apply_score_mods_cap(TensorS& s_mn, TensorC const& c_mn, RowMods const& r, int row0, int key0) {
+    if (r.bias_type == 2) {
+        detail::score_mods_tile<kCap, 2, float>(s_mn, c_mn, r, row0, key0, false);
+    } else if (r.bias_type == 1) {
+        // (b, h, 0, 0) and the row stride in bytes: every row starts 2-element aligned, or pairs load apart
+        const int64_t pair_bytes = r.bias_fp32 ? 8 : 4;
+        const bool pair_ok =
+            reinterpret_cast<uintptr_t>(r.bias) % pair_bytes == 0 && r.bias_row_bytes % pair_bytes == 0;
+        if (r.bias_fp32)
+            detail::score_mods_tile<kCap, 1, float>(s_mn, c_mn, r, row0, key0, pair_ok);
+        else
+            detail::score_mods_tile<kCap, 1, Element>(s_mn, c_mn, r, row0, key0, pair_ok);
+    } else {
+        detail::score_mods_tile<kCap, 0, float>(s_mn, c_mn, r, row0, key0, false);
+    }
+}
+
+template <class Element, class TensorS, class TensorC>
+CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, RowMods const& r, int row0, int key0) {
+    if (r.softcap > 0.f)
+        apply_score_mods_cap<Element, true>(s_mn, c_mn, r, row0, key0);
+    else
+        apply_score_mods_cap<Element, false>(s_mn, c_mn, r, row0, key0);
+}
+
+}  // namespace mhakit::hopper

@@ -1,0 +1,144 @@
+"""Score modifiers on the Hopper forward ("_mods" instances, sm_90a) through the Python API against mhakit.reference
+(float64 NumPy on the rounded inputs): logits soft-cap, ALiBi ([h] and [b, h] slopes), elementwise bias (fp32 and the
+data type, broadcast over batch or heads), attention sinks, alone and combined, with every mask kind, GQA, group mode
+(empty sequences on either side), rows that see no key (O = 0, LSE = sink), head dims 64 / 128 / 256 and (192, 128).
+Every call asserts the instance it ran on ("[mhakit] mha_fwd -> <name>", MHAKIT_LOG_LEVEL=1), so a call that fell
+back to the generic family fails here. Dropout is not a Hopper modifier: such a call must run on generic.
+Kernels are built on first use into MHAKIT_TEST_CACHE_DIR (tools/verify_hmods.sh prebuilds them)."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import mhakit
+from mhakit import api, reference
+
+from test_python_gpu_mods import close, dev, host, make_mods, sequence_mods
+
+pytestmark = [pytest.mark.gpu, pytest.mark.compile]
+
+cp = pytest.importorskip("cupy")
+
+from test_python_gpu import kernel_cache  # noqa: E402,F401  (autouse: MHAKIT_CACHE_DIR for the module)
+
+
+@pytest.fixture(autouse=True)
+def hopper_only():
+    from mhakit import jit
+    if jit.device_arch(0) != "sm_90a":
+        pytest.skip("the hopper family exists on sm_90a only")
+
+
+@pytest.fixture
+def launched(monkeypatch, capfd):
+    """launched() -> the instance names of the forward calls since the last call of it."""
+    monkeypatch.setattr(api, "LOG_LEVEL", 1)
+
+    def names():
+        cp.cuda.runtime.deviceSynchronize()
+        return [line.split("-> ")[1].strip() for line in capfd.readouterr().out.splitlines() if "mha_fwd ->" in line]
+    return names
+
+
+def hopper_name(dtype, d, dv, mode):
+    tile = {(64, 64): "b192x128", (128, 128): "b128x128", (256, 256): "b128x64", (192, 128): "b128x96"}[(d, dv)]
+    hd = f"d{d}" if d == dv else f"d{d}x{dv}"
+    return f"fwd_{hd}_{dtype}_{mode}_mask_mods_sm90a_hopper_{tile}"
+
+
+def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text):
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+    q, qf = dev(rng.uniform(-1, 1, (b, h, sq, d)).astype(np.float32), dtype)
+    k, kf = dev(rng.uniform(-1, 1, (b, hk, sk, d)).astype(np.float32), dtype)
+    v, vf = dev(rng.uniform(-1, 1, (b, hk, sk, dv)).astype(np.float32), dtype)
+    d_kw, r_kw = make_mods(rng, kind, b, h, sq, sk, dtype)
+    mask_kw = {} if mask is None else {"mask": mask}
+    mt, wl, wr = api._resolve_mask(False, mask, None)
+    o, lse = mhakit.mha_fwd(q, k, v, layout="bhsd", return_lse=True, dtype=dtype, **mask_kw, **d_kw)
+    assert launched() == [hopper_name(dtype, d, dv, "batch")]
+    o_ref, lse_ref = reference.attention_fwd(qf, kf, vf, mask_type=mt, window_left=wl, window_right=wr,
+                                             return_lse=True, **r_kw)
+    close(host(o, dtype), o_ref, reference.tolerances(dtype), "O")
+    close(cp.asnumpy(lse), lse_ref, reference.tolerances(dtype), "LSE")
+    return o_ref, lse_ref, r_kw
+
+
+KINDS = ["cap", "alibi", "alibi_bh", "bias32", "bias16", "bias16_b", "sink", "cap+alibi_bh+sink", "cap+bias16+sink"]
+MASKS = [None, "t", "b", "t:40,17", "b:64,0", "g:90,33"]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_modifier_with_every_mask_d128(kind, mask, launched):
+    """GQA 4/2, lengths that leave partial query and key tiles (200 x 333)."""
+    run_batch(kind, mask, "bf16", 128, 128, 2, 4, 2, 200, 333, launched, f"{kind}/{mask}")
+
+
+@pytest.mark.parametrize("d, dv", [(64, 64), (256, 256), (192, 128)])
+@pytest.mark.parametrize("kind, mask", [("cap+alibi_bh+sink", "b"), ("bias32+sink", None), ("bias16_b", "t:33,70"),
+                                        ("cap", "g:100,20")])
+def test_head_dims(d, dv, kind, mask, launched):
+    run_batch(kind, mask, "bf16", d, dv, 2, 4, 1, 150, 260, launched, f"{kind}/{mask}/{d}/{dv}")
+
+
+@pytest.mark.parametrize("kind", ["cap+alibi+sink", "bias16"])
+def test_fp16(kind, launched):
+    run_batch(kind, "b", "fp16", 128, 128, 1, 2, 2, 129, 257, launched, f"fp16/{kind}")
+
+
+@pytest.mark.parametrize("kind", ["sink", "cap+sink", "bias32+sink"])
+def test_rows_that_see_no_key_get_the_sink(kind, launched):
+    """Bottom-right causal with s_q > s_k: the first s_q - s_k rows see no key: O = 0 and LSE = the sink."""
+    sq, sk = 200, 70
+    o_ref, lse_ref, r_kw = run_batch(kind, "b", "bf16", 128, 128, 1, 4, 4, sq, sk, launched, f"empty/{kind}")
+    assert np.all(o_ref[:, :, : sq - sk] == 0)
+    assert np.allclose(lse_ref[0, :, : sq - sk], r_kw["sink"][:, None])
+
+
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64)])
+@pytest.mark.parametrize("mask", [None, "b", "t:30,5"])
+@pytest.mark.parametrize("kind", ["cap", "alibi_bh", "bias32", "bias16", "sink", "cap+bias16+sink"])
+def test_group_mode(kind, mask, d, dv, launched):
+    """Varlen with empty sequences on either side and a sequence longer than one query block: per-sequence positions
+    (ALiBi bottom-right per sequence, bias block [i, :, :s_q_i, :s_k_i]), LSE = sink where a sequence has no key."""
+    dtype = "bf16"
+    rng = np.random.default_rng(zlib.crc32(f"group/{kind}/{mask}/{d}".encode()))
+    lq, lk = [37, 0, 190, 20, 5], [50, 20, 161, 0, 300]
+    b, h, hk = len(lq), 4, 2
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    mq, mk = max(lq), max(lk)
+    q, qf = dev(rng.uniform(-1, 1, (cq[-1], h, d)).astype(np.float32), dtype)
+    k, kf = dev(rng.uniform(-1, 1, (ck[-1], hk, d)).astype(np.float32), dtype)
+    v, vf = dev(rng.uniform(-1, 1, (ck[-1], hk, dv)).astype(np.float32), dtype)
+    d_kw, r_kw = make_mods(rng, kind, b, h, mq, mk, dtype)
+    mask_kw = {} if mask is None else {"mask": mask}
+    mt, wl, wr = api._resolve_mask(False, mask, None)
+    o, lse = mhakit.mha_varlen_fwd(q, k, v, cp.asarray(cq), cp.asarray(ck), mq, mk, return_lse=True, dtype=dtype,
+                                   **mask_kw, **d_kw)
+    assert launched() == [hopper_name(dtype, d, dv, "group")]
+    oh, lh = host(o, dtype), cp.asnumpy(lse)
+    tol = reference.tolerances(dtype)
+    bhsd = lambda x: x[None].transpose(0, 2, 1, 3)  # noqa: E731
+    for i in range(b):
+        q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]
+        if q1 == q0:
+            continue
+        one = sequence_mods(r_kw, i, q1 - q0, k1 - k0)
+        o_ref, lse_ref = reference.attention_fwd(bhsd(qf[q0:q1]), bhsd(kf[k0:k1]), bhsd(vf[k0:k1]), mask_type=mt,
+                                                 window_left=wl, window_right=wr, return_lse=True, **one)
+        close(oh[q0:q1], o_ref[0].transpose(1, 0, 2), tol, f"O of sequence {i}")
+        close(lh[:, q0:q1], lse_ref[0], tol, f"LSE of sequence {i}")
+
+
+def test_dropout_runs_on_generic(launched):
+    """Hopper has no dropout (catalogue score_mods): a soft-capped call with dropout runs on the generic "_mods"
+    instance, the same call without dropout on Hopper's."""
+    rng = np.random.default_rng(3)
+    q, _ = dev(rng.uniform(-1, 1, (1, 2, 64, 128)).astype(np.float32), "bf16")
+    mhakit.mha_fwd(q, q, q, layout="bhsd", dtype="bf16", softcap=20.0, dropout_p=0.1, seed=1, offset=2)
+    mhakit.mha_fwd(q, q, q, layout="bhsd", dtype="bf16", softcap=20.0)
+    assert launched() == ["fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4",
+                          hopper_name("bf16", 128, 128, "batch")]
