@@ -29,9 +29,16 @@ class Tile:
     hdim_q: int
     hdim_v: int
     params: tuple[tuple[str, int], ...]  # the family's tile parameters (block_m, block_n, warps, ...) in file order
+    # Optional narrowing of the family's dtypes / modes for this tile (None: all of the family's), so that a dtype
+    # with tiles of its own (the Hopper forward's fp8) lists them beside the others.
+    dtypes: tuple[str, ...] | None = None
+    modes: tuple[str, ...] | None = None
 
     def get(self, key: str) -> int:
         return dict(self.params)[key]
+
+    def serves(self, dtype: str, mode: str) -> bool:
+        return (self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
 
 
 @dataclass(frozen=True)
@@ -148,11 +155,22 @@ def _require(table: dict, key: str, where: str):
     return table[key]
 
 
-def _parse_tile(raw: dict, where: str) -> Tile:
+_TILE_NARROWING = ("dtypes", "modes")
+
+
+def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
     hdim_q = int(_require(raw, "hdim_q", where))
     hdim_v = int(_require(raw, "hdim_v", where))
-    params = tuple((k, int(v)) for k, v in raw.items() if k not in ("hdim_q", "hdim_v"))
-    return Tile(hdim_q, hdim_v, params)
+    params = tuple((k, int(v)) for k, v in raw.items() if k not in ("hdim_q", "hdim_v", *_TILE_NARROWING))
+    narrowed = {}
+    for key in _TILE_NARROWING:
+        if key in raw:
+            values = raw[key]
+            served = family.get(key, [])
+            if not isinstance(values, list) or not values or not set(values) <= set(served):
+                raise CatalogueError(f"{where}.{key}: must be a non-empty list of the family's {key} {served}")
+            narrowed[key] = tuple(values)
+    return Tile(hdim_q, hdim_v, params, **narrowed)
 
 
 def _freeze(value):
@@ -229,7 +247,8 @@ def load(backend: str = "cuda") -> Catalogue:
                 equal_head_dims=bool(_require(raw, "equal_head_dims", where)),
                 deterministic=bool(_require(raw, "deterministic", where)) if api == "bwd" else True,
                 align_bytes=int(_require(raw, "align_bytes", where)),
-                tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]") for i, t in enumerate(_require(raw, "tiles", where))),
+                tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]", raw)
+                            for i, t in enumerate(_require(raw, "tiles", where))),
                 variants=_parse_variants(raw.get("variants", {}), where),
                 knobs=_freeze(raw.get("knobs", {})),
                 head_dim_multiple=int(raw.get("head_dim_multiple", 1)),

@@ -16,7 +16,7 @@ namespace {
 constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
 
 float validate(const mhakit_bwd_args& a) {
-    if (float rc = check_dtype(a.data_type)) return rc;
+    if (float rc = check_dtype(a.data_type, false, "backward")) return rc;
     if (float rc = check_scale(a.scale, "scale")) return rc;
     if (a.batch < 0) return fail(E, "batch must be >= 0 (got %d)", a.batch);
     if (float rc = check_heads(a.nhead_q, a.nhead_k)) return rc;

@@ -19,7 +19,7 @@ namespace {
 constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
 
 float validate(const mhakit_fwd_splitkv_args& a) {
-    if (float rc = check_dtype(a.data_type)) return rc;
+    if (float rc = check_dtype(a.data_type, false, "split-KV forward")) return rc;
     if (float rc = check_scale(a.scale_s, "scale_s")) return rc;
     if (a.batch < 0) return fail(E, "batch must be >= 0 (got %d)", a.batch);
     if (float rc = check_heads(a.nhead_q, a.nhead_k)) return rc;

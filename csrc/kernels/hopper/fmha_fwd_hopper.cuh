@@ -18,6 +18,9 @@
 // bottom-right, sliding windows (t:l,r / b:l,r) and CK's generic (y, x). Key tiles outside a block's window are
 // skipped, not just masked.
 // Layout: any element strides whose byte values are multiples of 16 (TMA), 16-byte aligned q/k/v/o pointers.
+// fp8 (kDtype FP8_BF16 / FP8_FP16: e4m3 q/k/v, bf16 / fp16 o; hopper_fp8.hpp): batch mode, seqlen_k >= 0; run()
+// first transposes V into p.workspace (workspace_bytes(p)), then launches the attention kernel; without keys it
+// only writes O = 0 and LSE = -inf.
 //
 // Tiles: kBlockM = 64 * (number of consumer warpgroups) in {128, 192}; kBlockN a multiple of 16 <= 256.
 // Measured on H200 (bf16/fp16, 16k tokens, .scratch/hopper): hdim 64: 192x128 (128x128 is ~10% better only for
@@ -41,6 +44,7 @@
 
 #include "fmha_hopper_guards.hpp"
 #include "fmha_hopper_kernel.hpp"
+#include "hopper_fp8.hpp"
 #include "hopper_types.hpp"
 
 namespace mhakit::hopper {
@@ -48,7 +52,9 @@ namespace mhakit::hopper {
 template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct FwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = HopperFwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>;
+    using ElementOut = typename DtypeOf<kDtype>::out;
+    using Impl = HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>;
+    static constexpr bool kFp8 = Impl::kFp8;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -58,8 +64,10 @@ struct FwdKernel {
     static bool supports(const FwdParams& p) {
         if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
         if (kGroup != (p.seqstart_q != nullptr)) return false;
-        if (kGroup ? (p.total_q < 1 || p.total_k < 1 || p.max_seqlen_q < 1) : (p.seqlen_q < 1 || p.seqlen_k < 1))
+        if (kGroup ? (p.total_q < 1 || p.total_k < 1 || p.max_seqlen_q < 1)
+                   : (p.seqlen_q < 1 || p.seqlen_k < (kFp8 ? 0 : 1)))  // fp8 writes the no-key result itself
             return false;
+        if (kFp8 && (p.descale_q == nullptr || p.descale_k == nullptr || p.descale_v == nullptr)) return false;
         if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
         const auto ok = [](int64_t stride, int64_t extent) { return tma_stride_ok<Element>(stride, extent); };
         // rows: TMA needs the row stride even when a tensor has one row; require it always.
@@ -73,6 +81,12 @@ struct FwdKernel {
             !ok(p.o_batch_stride, p.batch))
             return false;
         return true;
+    }
+
+    // fp8: V transposed (hopper_fp8.hpp: VtLayout); nothing for the 16-bit types or a call without keys.
+    static size_t workspace_bytes(const FwdParams& p) {
+        if (!kFp8 || p.seqlen_k < 1) return 0;
+        return VtLayout::bytes(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
     }
 
     static typename Impl::Params make_params(const FwdParams& p) {
@@ -94,13 +108,23 @@ struct FwdKernel {
         HopperStrideKV dK = make_stride(p.k_row_stride, _1{},
                                       make_stride(fix(p.k_batch_stride, batch),
                                                   make_stride(_0{}, fix(p.k_head_stride, p.nhead_k))));
-        HopperStrideKV dV = make_stride(p.v_row_stride, _1{},
-                                      make_stride(fix(p.v_batch_stride, batch),
-                                                  make_stride(_0{}, fix(p.v_head_stride, p.nhead_k))));
+        // V: as given, or (fp8) transposed in the workspace, its key extent rounded up to whole slot groups.
+        const VtLayout vt = VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
+        const void* v_ptr = kFp8 ? p.workspace : p.v;
+        typename Impl::StrideV dV = [&] {
+            if constexpr (kFp8) {
+                return make_stride(_1{}, vt.d_stride,
+                                   make_stride(fix(vt.batch_stride, batch), make_stride(_0{}, fix(vt.head_stride, p.nhead_k))));
+            } else {
+                return make_stride(p.v_row_stride, _1{},
+                                   make_stride(fix(p.v_batch_stride, batch),
+                                               make_stride(_0{}, fix(p.v_head_stride, p.nhead_k))));
+            }
+        }();
 
         typename Impl::Mainloop::Arguments margs{static_cast<Element const*>(p.q), dQ,
                                                  static_cast<Element const*>(p.k), dK,
-                                                 static_cast<Element const*>(p.v), dV};
+                                                 static_cast<Element const*>(v_ptr), dV};
         typename Impl::Params params{};
         params.problem = problem;
         params.mainloop = Impl::Mainloop::to_underlying_arguments(problem, margs, nullptr);
@@ -112,17 +136,18 @@ struct FwdKernel {
         auto v_descriptor = [&] {
             HopperProblemShape problem_v = problem;
             get<4>(problem_v) = p.hdim_v;
+            if constexpr (kFp8) get<3>(problem_v) = int(vt.keys);  // slots past seqlen_k carry real keys (hopper_fp8.hpp)
             typename Impl::MainloopV::Arguments vargs{static_cast<Element const*>(p.q), dQ,
                                                       static_cast<Element const*>(p.k), dK,
-                                                      static_cast<Element const*>(p.v), dV};
+                                                      static_cast<Element const*>(v_ptr), dV};
             return Impl::MainloopV::to_underlying_arguments(problem_v, vargs, nullptr).tma_load_v;
         };
-        if constexpr (Impl::kSplitDims) {
+        if constexpr (Impl::kSplitDims || kFp8) {
             params.tma_load_v = v_descriptor();
         } else {
             params.tma_load_v = p.hdim_v == p.hdim_q ? params.mainloop.tma_load_v : v_descriptor();
         }
-        params.o = static_cast<Element*>(p.o);
+        params.o = static_cast<ElementOut*>(p.o);
         params.o_row = p.o_row_stride;
         params.o_head = p.o_head_stride;
         params.o_batch = p.o_batch_stride;
@@ -134,6 +159,9 @@ struct FwdKernel {
         params.mask_type = p.mask_type;
         params.window_left = p.window_left;
         params.window_right = p.window_right;
+        params.descale_q = p.descale_q;
+        params.descale_k = p.descale_k;
+        params.descale_v = p.descale_v;
         return params;
     }
 
@@ -143,6 +171,16 @@ struct FwdKernel {
     }
 
     static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
+        if constexpr (kFp8) {
+            if (p.seqlen_k == 0)
+                return launch_fill_no_keys(static_cast<ElementOut*>(p.o), p.o_row_stride, p.o_head_stride,
+                                           p.o_batch_stride, p.lse, p.lse_head_stride, p.lse_batch_stride, p.batch,
+                                           p.nhead_q, p.seqlen_q, p.hdim_v, stream);
+            TransposeVArgs t{static_cast<const uint8_t*>(p.v), p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                             static_cast<uint8_t*>(p.workspace), VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k),
+                             p.seqlen_k, p.hdim_v, p.nhead_k};
+            if (cudaError_t err = launch_transpose_v_fp8(t, p.batch, stream); err != cudaSuccess) return err;
+        }
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;
         const typename Impl::Params params = make_params(p);
