@@ -464,3 +464,45 @@ def test_package_import_is_light():
             "c = mhakit._capi; assert c.MhakitFwdArgs; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fp8 e4m3 (the fp8 forward's inputs)
+# ----------------------------------------------------------------------------------------------------------------
+
+class TestE4m3:
+    def test_decode_known_codes(self):
+        codes = np.array([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0xFE, 0x80, 0xB8], np.uint8)
+        np.testing.assert_array_equal(ref.e4m3_to_float(codes),
+                                      [0.0, 2.0 ** -9, 7 * 2.0 ** -9, 2.0 ** -6, 1.0, 448.0, -448.0, -0.0, -1.0])
+        assert np.isnan(ref.e4m3_to_float(np.array([0x7F, 0xFF], np.uint8))).all()
+        with pytest.raises(TypeError, match="e4m3 codes must be uint8"):
+            ref.e4m3_to_float(np.zeros(3, np.int32))
+
+    def test_encode_is_the_exact_inverse_on_every_finite_code(self):
+        codes = np.arange(256, dtype=np.uint8)
+        values = ref.e4m3_to_float(codes)
+        finite = ~np.isnan(values)
+        back = ref.float_to_e4m3(values[finite])
+        np.testing.assert_array_equal(ref.e4m3_to_float(back), values[finite])
+
+    def test_encode_rounds_to_nearest_even_and_saturates(self):
+        x = np.array([1.0625, 1.1875, 17.0, 2.0 ** -10, 1.5 * 2.0 ** -10, 460.0, 1e9, -1e9, np.nan])
+        assert [int(c) for c in ref.float_to_e4m3(x)] == [0x38, 0x3A, 0x58, 0x00, 0x01, 0x7E, 0x7E, 0xFE, 0x7F]
+
+    def test_per_tensor_quantization_uses_the_full_range(self):
+        x = np.linspace(-3.0, 2.0, 101)
+        codes, descale = ref.quantize_e4m3(x)
+        assert descale == pytest.approx(3.0 / 448.0)
+        assert ref.e4m3_to_float(codes).min() == -448.0
+        np.testing.assert_allclose(ref.e4m3_to_float(codes) * descale, x, rtol=2.0 ** -4, atol=1e-6)
+        assert ref.quantize_e4m3(np.zeros(4))[1] == 1.0
+
+    def test_fp8_reference_is_the_reference_on_the_decoded_values(self):
+        rng = np.random.default_rng(0)
+        q8, k8, v8 = (ref.float_to_e4m3(rng.uniform(-2, 2, (1, 2, 9, 16))) for _ in range(3))
+        o = ref.attention_fwd_fp8(q8, k8, v8, 0.5, 2.0, 3.0, mask_type=1, window_left=-1, window_right=0)
+        want = ref.attention_fwd(ref.e4m3_to_float(q8) * 0.5, ref.e4m3_to_float(k8) * 2.0,
+                                      ref.e4m3_to_float(v8) * 3.0, mask_type=1, window_left=-1, window_right=0)
+        np.testing.assert_allclose(o, want, rtol=1e-6)
+        assert ref.tolerances_fp8(2.0) == (2e-2, 0.125)

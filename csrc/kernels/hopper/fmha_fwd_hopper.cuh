@@ -70,15 +70,18 @@ struct FwdKernel {
         if (kFp8 && (p.descale_q == nullptr || p.descale_k == nullptr || p.descale_v == nullptr)) return false;
         if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
         const auto ok = [](int64_t stride, int64_t extent) { return tma_stride_ok<Element>(stride, extent); };
+        // K and V are not read by an fp8 call without keys (run() writes its result directly): any strides.
+        const bool reads_kv = !kFp8 || p.seqlen_k > 0;
+        const auto kv_ok = [&](int64_t stride, int64_t extent) { return !reads_kv || ok(stride, extent); };
         // rows: TMA needs the row stride even when a tensor has one row; require it always.
-        if (!ok(p.q_row_stride, 2) || !ok(p.k_row_stride, 2) || !ok(p.v_row_stride, 2) || !ok(p.o_row_stride, 2))
+        if (!ok(p.q_row_stride, 2) || !kv_ok(p.k_row_stride, 2) || !kv_ok(p.v_row_stride, 2) || !ok(p.o_row_stride, 2))
             return false;
-        if (!ok(p.q_head_stride, p.nhead_q) || !ok(p.o_head_stride, p.nhead_q) || !ok(p.k_head_stride, p.nhead_k) ||
-            !ok(p.v_head_stride, p.nhead_k))
+        if (!ok(p.q_head_stride, p.nhead_q) || !ok(p.o_head_stride, p.nhead_q) ||
+            !kv_ok(p.k_head_stride, p.nhead_k) || !kv_ok(p.v_head_stride, p.nhead_k))
             return false;
         if (kGroup) return true;  // one batch of packed rows: no batch stride
-        if (!ok(p.q_batch_stride, p.batch) || !ok(p.k_batch_stride, p.batch) || !ok(p.v_batch_stride, p.batch) ||
-            !ok(p.o_batch_stride, p.batch))
+        if (!ok(p.q_batch_stride, p.batch) || !kv_ok(p.k_batch_stride, p.batch) ||
+            !kv_ok(p.v_batch_stride, p.batch) || !ok(p.o_batch_stride, p.batch))
             return false;
         return true;
     }
