@@ -95,8 +95,11 @@ struct TransposeVArgs {
 };
 
 // One CTA of 256 threads: 64 slots x 64 columns of one (b, hk). grid: (slot blocks x column blocks, nhead_k, batch).
+// (A template, as every kernel of this header-only family, so that each instance's object may hold a copy.)
 constexpr int kVtTileKeys = 64, kVtTileCols = 64, kVtThreads = 256;
-__global__ void __launch_bounds__(kVtThreads) transpose_v_fp8(TransposeVArgs a) {
+template <int kThreads = kVtThreads>
+__global__ void __launch_bounds__(kThreads) transpose_v_fp8(TransposeVArgs a) {
+    static_assert(kThreads == 4 * kVtTileKeys && kThreads == 4 * kVtTileCols, "one 16-byte chunk per thread");
     __shared__ alignas(16) uint8_t tile[kVtTileKeys][kVtTileCols + 16];  // keys x columns, 16-byte row padding
     const int key_blocks = int((a.layout.keys + kVtTileKeys - 1) / kVtTileKeys);
     const int k0 = int(blockIdx.x % key_blocks) * kVtTileKeys;
@@ -138,7 +141,7 @@ inline cudaError_t launch_transpose_v_fp8(const TransposeVArgs& a, int batch, cu
     const int64_t key_blocks = (a.layout.keys + kVtTileKeys - 1) / kVtTileKeys;
     const int64_t col_blocks = (a.hdim_v + kVtTileCols - 1) / kVtTileCols;
     const dim3 grid(unsigned(key_blocks * col_blocks), unsigned(a.nhead_k), unsigned(batch));
-    transpose_v_fp8<<<grid, kVtThreads, 0, stream>>>(a);
+    transpose_v_fp8<kVtThreads><<<grid, kVtThreads, 0, stream>>>(a);
     return cudaGetLastError();
 }
 
