@@ -9,8 +9,6 @@ random rounding errors averaging out), plus O's own bf16 / fp16 rounding; the LS
 fp8 products (1e-2 leaves room for the tensor cores' fp8 accumulation). Hopper (sm_90a) only."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -20,22 +18,13 @@ from mhakit import reference
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 
 cp = pytest.importorskip("cupy")
-try:
-    import torch
-    if not torch.cuda.is_available():
-        torch = None
-except ImportError:
-    torch = None
+from test_python_gpu import kernel_cache, torch  # noqa: E402,F401  (autouse: MHAKIT_CACHE_DIR for the module)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def hopper_and_cache(tmp_path_factory):
+def hopper_only():
     if cp.cuda.Device(0).compute_capability != "90":
         pytest.skip("fp8 runs on the Hopper family (sm_90a) only")
-    path = os.environ.get("MHAKIT_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("mhakit_cache"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MHAKIT_CACHE_DIR", path)
-        yield path
 
 
 def make_inputs(rng, b, sq, sk, hq, hk, d, dv, layout="bshd", scale_v=1.0):

@@ -130,6 +130,21 @@ float unsupported(const char* api, const Params& p, int dtype, const BuiltArch& 
                 arch.name, count);
 }
 
+// Scratch memory the chosen instance needs for a call (0 for instances without a workspace), and the caller's
+// workspace checked against it: 0, or MHAKIT_ERROR_INVALID_ARGS naming the size query `query`.
+template <class Params>
+size_t workspace_needed(const KernelInstance<Params>& inst, const Params& p) {
+    return inst.workspace_bytes ? inst.workspace_bytes(p) : 0;
+}
+template <class Params>
+float check_workspace(const KernelInstance<Params>& inst, const Params& p, const char* query) {
+    const size_t need = workspace_needed(inst, p);
+    if (need <= p.workspace_bytes) return 0.f;
+    return fail(MHAKIT_ERROR_INVALID_ARGS,
+                "the workspace is too small: %s needs %zu bytes for these arguments and got %zu (ask %s)", inst.name,
+                need, p.workspace_bytes, query);
+}
+
 float device_failure(dev::Error err, const char* what);
 
 // Runs `launch(stream)` once, or, when sc.time_kernel, warmup + repeat times and returns the mean ms per call.

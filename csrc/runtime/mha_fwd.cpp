@@ -136,9 +136,6 @@ const FwdInstance* choose(const FwdParams& p, int dtype) {
     return choose_instance(kFwdInstances, kNumFwdInstances, p, dtype);
 }
 
-size_t workspace_needed(const FwdInstance& inst, const FwdParams& p) {
-    return inst.workspace_bytes ? inst.workspace_bytes(p) : 0;
-}
 
 // No instance serves the call: the general sentence, or for fp8 what an fp8 call needs besides a built instance.
 float no_instance(const FwdParams& p, int dtype) {
@@ -179,12 +176,7 @@ MHAKIT_EXPORT float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_str
     if (rc == MHAKIT_ERROR_INVALID_ARGS) return rc;
     if (is_empty(p)) return clear_error(), 0.f;  // valid, nothing to compute: whatever is built does not matter
     if (rc != 0.f) return rc;
-    const size_t need = workspace_needed(*inst, p);
-    if (need > p.workspace_bytes)
-        return fail(MHAKIT_ERROR_INVALID_ARGS,
-                    "the workspace is too small: %s needs %zu bytes for these arguments and got %zu "
-                    "(ask mhakit_mha_fwd_workspace_size)",
-                    inst->name, need, p.workspace_bytes);
+    if (float ws = check_workspace(*inst, p, "mhakit_mha_fwd_workspace_size")) return ws;
     if (float dev = check_device_arch(kFwdBuiltArch)) return dev;
     if (sc.log_level > 0) std::printf("[mhakit] mha_fwd -> %s\n", inst->name);
     return run_or_time(inst->name, sc, [&](dev::Stream stream) { return inst->run(p, stream); });
