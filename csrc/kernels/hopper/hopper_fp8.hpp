@@ -114,10 +114,9 @@ __global__ void __launch_bounds__(kThreads) transpose_v_fp8(TransposeVArgs a) {
             const uint8_t* src = a.v + int64_t(b) * a.v_batch + int64_t(hk) * a.v_head + int64_t(key) * a.v_row + col;
             if (col + 16 <= a.hdim_v) {
                 val = *reinterpret_cast<const uint4*>(src);
-            } else {  // the row's last, partial chunk (head dims that are multiples of 8, not 16)
-                uint8_t bytes[16] = {};
-                for (int i = 0; i < a.hdim_v - col; ++i) bytes[i] = src[i];
-                val = *reinterpret_cast<const uint4*>(bytes);
+            } else {  // the row's last, partial chunk (head dims that are multiples of 8, not 16): 8 bytes
+                const uint2 half = *reinterpret_cast<const uint2*>(src);
+                val = make_uint4(half.x, half.y, 0, 0);
             }
         }
         *reinterpret_cast<uint4*>(&tile[r][c]) = val;
@@ -127,12 +126,12 @@ __global__ void __launch_bounds__(kThreads) transpose_v_fp8(TransposeVArgs a) {
         const int col = c0 + (t >> 2), g = t & 3;
         const int64_t slot0 = int64_t(k0) + 16 * g;
         if (col < a.hdim_v && slot0 < a.layout.keys) {
-            alignas(16) uint8_t out[16];
+            uint32_t w[4] = {0, 0, 0, 0};  // slot s in byte s % 4 of word s / 4 (little endian, as the uint4 stores)
 #pragma unroll
-            for (int s = 0; s < 16; ++s) out[s] = tile[16 * g + vt_key_of_slot(s)][t >> 2];
+            for (int s = 0; s < 16; ++s) w[s / 4] |= uint32_t(tile[16 * g + vt_key_of_slot(s)][t >> 2]) << (8 * (s % 4));
             uint8_t* dst = a.vt + int64_t(b) * a.layout.batch_stride + int64_t(hk) * a.layout.head_stride +
                            int64_t(col) * a.layout.d_stride + slot0;
-            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
 }
