@@ -4,8 +4,9 @@ dtype='fp8' (CuPy has no float8 dtype), and torch.float8_e4m3fn tensors where to
 are float32 device arrays of one element.
 
 Tolerances (mhakit.reference.tolerances_fp8): the kernels round each unnormalised probability (<= 1) to e4m3 for the
-P·V product, an error of at most 2^-4 of it, so O is off by at most 2^-4·max|v·dv| (in practice a few times less,
-random rounding errors averaging out), plus O's own bf16 / fp16 rounding; the LSE comes from fp32 sums of exact
+P·V product, an error of at most 2^-4 of it in e4m3's normal range (>= 2^-6; 2^-10 absolute below), so O is off by
+about 2^-4·max|v·dv| at worst (in practice a few times less, rounding errors of both signs averaging out), plus O's
+own bf16 / fp16 rounding; the LSE comes from fp32 sums of exact
 fp8 products (1e-2 leaves room for the tensor cores' fp8 accumulation). Hopper (sm_90a) only."""
 from __future__ import annotations
 
