@@ -136,11 +136,13 @@ __global__ void __launch_bounds__(kThreads) transpose_v_fp8(TransposeVArgs a) {
     }
 }
 
-inline cudaError_t launch_transpose_v_fp8(const TransposeVArgs& a, int batch, cudaStream_t stream) {
+// (A template too, so that only the fp8 instances that call it emit the kernel.)
+template <int kThreads = kVtThreads>
+cudaError_t launch_transpose_v_fp8(const TransposeVArgs& a, int batch, cudaStream_t stream) {
     const int64_t key_blocks = (a.layout.keys + kVtTileKeys - 1) / kVtTileKeys;
     const int64_t col_blocks = (a.hdim_v + kVtTileCols - 1) / kVtTileCols;
     const dim3 grid(unsigned(key_blocks * col_blocks), unsigned(a.nhead_k), unsigned(batch));
-    transpose_v_fp8<kVtThreads><<<grid, kVtThreads, 0, stream>>>(a);
+    transpose_v_fp8<kThreads><<<grid, kThreads, 0, stream>>>(a);
     return cudaGetLastError();
 }
 
