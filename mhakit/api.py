@@ -523,9 +523,18 @@ class _Call:
             if v.stream is not None and v.stream != -1:
                 self.layer.order_streams(0 if v.stream == 1 else v.stream, self.stream, device)
 
-    def launch(self, lib, args, device: int) -> None:
-        """mha_fwd, with the workspace the chosen instance asks for (fp8: V transposed) as launch_bwd gives it."""
-        self._launch_with_workspace(lib, args, device, lib.mha_fwd)
+    def launch(self, lib, args, device: int, workspace: bool = False) -> None:
+        """mha_fwd; with `workspace` (fp8: V transposed) the scratch the chosen instance asks for, as launch_bwd
+        gives it (the 16-bit forward needs none, so it asks nothing)."""
+        if workspace:
+            self._launch_with_workspace(lib, args, device, lib.mha_fwd)
+            return
+        from . import _capi
+        config = _capi.make_stream_config(self.stream, log_level=LOG_LEVEL)
+        with self.layer.device_scope(device):
+            lib.mha_fwd(args, config)
+        if LOG_LEVEL > 0:  # the library printf()s the chosen instance; show it now, not at exit
+            ctypes.CDLL(None).fflush(None)
 
     def launch_splitkv(self, lib, args, device: int) -> None:
         """mha_fwd_splitkv with its split accumulators allocated on the call's stream for the split count the
@@ -847,7 +856,7 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
         lse_ptr=lv.ptr if lv is not None else None, lse_strides=lse_strides, scale=scale, mask_type=mask_type,
         window_left=left, window_right=right, descale_ptrs=[x.ptr for x in descale_views] or None)
     _set_fields(args, mods)
-    call.launch(lib, args, device)
+    call.launch(lib, args, device, workspace=bool(descale_views))
     return (o, lse) if return_lse else o
 
 
