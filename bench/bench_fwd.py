@@ -15,6 +15,13 @@ Before timing, mhakit's output is checked against SDPA's (cuDNN's, else FA2's) w
     python3 bench/bench_fwd.py --lib ./libmha_fwd.so                       # bf16, 18 shapes
     python3 bench/bench_fwd.py --dtype bf16,fp16 --json fwd.json
     python3 bench/bench_fwd.py --shape 128,4096,1 --dtype fp16              # hdim, seqlen, causal
+    python3 bench/bench_fwd.py --dtype bf16,fp8 --shape 128,16384,0         # fp8 rows beside bf16 ones
+
+fp8 rows (--dtype fp8: e4m3 q/k/v with per-tensor descale factors, bf16 O; Hopper): q, k, v are drawn as for bf16,
+quantized per tensor (x / (max|x| / 448), rounded to e4m3), and mhakit runs on those bytes; the peers run bf16 on the
+same (dequantized) values, so the row compares mhakit's fp8 with cuDNN's and FA2's bf16. The check is against fp32
+on the dequantized inputs (batch 0, the first and last query head, the first 256 query rows, every key), with
+mhakit.reference.tolerances_fp8; its max abs error is printed.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from mhakit import _capi, _codegen  # noqa: E402
-from mhakit.reference import flops_fwd, tolerances  # noqa: E402
+from mhakit.reference import E4M3_MAX, flops_fwd, tolerances, tolerances_fp8  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FWD_DTYPES = {**DTYPES, "fp8": torch.bfloat16}  # the forward's fp8 rows: bf16 is O's type and the peers'.
 PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
 # Spin-wait put on the stream before the timed launches so that the GPU stays busy while the host enqueues them
 # (about 10 ms at H200 clocks); without it the first events would time the host's launch latency too.
@@ -45,7 +53,7 @@ _SLEEP_CYCLES = 20_000_000
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments bench_fwd.py and bench_bwd.py share: dtypes, the shape grid, timing, peers, output."""
-    p.add_argument("--dtype", default="bf16", help="comma list of bf16, fp16 (default bf16)")
+    p.add_argument("--dtype", default="bf16", help="comma list of bf16, fp16 (the forward: also fp8; default bf16)")
     p.add_argument("--shape", action="append", default=None, metavar="HDIM,SEQLEN,CAUSAL",
                    help="run only this case (causal: 0/1; HDIM may be QxV, e.g. 192x128); may be repeated")
     p.add_argument("--hdims", default="64,128,256",
@@ -73,12 +81,12 @@ def hdim_label(hq: int, hv: int):
     return hq if hq == hv else f"{hq}x{hv}"
 
 
-def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_grid_arguments(p: argparse.ArgumentParser, args: argparse.Namespace, dtypes=DTYPES) -> None:
     """Validate the shared arguments and derive args.dtypes, args.peer_list and args.cases (hdim, seqlen, causal)."""
     args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     for d in args.dtypes:
-        if d not in DTYPES:
-            p.error(f"--dtype: unknown {d!r}; use bf16 and/or fp16")
+        if d not in dtypes:
+            p.error(f"--dtype: unknown {d!r}; use {', '.join(dtypes)}")
     args.peer_list = [x.strip() for x in args.peers.split(",") if x.strip()]
     for x in args.peer_list:
         if x not in PEERS:
@@ -117,7 +125,7 @@ def parse_args(argv=None):
     p.add_argument("--lse", action="store_true", help="make mhakit store LSE too (SDPA inference stores none)")
     add_grid_arguments(p)
     args = p.parse_args(argv)
-    check_grid_arguments(p, args)
+    check_grid_arguments(p, args, FWD_DTYPES)
     return args
 
 
@@ -155,7 +163,7 @@ def sdpa(backend, q, k, v, causal: bool, scale: float):
 
 
 def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: bool, opts) -> dict:
-    dt = DTYPES[dtype_name]
+    dt = FWD_DTYPES[dtype_name]
     hdim, hdim_v = hdims
     batch, heads = opts.tokens // seqlen, opts.hidden // hdim
     heads_kv = kv_heads_of(opts, heads)
@@ -170,20 +178,34 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
     shape_k, shape_kv = (batch, heads_kv, seqlen, hdim), (batch, heads_kv, seqlen, hdim_v)
     q, k, v = (torch.randn(sh, device="cuda", dtype=dt, generator=gen) for sh in (shape, shape_k, shape_kv))
     o = torch.zeros(shape_v, device="cuda", dtype=dt)
+    fp8 = dtype_name == "fp8"
+    if fp8:  # mhakit gets e4m3 bytes and descale factors; the peers the same values in bf16
+        (q8, k8, v8), descale = quantize_fp8((q, k, v))
+        q, k, v = ((x.float() * descale[i]).to(dt) for i, x in enumerate((q8, k8, v8)))
     lse = torch.empty((batch, heads, seqlen), device="cuda", dtype=torch.float32) if opts.lse else None
     stream = torch.cuda.current_stream().cuda_stream
 
     def bhs(t):  # (batch, head, row) element strides of a b·h·s·d tensor
         return (t.stride(0), t.stride(1), t.stride(2))
 
+    qm, km, vm = (q8, k8, v8) if fp8 else (q, k, v)  # what mhakit reads
     fargs = _capi.make_fwd_args(
-        dtype=dtype_name, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o.data_ptr(),
+        dtype="fp8bf16" if fp8 else dtype_name, q_ptr=qm.data_ptr(), k_ptr=km.data_ptr(), v_ptr=vm.data_ptr(),
+        o_ptr=o.data_ptr(), descale_ptrs=[descale.data_ptr() + 4 * i for i in range(3)] if fp8 else None,
         lse_ptr=None if lse is None else lse.data_ptr(), lse_strides=(0, 0) if lse is None else (lse.stride(0),
                                                                                                   lse.stride(1)),
         batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, nhead_q=heads, nhead_k=heads_kv, hdim_q=hdim, hdim_v=hdim_v,
-        q_strides=bhs(q), k_strides=bhs(k), v_strides=bhs(v), o_strides=bhs(o), scale=scale,
+        q_strides=bhs(qm), k_strides=bhs(km), v_strides=bhs(vm), o_strides=bhs(o), scale=scale,
         mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
         window_right=0 if causal else -1)
+    workspace = None
+    if fp8:  # V transposed (mhakit_mha_fwd_workspace_size); torch's allocations are 256-byte aligned
+        try:
+            need = lib.workspace_size(fargs)
+        except _capi.MhakitError:
+            need = 0  # refused: the kernel-name query below says why
+        workspace = torch.empty(max(need, 1), device="cuda", dtype=torch.uint8)
+        fargs.workspace_ptr, fargs.workspace_bytes = workspace.data_ptr(), need
     cfg = _capi.make_stream_config(stream)
     fwd = lib.cdll.mhakit_mha_fwd
     pargs, pcfg = ctypes.byref(fargs), ctypes.byref(cfg)
@@ -217,7 +239,11 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
             peer_ok[name] = False
             row["notes"].append(f"{name}: {str(e).splitlines()[0]}")
 
-    if ours_ok and ref is not None:
+    if ours_ok and fp8:
+        row["max_abs_err"], row["verified"], why = check_fp8(q8, k8, v8, descale, o, causal, scale)
+        if not row["verified"]:
+            row["notes"].append(why)
+    elif ours_ok and ref is not None:
         rtol, atol = tolerances(dtype_name)
         of, rf = o.float(), ref.float()
         diff = (of - rf).abs()
@@ -254,9 +280,43 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
     for name in PEERS:
         ours, theirs = row["mhakit_tflops"], row[f"{name}_tflops"]
         row[f"mhakit_over_{name}"] = ours / theirs if ours and theirs else None
-    del q, k, v, o, lse
+    del q, k, v, o, lse, qm, km, vm, workspace
     torch.cuda.empty_cache()
     return row
+
+
+def quantize_fp8(tensors):
+    """Per-tensor e4m3 quantization (the benchmark's -qscale=pt): (e4m3 tensors, float32 [3] descale factors)."""
+    descale = torch.empty(len(tensors), device="cuda", dtype=torch.float32)
+    out = []
+    for i, t in enumerate(tensors):
+        amax = t.float().abs().max()
+        descale[i] = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        out.append((t.float() / descale[i]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn))
+    return out, descale
+
+
+def check_fp8(q8, k8, v8, descale, o, causal: bool, scale: float, rows: int = 256):
+    """mhakit's fp8 O against fp32 on the dequantized inputs: batch 0, the first and last query head, the first
+    `rows` query rows against every key (top-left causal as the call). (max abs err, ok, note)."""
+    heads, heads_kv, seqlen = q8.shape[1], k8.shape[1], q8.shape[2]
+    rows = min(rows, seqlen)
+    vmax = (v8.float().abs().max() * descale[2]).item()
+    rtol, atol = tolerances_fp8(vmax)
+    worst, ok = 0.0, True
+    for h in sorted({0, heads - 1}):
+        hk = h // (heads // heads_kv)
+        qf = q8[0, h, :rows].float() * descale[0]
+        kf, vf = k8[0, hk].float() * descale[1], v8[0, hk].float() * descale[2]
+        s = (qf @ kf.T) * scale
+        if causal:
+            s.masked_fill_(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+        ref = torch.softmax(s, dim=-1) @ vf
+        out = o[0, h, :rows].float()
+        diff = (out - ref).abs()
+        worst = max(worst, diff.max().item())
+        ok = ok and bool(torch.isfinite(out).all().item() and (diff <= atol + rtol * ref.abs()).all().item())
+    return worst, ok, "" if ok else f"mhakit fp8 output differs from fp32 beyond rtol={rtol} atol={atol:.3g}"
 
 
 def fmt(x, spec=".1f", suffix=""):
@@ -268,7 +328,7 @@ def print_table(rows, out=sys.stdout):
           "| mhakit/cuDNN | mhakit/FA2 | max abs err | kernel |", file=out)
     print("|---|---|---|---|---|---|---|---|---|---|---|---|", file=out)
     for r in rows:
-        dname = {"bf16": "bfloat16", "fp16": "float16"}[r["dtype"]]
+        dname = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8 e4m3 (peers bf16)"}[r["dtype"]]
         err = fmt(r["max_abs_err"], ".2e")
         if r["verified"] is False:
             err += " FAIL"

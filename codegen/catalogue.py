@@ -29,9 +29,16 @@ class Tile:
     hdim_q: int
     hdim_v: int
     params: tuple[tuple[str, int], ...]  # the family's tile parameters (block_m, block_n, warps, ...) in file order
+    # Optional narrowing of the family's dtypes / modes for this tile (None: all of the family's), so that a dtype
+    # with tiles of its own (the Hopper forward's fp8) lists them beside the others.
+    dtypes: tuple[str, ...] | None = None
+    modes: tuple[str, ...] | None = None
 
     def get(self, key: str) -> int:
         return dict(self.params)[key]
+
+    def serves(self, dtype: str, mode: str) -> bool:
+        return (self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,9 @@ class Family:
     # modifier kernel ("_mods" in the name; Signature.mods; such an instance serves the plain ones' modifiers too).
     plain_mods: tuple[str, ...] = ()
     instance_mods: tuple[str, ...] = ()
+    # The dtypes whose instances serve them (score_mods.dtypes, default: every dtype of the family; the Hopper
+    # forward's fp8 kernels have none).
+    mod_dtypes: tuple[str, ...] = ()
 
     @property
     def has_mod_instances(self) -> bool:
@@ -154,11 +164,22 @@ def _require(table: dict, key: str, where: str):
     return table[key]
 
 
-def _parse_tile(raw: dict, where: str) -> Tile:
+_TILE_NARROWING = ("dtypes", "modes")
+
+
+def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
     hdim_q = int(_require(raw, "hdim_q", where))
     hdim_v = int(_require(raw, "hdim_v", where))
-    params = tuple((k, int(v)) for k, v in raw.items() if k not in ("hdim_q", "hdim_v"))
-    return Tile(hdim_q, hdim_v, params)
+    params = tuple((k, int(v)) for k, v in raw.items() if k not in ("hdim_q", "hdim_v", *_TILE_NARROWING))
+    narrowed = {}
+    for key in _TILE_NARROWING:
+        if key in raw:
+            values = raw[key]
+            served = family.get(key, [])
+            if not isinstance(values, list) or not values or not set(values) <= set(served):
+                raise CatalogueError(f"{where}.{key}: must be a non-empty list of the family's {key} {served}")
+            narrowed[key] = tuple(values)
+    return Tile(hdim_q, hdim_v, params, **narrowed)
 
 
 def _freeze(value):
@@ -193,11 +214,16 @@ def _parse_variants(raw: dict, where: str) -> tuple[tuple[str, tuple[str, ...]],
 SCORE_MODS = ("softcap", "bias", "alibi", "sink", "dropout")
 
 
-def _parse_score_mods(raw, where: str) -> dict:
-    """A family's `score_mods` table: {plain = [names], mods = [names]} -> Family's plain_mods / instance_mods."""
-    if not isinstance(raw, dict) or set(raw) - {"plain", "mods"}:
-        raise CatalogueError(f"{where}.score_mods: must be a table with the keys plain and mods (lists of names)")
-    out = {}
+def _parse_score_mods(raw, where: str, family_dtypes: list) -> dict:
+    """A family's `score_mods` table: {plain = [names], mods = [names], dtypes = [...]} -> Family's plain_mods /
+    instance_mods / mod_dtypes."""
+    if not isinstance(raw, dict) or set(raw) - {"plain", "mods", "dtypes"}:
+        raise CatalogueError(f"{where}.score_mods: must be a table with the keys plain and mods (lists of names) and "
+                             "optionally dtypes")
+    dtypes = raw.get("dtypes", list(family_dtypes))
+    if not isinstance(dtypes, list) or not dtypes or any(d not in family_dtypes for d in dtypes):
+        raise CatalogueError(f"{where}.score_mods.dtypes: must be a non-empty list of the family's dtypes")
+    out = {"mod_dtypes": tuple(dtypes)}
     for key, field_name in (("plain", "plain_mods"), ("mods", "instance_mods")):
         names = raw.get(key, [])
         if not isinstance(names, list) or any(n not in SCORE_MODS for n in names) or len(set(names)) != len(names):
@@ -255,11 +281,12 @@ def load(backend: str = "cuda") -> Catalogue:
                 equal_head_dims=bool(_require(raw, "equal_head_dims", where)),
                 deterministic=bool(_require(raw, "deterministic", where)) if api == "bwd" else True,
                 align_bytes=int(_require(raw, "align_bytes", where)),
-                tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]") for i, t in enumerate(_require(raw, "tiles", where))),
+                tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]", raw)
+                            for i, t in enumerate(_require(raw, "tiles", where))),
                 variants=_parse_variants(raw.get("variants", {}), where),
                 knobs=_freeze(raw.get("knobs", {})),
                 head_dim_multiple=int(raw.get("head_dim_multiple", 1)),
-                **_parse_score_mods(raw.get("score_mods", {}), where),
+                **_parse_score_mods(raw.get("score_mods", {}), where, list(_require(raw, "dtypes", where))),
             )
     known_names = {name for _, name in families}
     for arch in arches.values():

@@ -86,6 +86,8 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
         mods_choices = (False, True) if fam.has_mod_instances else (False,)
         for tile, dtype, mode, mask, (variant, rank), mods in itertools.product(
                 fam.tiles, fam.dtypes, fam.modes, fam.masks, _variant_choices(fam), mods_choices):
+            if not tile.serves(dtype, mode):  # a tile narrowed to some dtypes / modes (catalogue)
+                continue
             spec = KernelSpec(
                 signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask, mods),
                 algorithm=Algorithm(fam.name, arch, tile.params, variant),

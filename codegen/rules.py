@@ -50,6 +50,9 @@ def modifier_instances_need_score_mods(spec: KernelSpec, cat) -> Optional[str]:
     fam = _family(spec, cat)
     if fam is not None and spec.signature.mods and not fam.has_mod_instances:
         return f"the {fam.name} family has no score modifiers (catalogue score_mods.mods), so no modifier instance"
+    if fam is not None and spec.signature.mods and spec.signature.dtype not in fam.mod_dtypes:
+        return (f"the {fam.name} family's score modifiers serve {', '.join(fam.mod_dtypes)} only (catalogue "
+                f"score_mods.dtypes), not {spec.signature.dtype}")
     return None
 
 

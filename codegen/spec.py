@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from .catalogue import thaw
 
 # C++ spellings used by the templates.
-DTYPE_ENUM = {"fp16": "MHAKIT_DTYPE_FP16", "bf16": "MHAKIT_DTYPE_BF16"}
+DTYPE_ENUM = {"fp16": "MHAKIT_DTYPE_FP16", "bf16": "MHAKIT_DTYPE_BF16",
+              "fp8bf16": "MHAKIT_DTYPE_FP8_BF16", "fp8fp16": "MHAKIT_DTYPE_FP8_FP16"}
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class Signature:
     not part of it: every instance serves all of them, so they cost no instances."""
 
     api: str      # "fwd"
-    dtype: str    # "fp16" | "bf16"
+    dtype: str    # "fp16" | "bf16" | "fp8bf16" | "fp8fp16" (e4m3 q/k/v, bf16 / fp16 o: forward, hopper only)
     hdim_q: int   # compiled head-dim bucket of q/k
     hdim_v: int   # compiled head-dim bucket of v/o
     mode: str     # "batch" | "group"

@@ -33,6 +33,7 @@ _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 
 BACKEND_OF_DEVICE_TYPE = {KDL_CUDA: "cuda", KDL_CUDA_MANAGED: "cuda", KDL_ROCM: "rocm"}
 # DLDataTypeCode
 _KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_BFLOAT, _KDL_BOOL = 0, 1, 2, 4, 6
+_KDL_FLOAT8_E4M3FN = 10  # dlpack.h's kDLFloat8_e4m3fn (torch.float8_e4m3fn exports this code)
 _READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
 
 
@@ -59,6 +60,7 @@ _DTYPES = [
     DType("int8", _KDL_INT, 8, "|i1"), DType("int16", _KDL_INT, 16, "<i2"), DType("int32", _KDL_INT, 32, "<i4"),
     DType("int64", _KDL_INT, 64, "<i8"), DType("uint8", _KDL_UINT, 8, "|u1"), DType("uint16", _KDL_UINT, 16, "<u2"),
     DType("uint32", _KDL_UINT, 32, "<u4"), DType("uint64", _KDL_UINT, 64, "<u8"), DType("bool", _KDL_BOOL, 8, "|b1"),
+    DType("float8_e4m3fn", _KDL_FLOAT8_E4M3FN, 8, None),
 ]
 _BY_DL = {(d.code, d.bits): d for d in _DTYPES}
 _BY_NAME = {d.name: d for d in _DTYPES}

@@ -18,7 +18,7 @@ import threading
 from typing import Dict, Optional, Sequence, Union
 
 __all__ = [
-    "DTYPE_FP16", "DTYPE_BF16",
+    "DTYPE_FP16", "DTYPE_BF16", "DTYPE_FP8_BF16", "DTYPE_FP8_FP16",
     "MASK_NONE", "MASK_TOP_LEFT", "MASK_BOTTOM_RIGHT", "MASK_GENERIC",
     "ERROR_UNSUPPORTED", "ERROR_INVALID_ARGS", "ERROR_CUDA",
     "MhakitStreamConfig", "MhakitFwdArgs", "MhakitBwdArgs", "MhakitError", "MhakitValueError", "error_for",
@@ -29,6 +29,8 @@ __all__ = [
 # mhakit_dtype
 DTYPE_FP16 = 0
 DTYPE_BF16 = 1
+DTYPE_FP8_BF16 = 2  # e4m3 q/k/v, bf16 o (forward only)
+DTYPE_FP8_FP16 = 3  # e4m3 q/k/v, fp16 o (forward only)
 # mhakit_mask_type
 MASK_NONE = 0
 MASK_TOP_LEFT = 1
@@ -49,6 +51,7 @@ _ERROR_NAMES = {ERROR_UNSUPPORTED: "unsupported", ERROR_INVALID_ARGS: "invalid a
 _DTYPE_NAMES: Dict[str, int] = {
     "fp16": DTYPE_FP16, "float16": DTYPE_FP16, "half": DTYPE_FP16,
     "bf16": DTYPE_BF16, "bfloat16": DTYPE_BF16,
+    "fp8bf16": DTYPE_FP8_BF16, "fp8": DTYPE_FP8_BF16, "fp8fp16": DTYPE_FP8_FP16,
 }
 
 
@@ -132,6 +135,11 @@ class MhakitFwdArgs(ctypes.Structure):
         ("stride_randval", ctypes.c_int64),
         ("nhead_stride_randval", ctypes.c_int64),
         ("batch_stride_randval", ctypes.c_int64),
+        ("q_descale_ptr", ctypes.c_void_p),   # fp8: device fp32 descale factors
+        ("k_descale_ptr", ctypes.c_void_p),
+        ("v_descale_ptr", ctypes.c_void_p),
+        ("workspace_ptr", ctypes.c_void_p),   # fp8: V transposed (mhakit_mha_fwd_workspace_size bytes)
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
     def __repr__(self) -> str:
@@ -303,12 +311,12 @@ def _check_int32(name: str, value: int) -> int:
 def dtype_code(dtype: Union[int, str]) -> int:
     """mhakit_dtype code from an int or a name: fp16/float16/half, bf16/bfloat16 (``torch.bfloat16`` etc. too)."""
     if isinstance(dtype, int):
-        if dtype not in (DTYPE_FP16, DTYPE_BF16):
+        if dtype not in (DTYPE_FP16, DTYPE_BF16, DTYPE_FP8_BF16, DTYPE_FP8_FP16):
             raise ValueError(f"unknown mhakit_dtype code {dtype}")
         return dtype
     name = str(dtype).rsplit(".", 1)[-1].lower()  # "torch.bfloat16" -> "bfloat16"
     if name not in _DTYPE_NAMES:
-        raise ValueError(f"unsupported dtype {dtype!r}; mhakit takes fp16 or bf16")
+        raise ValueError(f"unsupported dtype {dtype!r}; mhakit takes fp16, bf16, or fp8bf16 / fp8fp16 (forward)")
     return _DTYPE_NAMES[name]
 
 
@@ -326,7 +334,8 @@ def make_fwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
                   lse_ptr: Optional[int] = None, lse_strides: Sequence[int] = (0, 0),
                   seqstart_q_ptr: Optional[int] = None, seqstart_k_ptr: Optional[int] = None,
                   max_seqlen_q: Optional[int] = None, scale: Optional[float] = None,
-                  mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1) -> MhakitFwdArgs:
+                  mask_type: int = MASK_NONE, window_left: int = -1, window_right: int = -1,
+                  descale_ptrs: Optional[Sequence[int]] = None) -> MhakitFwdArgs:
     """Fill an ``MhakitFwdArgs``.
 
     Strides are element strides ``(batch_stride, nhead_stride, row_stride)`` per tensor (head dim contiguous);
@@ -337,6 +346,8 @@ def make_fwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
     packed row counts of q / k (the bound TMA kernels need; 0: unknown, such calls run on the generic family).
     ``lse_ptr`` given => has_lse = 1.
     ``scale`` defaults to 1/sqrt(hdim_q).
+    ``descale_ptrs``: fp8 only, the device addresses of the fp32 descale factors of q, k and v. The workspace (fp8:
+    V transposed) is set afterwards: ``workspace_ptr`` / ``workspace_bytes`` of ``FwdLibrary.workspace_size(args)``.
     """
     group = seqstart_q_ptr is not None or seqstart_k_ptr is not None
     if group and (seqstart_q_ptr is None or seqstart_k_ptr is None):
@@ -379,6 +390,10 @@ def make_fwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
     a.mask_type = _check_int32("mask_type", mask_type)
     a.window_size_left = _check_int32("window_left", window_left)
     a.window_size_right = _check_int32("window_right", window_right)
+    if descale_ptrs is not None:
+        if len(descale_ptrs) != 3:
+            raise ValueError(f"descale_ptrs: expected (q, k, v) device addresses, got {descale_ptrs}")
+        a.q_descale_ptr, a.k_descale_ptr, a.v_descale_ptr = (int(p) for p in descale_ptrs)
     return a
 
 
@@ -404,6 +419,8 @@ def make_bwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
     and the batch strides are ignored by the library. ``workspace_ptr`` / ``workspace_bytes``: device scratch of at
     least ``BwdLibrary.workspace_size(args)`` bytes (query it with these arguments first; None / 0 when it is 0).
     ``scale`` defaults to 1/sqrt(hdim_q).
+    ``descale_ptrs``: fp8 only, the device addresses of the fp32 descale factors of q, k and v. The workspace (fp8:
+    V transposed) is set afterwards: ``workspace_ptr`` / ``workspace_bytes`` of ``FwdLibrary.workspace_size(args)``.
     """
     group = seqstart_q_ptr is not None or seqstart_k_ptr is not None
     if group and (seqstart_q_ptr is None or seqstart_k_ptr is None):
@@ -429,6 +446,8 @@ def make_bwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
 
     a = MhakitBwdArgs()
     a.data_type = dtype_code(dtype)
+    if a.data_type in (DTYPE_FP8_BF16, DTYPE_FP8_FP16):
+        raise ValueError(f"dtype {dtype!r}: fp8 is forward-only; the backward takes fp16 or bf16")
     a.is_group_mode = 1 if group else 0
     a.deterministic = 1 if deterministic else 0
     a.q_ptr, a.k_ptr, a.v_ptr, a.o_ptr, a.lse_ptr, a.do_ptr = q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, do_ptr
@@ -491,6 +510,25 @@ class _Library:
         cdll.mhakit_last_error.argtypes = []
         cdll.mhakit_last_error.restype = ctypes.c_char_p
         self._run, self._kernel_name = run, name
+        # The workspace query (forward: fp8's transposed V; backward: its scratch); a library older than the forward's
+        # query has none (then the forward needs no workspace).
+        self._workspace = getattr(cdll, f"mhakit_mha_{self.API}_workspace_size", None)
+        if self._workspace is not None:
+            self._workspace.argtypes = [ctypes.POINTER(self.ARGS)]
+            self._workspace.restype = ctypes.c_size_t
+
+    def workspace_size(self, args) -> int:
+        """Bytes of workspace the pass needs for ``args`` (may be 0); raises MhakitError when the library refuses
+        the arguments (it returns 0 and sets last_error then; the error's code is 0: the C call does not tell
+        "unsupported" from "invalid")."""
+        if self._workspace is None:
+            return 0
+        n = int(self._workspace(ctypes.byref(args)))
+        if n == 0:
+            msg = self.last_error()
+            if msg:
+                raise MhakitError(0, msg)
+        return n
 
     def last_error(self) -> str:
         msg = self.cdll.mhakit_last_error()
@@ -579,27 +617,11 @@ class FwdLibrary(_Library):
 
 
 class BwdLibrary(_Library):
-    """A loaded libmha_bwd.so, with the workspace query of the backward."""
+    """A loaded libmha_bwd.so (its workspace query: _Library.workspace_size)."""
 
     API, ARGS = "bwd", MhakitBwdArgs
     mha_bwd_raw = _Library.run_raw
     mha_bwd = _Library.run
-
-    def __init__(self, cdll: ctypes.CDLL, path: str):
-        super().__init__(cdll, path)
-        cdll.mhakit_mha_bwd_workspace_size.argtypes = [ctypes.POINTER(MhakitBwdArgs)]
-        cdll.mhakit_mha_bwd_workspace_size.restype = ctypes.c_size_t
-
-    def workspace_size(self, args: MhakitBwdArgs) -> int:
-        """Bytes of workspace mha_bwd needs for ``args`` (may be 0); raises MhakitError when the library refuses
-        the arguments (it returns 0 and sets last_error then; the error's code is 0: the C call does not tell
-        "unsupported" from "invalid")."""
-        n = int(self.cdll.mhakit_mha_bwd_workspace_size(ctypes.byref(args)))
-        if n == 0:
-            msg = self.last_error()
-            if msg:
-                raise MhakitError(0, msg)
-        return n
 
 
 _LOADED: Dict[tuple, object] = {}

@@ -29,8 +29,12 @@ __all__ = ["mha_fwd", "mha_varlen_fwd", "mha_fwd_kvcache", "mha_bwd", "mha_varle
 # MHAKIT_LOG_LEVEL=1: each call prints the kernel instance it launches ("[mhakit] mha_fwd -> <name>", likewise
 # mha_bwd) to stdout.
 LOG_LEVEL = int(os.environ.get("MHAKIT_LOG_LEVEL", "0") or 0)
-_DTYPE_NAMES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+_DTYPE_NAMES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+                "fp8": "fp8", "float8_e4m3fn": "fp8"}
 _STORAGE_OF = {"fp16": "float16", "bf16": "bfloat16"}
+# fp8 inputs (float8_e4m3fn; forward, batch mode): the kernel dtype of each output type, bf16 the default (aiter's
+# fp8bf16).
+_FP8_KINDS = {"bf16": "fp8bf16", "fp16": "fp8fp16"}
 _INT32_MAX = (1 << 31) - 1
 _NO_MASK, _CAUSAL = (0, -1, -1), (2, -1, 0)  # (mask_type, left, right)
 _MASK_NAMES = {"none": 0, "top_left": 1, "bottom_right": 2, "generic": 3, "t": 1, "b": 2, "g": 3}
@@ -48,11 +52,48 @@ def _kernel_dtype(view: ArrayView, override: Optional[str]) -> str:
             raise TypeError(f"{view.name}: has dtype {name} but dtype={override!r} was given")
         return kind
     if name in ("uint16", "int16"):
-        if override is None:
+        if override is None or override == "fp8":
             raise TypeError(f"{view.name}: dtype {name} holds raw 16-bit values; pass dtype='bf16' or dtype='fp16' "
                             "to say how to read them (e.g. bf16 data in a framework without a bfloat16 dtype)")
         return override
-    raise TypeError(f"{view.name}: dtype {name} is not supported; expected float16 or bfloat16")
+    if name in ("uint8", "int8") and override == "fp8":
+        return "fp8"  # e4m3 bytes in a framework without a float8 dtype (CuPy)
+    if name == "float8_e4m3fn":
+        if override not in (None, "fp8"):
+            raise TypeError(f"{view.name}: has dtype {name} but dtype={override!r} was given")
+        return "fp8"  # the call's out_dtype completes it (_fp8_call)
+    raise TypeError(f"{view.name}: dtype {name} is not supported; expected float16, bfloat16 or float8_e4m3fn "
+                    "(forward)")
+
+
+def _no_fp8(kind: str, what: str) -> None:
+    if kind == "fp8":
+        raise TypeError(f"float8_e4m3fn inputs run on mha_fwd only (batch mode); {what} takes float16 or bfloat16")
+
+
+def _fp8_call(call: "_Call", kind: str, storage: str, out_dtype: Any, descales: Tuple[Any, Any, Any]):
+    """(kernel dtype, output storage, descale views) of a forward call: fp8 inputs need all three descale factors
+    (float32 device arrays of one element each) and take out_dtype 'bf16' (default) or 'fp16'; other inputs take
+    neither."""
+    given = [name for name, d in zip(("descale_q", "descale_k", "descale_v"), descales) if d is not None]
+    if kind != "fp8":
+        if given or out_dtype is not None:
+            raise TypeError(f"{', '.join(given) or 'out_dtype'}: descale factors and out_dtype are for float8_e4m3fn "
+                            f"inputs; q is {storage}")
+        return kind, storage, []
+    if len(given) != 3:
+        raise TypeError("float8_e4m3fn inputs need descale_q, descale_k and descale_v (float32 device arrays of one "
+                        "element: the factors that turn the stored values into real ones; 1.0 for unscaled data)")
+    out_kind = _normalise_dtype("bf16" if out_dtype is None else out_dtype)
+    if out_kind not in _FP8_KINDS:
+        raise TypeError(f"out_dtype: expected 'bf16' or 'fp16' for the output of fp8 inputs, got {out_dtype!r}")
+    views = []
+    for name, d in zip(("descale_q", "descale_k", "descale_v"), descales):
+        view = call.view(d, name)
+        if view.dtype.name != "float32" or math.prod(view.shape) != 1:
+            raise TypeError(f"{name}: expected a float32 array of one element, got {view.dtype.name} {view.shape}")
+        views.append(view)
+    return _FP8_KINDS[out_kind], _STORAGE_OF[out_kind], views
 
 
 def _normalise_dtype(dtype: Any) -> Optional[str]:
@@ -60,7 +101,7 @@ def _normalise_dtype(dtype: Any) -> Optional[str]:
         return None
     key = str(dtype).rsplit(".", 1)[-1].lower()  # accepts "bf16", "torch.bfloat16", numpy/cupy dtype names
     if key not in _DTYPE_NAMES:
-        raise TypeError(f"dtype: expected 'fp16' or 'bf16' (or None to read it from q), got {dtype!r}")
+        raise TypeError(f"dtype: expected 'fp16', 'bf16' or 'fp8' (or None to read it from q), got {dtype!r}")
     return _DTYPE_NAMES[key]
 
 
@@ -322,6 +363,7 @@ def _packed_inputs(call: "_Call", q: Any, k: Any, v: Any) -> _Packed:
     for view in (qv, kv, vv):
         _check_ndim(view, 3, "[total_tokens, nheads, headdim]")
     kind = _same_dtype((qv, kv, vv), qv, call.override)
+    _no_fp8(kind, "group mode (mha_varlen_fwd / mha_varlen_bwd)")
     (tq, hq, d), (tk, hk, dk), (tkv, hkv, dv) = qv.shape, kv.shape, vv.shape
     if dk != d:
         raise ValueError(f"k: head dim {dk} does not match q's head dim {d}")
@@ -432,7 +474,7 @@ def _lse_input(call: "_Call", lse: Any, shape: Tuple[int, ...], what: str, row_a
 # Launch
 # ------------------------------------------------------------------------------------------------------------------
 
-_WORKSPACE_ALIGN = 256  # mha_bwd.h: the workspace must be aligned as cudaMalloc aligns
+_WORKSPACE_ALIGN = 256  # mha_fwd.h / mha_bwd.h: a workspace must be aligned as cudaMalloc aligns
 
 
 class _Call:
@@ -481,7 +523,12 @@ class _Call:
             if v.stream is not None and v.stream != -1:
                 self.layer.order_streams(0 if v.stream == 1 else v.stream, self.stream, device)
 
-    def launch(self, lib, args, device: int) -> None:
+    def launch(self, lib, args, device: int, workspace: bool = False) -> None:
+        """mha_fwd; with `workspace` (fp8: V transposed) the scratch the chosen instance asks for, as launch_bwd
+        gives it (the 16-bit forward needs none, so it asks nothing)."""
+        if workspace:
+            self._launch_with_workspace(lib, args, device, lib.mha_fwd)
+            return
         from . import _capi
         config = _capi.make_stream_config(self.stream, log_level=LOG_LEVEL)
         with self.layer.device_scope(device):
@@ -509,6 +556,9 @@ class _Call:
             ctypes.CDLL(None).fflush(None)
 
     def launch_bwd(self, lib, args, device: int) -> None:
+        self._launch_with_workspace(lib, args, device, lib.mha_bwd)
+
+    def _launch_with_workspace(self, lib, args, device: int, run) -> None:
         """Ask the library how much scratch the instance it chooses for `args` needs, allocate it on the call's
         stream, launch, and free it on the same stream (the free is ordered after the kernels that use it)."""
         from . import _capi
@@ -524,7 +574,7 @@ class _Call:
                         work = self.layer.allocate(need + _WORKSPACE_ALIGN, device, self.stream, self.stream_ref)
                     args.workspace_ptr = -(-work.ptr // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
                     args.workspace_bytes = need
-                lib.mha_bwd(args, config)
+                run(args, config)
             finally:
                 if work is not None:
                     work.free()
@@ -725,7 +775,8 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
             scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
             layout: str = "bshd", stream: Any = None, dtype: Any = None, softcap: Any = None,
             alibi_slopes: Any = None, bias: Any = None, sink: Any = None, dropout_p: Any = 0.0, seed: Any = None,
-            offset: Any = 0, randval: Any = None):
+            offset: Any = 0, randval: Any = None, descale_q: Any = None, descale_k: Any = None,
+            descale_v: Any = None, out_dtype: Any = None):
     """Fused attention forward, batch mode: O = softmax(scale · Q Kᵀ + mask) V with fp32 accumulation.
 
     q: [b, s_q, h_q, d], k: [b, s_k, h_k, d], v: [b, s_k, h_k, d_v] for ``layout='bshd'`` (default), or
@@ -756,16 +807,21 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     :func:`mha_bwd` regenerate the mask. ``randval=`` (uint8 [b, h_q, s_q, s_k]) receives the random bytes (kept
     where byte <= floor((1 - p)·255); for tests: :func:`mhakit.reference.mha_fwd` takes them). Dropout calls take the
     Python call path.
+
+    fp8 (Hopper, sm_90a; mha_fwd.h says what it computes): q, k, v float8_e4m3fn (DLPack kDLFloat8_e4m3fn, e.g.
+    ``torch.float8_e4m3fn``) with ``descale_q=``, ``descale_k=``, ``descale_v=`` (float32 device arrays of one element:
+    the logits are scale·dq·dk·q·k, O is multiplied by dv) and ``out_dtype='bf16'`` (default) or ``'fp16'`` for O;
+    no score modifiers or dropout; P is rounded to e4m3 for P·V (:func:`mhakit.reference.tolerances_fp8`).
     """
     _check_layout(layout)
     call = _Call(stream, dtype)
     g = _batch_inputs(call, q, k, v, layout)
-    qv, kv, vv, kind = g.q, g.k, g.v, g.kind
+    qv, kv, vv = g.q, g.k, g.v
+    kind, storage, descale_views = _fp8_call(call, g.kind, qv.dtype.name, out_dtype, (descale_q, descale_k, descale_v))
     b, sq, sk, hq, hk, d, dv = g.b, g.sq, g.sk, g.hq, g.hk, g.d, g.dv
     mask_type, left, right = _resolve_mask(causal, mask, window)
     scale = _resolve_scale(scale, d)
     q_strides, k_strides, v_strides = g.strides(qv, hq, sq, d), g.strides(kv, hk, sk, d), g.strides(vv, hk, sk, dv)
-    storage = qv.dtype.name
     o_shape = g.shape(hq, sq, dv)
     ov = call.output(out, "out", o_shape, storage, f"{layout} output")
     if ov is not None:
@@ -781,7 +837,7 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
                                   bias=bias, sink=sink, dropout_p=dropout_p, seed=seed, offset=offset,
                                   randval=randval, randval_shape=(b, hq, sq, sk))
 
-    views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None] + mod_views
+    views = [qv, kv, vv] + [x for x in (ov, lv) if x is not None] + mod_views + descale_views
     device = call.resolve_device(views)
     o = out if ov is not None else call.allocate(device, o_shape, storage)
     if ov is None:
@@ -805,9 +861,9 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
         nhead_k=hk, hdim_q=d, hdim_v=dv, seqlen_q=sq, seqlen_k=sk, q_strides=q_strides, k_strides=k_strides,
         v_strides=v_strides, o_strides=g.strides(ov, hq, sq, dv),
         lse_ptr=lv.ptr if lv is not None else None, lse_strides=lse_strides, scale=scale, mask_type=mask_type,
-        window_left=left, window_right=right)
+        window_left=left, window_right=right, descale_ptrs=[x.ptr for x in descale_views] or None)
     _set_fields(args, mods)
-    call.launch(lib, args, device)
+    call.launch(lib, args, device, workspace=bool(descale_views))
     return (o, lse) if return_lse else o
 
 
@@ -956,6 +1012,7 @@ def _mha_fwd_kvcache_py(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: Any, 
     _check_ndim(kcv, 4, cache_dims)
     _check_ndim(vcv, 4, cache_dims)
     kind = _same_dtype((qv, kcv, vcv), qv, call.override)
+    _no_fp8(kind, "mha_fwd_kvcache")
     b, sq, hq, d = qv.shape
     nbc, cap, hk, dk = kcv.shape
     if dk != d:
@@ -1131,6 +1188,7 @@ def _mha_bwd_py(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bo
     call = _Call(stream, dtype)
     g = _batch_inputs(call, q, k, v, layout)
     qv, kv, vv, kind = g.q, g.k, g.v, g.kind
+    _no_fp8(kind, "the backward")
     b, sq, sk, hq, hk, d, d_v = g.b, g.sq, g.sk, g.hq, g.hk, g.d, g.dv
     o_shape = g.shape(hq, sq, d_v)
     o_dims = g.dims("seqlen_q", "nheads_q", "headdim_v")

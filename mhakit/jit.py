@@ -69,7 +69,7 @@ __all__ = ["FORMAT", "ENV_CACHE_DIR", "JitError", "NoCompilerError", "CacheDirEr
 
 FORMAT = 1                      # layout of the cache; bump to start a fresh v<N>/ tree
 ENV_CACHE_DIR = "MHAKIT_CACHE_DIR"
-DTYPES = ("fp16", "bf16")
+DTYPES = ("fp16", "bf16", "fp8bf16", "fp8fp16")  # fp8: e4m3 q/k/v, bf16 / fp16 o (hopper forward only)
 MODES = ("batch", "group")
 
 

@@ -413,6 +413,73 @@ def attention_fwd(q, k, v, *, scale: Optional[float] = None, mask_type: int = MA
     return (o, lse) if return_lse else o
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# fp8 e4m3 (OCP e4m3fn: bias 7, no infinities, 0x7F / 0xFF NaN, largest finite 448): the fp8 forward's inputs
+# ----------------------------------------------------------------------------------------------------------------
+
+E4M3_MAX = 448.0
+
+
+def _e4m3_table() -> np.ndarray:
+    codes = np.arange(256, dtype=np.int64)
+    e, m = (codes >> 3) & 0xF, codes & 0x7
+    mag = np.where(e == 0, m * 2.0 ** -9, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+    mag = np.where((e == 0xF) & (m == 0x7), np.nan, mag)
+    return np.where(codes & 0x80, -mag, mag).astype(np.float32)
+
+
+_E4M3 = _e4m3_table()
+_E4M3_POS = _E4M3[:0x7F].astype(np.float64)  # codes 0 .. 126: 0 .. 448, increasing
+
+
+def e4m3_to_float(codes) -> np.ndarray:
+    """e4m3fn bytes (uint8, any shape; or a float8_e4m3fn array viewed as uint8) -> float32, exactly."""
+    c = np.asarray(codes)
+    if c.dtype != np.uint8:
+        raise TypeError(f"e4m3 codes must be uint8 bytes, got dtype {c.dtype}")
+    return _E4M3[c]
+
+
+def float_to_e4m3(x) -> np.ndarray:
+    """float -> e4m3fn bytes (uint8): round to nearest, ties to even, saturating to ±448 (cvt.rn.satfinite); NaN ->
+    0x7F."""
+    a = np.asarray(x, dtype=np.float64)
+    mag = np.minimum(np.abs(np.nan_to_num(a, nan=0.0)), E4M3_MAX)
+    hi = np.clip(np.searchsorted(_E4M3_POS, mag, side="left"), 0, 0x7E)  # first code >= mag
+    lo = np.maximum(hi - 1, 0)
+    d_lo, d_hi = mag - _E4M3_POS[lo], _E4M3_POS[hi] - mag
+    code = np.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)  # codes are monotone: even = even mantissa
+    code = np.where(mag == _E4M3_POS[hi], hi, code).astype(np.uint8)
+    code = np.where(np.signbit(a), code | 0x80, code)
+    return np.where(np.isnan(a), np.uint8(0x7F), code).astype(np.uint8)
+
+
+def quantize_e4m3(x, per_tensor: bool = True) -> Tuple[np.ndarray, float]:
+    """(e4m3 bytes, descale factor) of x: per tensor, x / (max|x| / 448) rounded (descale max|x| / 448; 1 for an
+    all-zero tensor), as the benchmark's -qscale=pt does; otherwise x itself rounded (saturating) with descale 1."""
+    a = np.asarray(x, dtype=np.float64)
+    amax = float(np.max(np.abs(a))) if per_tensor and a.size else 0.0
+    descale = amax / E4M3_MAX if amax > 0.0 else 1.0
+    return float_to_e4m3(a / descale), descale
+
+
+def attention_fwd_fp8(q, k, v, descale_q: float, descale_k: float, descale_v: float, **kwargs):
+    """The fp8 forward's meaning (mha_fwd.h): q, k, v e4m3 bytes (uint8) whose real values are q·dq, k·dk, v·dv;
+    :func:`attention_fwd` on those values, in fp32/fp64 (P is not rounded here: the kernels round it to e4m3 for the
+    P·V product, which :func:`tolerances_fp8` accounts for)."""
+    return attention_fwd(e4m3_to_float(q) * np.float32(descale_q), e4m3_to_float(k) * np.float32(descale_k),
+                         e4m3_to_float(v) * np.float32(descale_v), **kwargs)
+
+
+def tolerances_fp8(v_absmax: float) -> Tuple[float, float]:
+    """(rtol, atol) for an fp8 forward's O against :func:`attention_fwd_fp8`, v_absmax = max|v·dv|. The kernels round
+    each unnormalised probability (<= 1) to e4m3 for P·V: at most 2^-4 of it in e4m3's normal range (3 mantissa
+    bits, round to nearest), at most 2^-10 absolute below 2^-6. With normal probabilities only, O = Σ P̃·v / Σ P is off
+    by at most 2^-4·max|v| (random rounding errors of both signs make it several times smaller in practice); the
+    tiny ones add errors of both signs that the row sum dilutes; plus the bf16 / fp16 rounding of O itself."""
+    return 2e-2, max(1e-2, 0.0625 * float(v_absmax))
+
+
 def _check_seqstarts(cu, total: int, name: str) -> np.ndarray:
     arr = np.asarray(cu)
     if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iu":

@@ -10,7 +10,9 @@
 #   soft-cap / sink / combined shapes), 240 runs (59 on the generic family, 64 / 128 on the Hopper "_mods" instances
 #   where the library has them); then the modifiers at the Hopper-only buckets: prec x mode x hdim {256, 192/128} x 5
 #   shapes, 40 runs; then dropout with the random bytes stored and checked: prec x mode x hdim {59, 64, 128} x 3
-#   shapes, 36 runs.
+#   shapes, 36 runs. Then fp8 (e4m3 in, bf16 out; Hopper only: on when the GPU is sm_90, or
+#   MHA_FP8=1 / 0): hdim {128, 256} x perm {0, 1} x 8 shapes (per-tensor and unscaled, odd lengths, masks, GQA, no
+#   keys, smaller head dims and d != d_v), 32 runs.
 # Every run validates against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_fwd in the current directory.
@@ -29,7 +31,9 @@ environment:
   BENCH           benchmark executable (default: ./benchmark_mha_fwd)
   MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=nf -seed=7"
   MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
-  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, group, odd, mods, hmods, dropout
+  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, group, odd, mods, hmods, dropout, fp8
+  MHA_FP8         1: run the fp8 section, 0: skip it, only: run nothing else (default: run it when nvidia-smi
+                  reports compute capability 9.0)
 USAGE
 }
 
@@ -45,6 +49,15 @@ if [ "$QUICK" -eq 1 ]; then
     PRECS="fp16"
     LSES="1"
 fi
+FP8="${MHA_FP8:-}"
+if [ -z "$FP8" ]; then
+    FP8=0
+    if command -v nvidia-smi >/dev/null 2>&1 &&
+        nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | grep -qx '9.0'; then
+        FP8=1
+    fi
+fi
+[ "$FP8" = only ] && PRECS=""  # every 16-bit section loops over PRECS
 
 # Whether section $1 runs (MHA_SMOKE_ONLY lists the sections to run; unset: all of them).
 want() { [ -z "${MHA_SMOKE_ONLY:-}" ] || [[ ",$MHA_SMOKE_ONLY," == *",$1,"* ]]; }
@@ -157,6 +170,25 @@ for hdim in 59 64 128; do
 done
 done
 done
+
+# fp8 (hopper family, batch mode; -prec=fp8 is e4m3 q/k/v with bf16 o): per-tensor descales (-qscale=pt) and unscaled
+# full-range data (-qscale=n -init=ufq), odd lengths, every mask kind, GQA / MQA, no keys, head dims below the bucket.
+if want fp8 && { [ "$FP8" = 1 ] || [ "$FP8" = only ]; }; then
+for hdim in 128 256; do
+for perm in 0 1; do
+    p=(-prec=fp8 -mode=0 -d="$hdim" -iperm="$perm" -operm="$perm" -lse=1)
+    run "${p[@]}" -qscale=pt -init=nf -b=2 -h=3 -s=100 -s_k=51
+    run "${p[@]}" -qscale=n -init=ufq -b=1 -h=2 -s=77 -s_k=300
+    run "${p[@]}" -qscale=pt -b=2 -h=4 -h_k=1 -s=257 -s_k=257 -mask=2
+    run "${p[@]}" -qscale=pt -b=1 -h=2 -h_k=1 -s=1024 -s_k=256 -mask=t
+    run "${p[@]}" -qscale=pt -b=3 -h=2 -h_k=1 -s=200 -s_k=520 -mask=t:128,30
+    run "${p[@]}" -qscale=pt -b=1 -h=2 -s=33 -s_k=0 -mask=2
+    run "${p[@]}" -qscale=pt -b=1 -h=2 -s=1 -s_k=1000 -mask=b:100,0
+    run -prec=fp8 -mode=0 -d=$((hdim - 32)) -d_v=$((hdim - 64)) -iperm="$perm" -operm="$perm" -lse=1 -qscale=pt \
+        -b=2 -h=2 -s=130 -s_k=190 -mask=g:50,80
+done
+done
+fi
 
 run_all
 smoke_finish

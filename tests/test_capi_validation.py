@@ -71,6 +71,23 @@ def lib(minimal_fwd_build):
     (dict(has_lse=1, lse_ptr=FAKE + 2), "lse_ptr (0x7f0000000002) is misaligned: the fp32 LSE must be 4-byte aligned"),
     (dict(is_group_mode=1, seqstart_q_ptr=FAKE + 1, seqstart_k_ptr=FAKE),
      "seqstart_q_ptr (0x7f0000000001) is misaligned: int32 offsets must be 4-byte aligned"),
+    (dict(workspace_ptr=FAKE + 16), "workspace_ptr (0x7f0000000010) is misaligned: the workspace must be 256-byte"),
+    # fp8 (issue 12, item 5): what the validator refuses whatever the library holds
+    (dict(q_descale_ptr=FAKE), "descale factors are for fp8 data only"),
+    (dict(data_type=_capi.DTYPE_FP8_BF16), "fp8 data needs q_descale_ptr, k_descale_ptr and v_descale_ptr"),
+    (dict(data_type=_capi.DTYPE_FP8_BF16, q_descale_ptr=FAKE, k_descale_ptr=FAKE), "fp8 data needs q_descale_ptr"),
+    (dict(data_type=_capi.DTYPE_FP8_BF16, q_descale_ptr=FAKE + 2, k_descale_ptr=FAKE, v_descale_ptr=FAKE),
+     "q_descale_ptr (0x7f0000000002) is misaligned: fp32 descale factors must be 4-byte aligned"),
+    (dict(data_type=_capi.DTYPE_FP8_FP16, q_descale_ptr=FAKE, k_descale_ptr=FAKE, v_descale_ptr=FAKE,
+          is_group_mode=1, seqstart_q_ptr=FAKE, seqstart_k_ptr=FAKE), "fp8 runs in batch mode only"),
+    (dict(data_type=_capi.DTYPE_FP8_BF16, q_descale_ptr=FAKE, k_descale_ptr=FAKE, v_descale_ptr=FAKE,
+          logits_soft_cap=30.0), "fp8 takes no score modifiers"),
+    (dict(data_type=_capi.DTYPE_FP8_BF16, q_descale_ptr=FAKE, k_descale_ptr=FAKE, v_descale_ptr=FAKE,
+          sink_ptr=FAKE), "fp8 takes no score modifiers"),
+    (dict(data_type=_capi.DTYPE_FP8_BF16, q_descale_ptr=FAKE, k_descale_ptr=FAKE, v_descale_ptr=FAKE,
+          p_drop=0.1), "fp8 takes no dropout"),
+    (dict(data_type=_capi.DTYPE_FP8_BF16, q_descale_ptr=FAKE, k_descale_ptr=FAKE, v_descale_ptr=FAKE,
+          o_ptr=FAKE + 1), "o_ptr (0x7f0000000001) is misaligned: fp16/bf16 output must be 2-byte aligned"),
 ])
 def test_invalid_arguments_are_refused_with_one_sentence(lib, overrides, message):
     args = valid_args(**overrides)
@@ -90,6 +107,20 @@ def test_traits_not_built_are_unsupported_not_invalid(lib):
     assert "no forward kernel built into this library serves dtype=bf16 hdim_q=192" in lib.last_error()
     fp16 = valid_args(data_type=_capi.DTYPE_FP16)
     assert lib.kernel_name(fp16) is None and "dtype=fp16" in lib.last_error()
+
+
+def test_fp8_without_fp8_instances_is_unsupported_with_what_fp8_needs(lib):
+    """The minimal library holds no fp8 instance: a valid fp8 call is -1 (a rebuild helps), and the sentence says
+    where fp8 runs; its workspace query is 0 with the same sentence."""
+    args = valid_args(data_type=_capi.DTYPE_FP8_BF16, q_descale_ptr=FAKE, k_descale_ptr=FAKE, v_descale_ptr=FAKE)
+    assert lib.mha_fwd_raw(args) == _capi.ERROR_UNSUPPORTED
+    msg = lib.last_error()
+    assert "no fp8 forward kernel built into this library serves dtype=fp8bf16" in msg
+    assert "fp8 runs on the hopper family only (sm_90a" in msg
+    with pytest.raises(_capi.MhakitError, match="no fp8 forward kernel"):
+        lib.workspace_size(args)
+    # a 16-bit call needs no workspace
+    assert lib.workspace_size(valid_args()) == 0
 
 
 def test_smaller_head_dims_are_served_by_a_larger_bucket(lib):

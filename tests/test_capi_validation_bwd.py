@@ -54,7 +54,8 @@ def lib(minimal_bwd_build):
     (dict(is_group_mode=1, seqstart_q_ptr=FAKE, seqstart_k_ptr=FAKE, max_seqlen_k=-1), "max_seqlen_k must be >= 0"),
     (dict(stride_dk=-1), "strides must be >= 0"),
     (dict(mask_type=4), "mask_type 4 is unknown"),
-    (dict(data_type=2), "data_type 2 is not supported"),
+    (dict(data_type=5), "data_type 5 is not supported"),
+    (dict(data_type=2), "data_type fp8bf16 is not supported by the backward: fp8 is forward-only"),
     (dict(workspace_ptr=FAKE + 8, workspace_bytes=1 << 30), "the workspace must be 256-byte aligned"),
     # grid limits: -2 with the limit, never "rebuild with a profile" (issue 8, item 4)
     (dict(batch=65536), "batch (65536) is above the limit of 65535 sequences per call"),

@@ -74,7 +74,8 @@ def lib(minimal_fwd_build):
     (dict(stride_knew=-1), "strides must be >= 0"),
     (dict(batch_stride_block_table=-4), "strides must be >= 0"),
     (dict(mask_type=9), "mask_type 9 is unknown"),
-    (dict(data_type=3), "data_type 3 is not supported"),
+    (dict(data_type=5), "data_type 5 is not supported"),
+    (dict(data_type=3), "data_type fp8fp16 is not supported by the split-KV forward: fp8 is forward-only"),
 ])
 def test_invalid_arguments_are_refused_with_one_sentence(lib, overrides, message):
     args = valid_args(**overrides)

@@ -93,7 +93,7 @@ class TestNames:
         specs = profiles.select("fwd", "sm_90a", "default").specs
         names = [s.name for s in specs]
         assert len(names) == len(set(names))
-        pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
+        pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16|fp8bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
         # the forward library's split-KV (decode) instances: batch "mode", one mask class serving every mask
         decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+w\d+$")
         assert all(pattern.match(n) or decode.match(n) for n in names), [n for n in names if not pattern.match(n)]
@@ -111,10 +111,11 @@ class TestProfiles:
         # 2 modes x 2 masks in the default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the
         # forward library also holds the split-KV instances: decode (2 dtypes x 3 buckets) and, on sm_90a only,
         # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper forward's modifier instances: bf16 x 64 / 128 / 256
-        # x 2 modes, masked, in the default profile, one per plain instance in `all`
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6
+        # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
+        # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
 
@@ -151,6 +152,31 @@ class TestProfiles:
         assert profiles._profile_admits(either, generic_mods)
         assert not profiles._profile_admits(either, make_spec(family="hopper", mask="mask", mods=True))
         assert profiles._profile_admits(either, make_spec(family="hopper", dtype="fp16", mask="mask", mods=True))
+
+    def test_fp8_has_its_own_hopper_tiles_in_batch_mode(self):
+        """A tile's `dtypes` / `modes` narrow the family's: fp8 gets the 128 and 256 buckets in batch mode with
+        block_n a multiple of 32, the 16-bit dtypes keep their tiles, and no other family (or the backward) has fp8."""
+        every = profiles.enumerate_specs("fwd", "sm_90a").specs
+        fp8 = [s for s in every if s.signature.dtype.startswith("fp8")]
+        assert {(s.signature.dtype, s.signature.hdim_q, s.signature.mode, s.signature.mask) for s in fp8} == {
+            (dt, d, "batch", m) for dt in ("fp8bf16", "fp8fp16") for d in (128, 256) for m in ("mask", "nmask")}
+        assert all(s.algorithm.family == "hopper" and dict(s.algorithm.tile)["block_n"] % 32 == 0 for s in fp8)
+        assert {(s.signature.hdim_q, dict(s.algorithm.tile)["block_n"]) for s in every
+                if s.signature.dtype == "bf16" and s.algorithm.family == "hopper" and s.signature.hdim_q == 256} == \
+            {(256, 64)}
+        assert not any(s.signature.dtype.startswith("fp8") for s in profiles.enumerate_specs("bwd", "sm_90a").specs)
+        assert not any(s.signature.dtype.startswith("fp8") for s in profiles.enumerate_specs("fwd", "sm_80").specs)
+        default = {s.name for s in profiles.select("fwd", "sm_90a", "default").specs if "fp8" in s.name}
+        assert default == {f"fwd_d{d}_fp8bf16_batch_{m}_sm90a_hopper_b128x128" for d in (128, 256)
+                           for m in ("mask", "nmask")}
+
+    def test_tile_narrowing_must_name_the_familys_values(self, tmp_path):
+        from codegen.catalogue import CatalogueError, _parse_tile
+        fam = {"dtypes": ["fp16", "bf16"], "modes": ["batch"]}
+        with pytest.raises(CatalogueError, match="dtypes: must be a non-empty list of the family's dtypes"):
+            _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "dtypes": ["fp8bf16"]}, "t", fam)
+        tile = _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "modes": ["batch"]}, "t", fam)
+        assert tile.params == (("block_m", 64),) and tile.serves("fp16", "batch") and not tile.serves("fp16", "group")
 
     def test_v3_keeps_only_the_hopper_family(self):
         specs = profiles.select("fwd_v3", "sm_90a", "default").specs

@@ -40,7 +40,7 @@ class TestBatchArguments:
         (dict(scale=-1.0), ValueError, "scale: must be finite and > 0"),
         (dict(scale="big"), TypeError, "scale: expected a float"),
         (dict(stream="s0"), TypeError, "stream: expected None, an int CUstream handle"),
-        (dict(dtype="fp32"), TypeError, "dtype: expected 'fp16' or 'bf16'"),
+        (dict(dtype="fp32"), TypeError, "dtype: expected 'fp16', 'bf16' or 'fp8'"),
         (dict(dtype="bf16"), TypeError, "q: has dtype float16 but dtype='bf16' was given"),
         (dict(return_lse="no"), TypeError, "return_lse: expected a bool, got 'no'"),
     ])
@@ -78,7 +78,7 @@ class TestBatchArguments:
         (arr((2, 64, 8, 128), strides=(64 * 8 * 256, 8 * 256, 256, 2)), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)),
          ValueError, r"q: the head dimension must be contiguous \(stride 1\)"),
         (arr((2, 64, 8, 128), "float32"), arr((2, 80, 2, 128)), arr((2, 80, 2, 128)), TypeError,
-         "q: dtype float32 is not supported; expected float16 or bfloat16"),
+         "q: dtype float32 is not supported; expected float16, bfloat16 or float8_e4m3fn"),
         (arr((2, 64, 8, 128)), arr((2, 80, 2, 128), "bfloat16"), arr((2, 80, 2, 128)), TypeError,
          "k: dtype bfloat16 does not match q's float16"),
         (arr((2, 64, 8, 128), "uint16"), arr((2, 80, 2, 128), "uint16"), arr((2, 80, 2, 128), "uint16"), TypeError,
@@ -92,6 +92,35 @@ class TestBatchArguments:
     def test_shape_dtype_device_errors_name_the_argument(self, q, k, v, error, message):
         with pytest.raises(error, match=message):
             mhakit.mha_fwd(q, k, v)
+
+    @pytest.mark.parametrize("dtype, kwargs, message", [
+        ("float8_e4m3fn", {}, "float8_e4m3fn inputs need descale_q, descale_k and descale_v"),
+        ("float8_e4m3fn", dict(descale_q=arr((1,), "float32"), descale_k=arr((1,), "float32")),
+         "float8_e4m3fn inputs need descale_q"),
+        ("float8_e4m3fn", dict(descale_q=arr((2,), "float32"), descale_k=arr((1,), "float32"),
+                               descale_v=arr((1,), "float32")),
+         r"descale_q: expected a float32 array of one element, got float32 \(2,\)"),
+        ("float8_e4m3fn", dict(descale_q=arr((1,), "float16"), descale_k=arr((1,), "float32"),
+                               descale_v=arr((1,), "float32")), "descale_q: expected a float32 array"),
+        ("float8_e4m3fn", dict(descale_q=arr((1,), "float32"), descale_k=arr((1,), "float32"),
+                               descale_v=arr((1,), "float32"), out_dtype="fp8"), "out_dtype: expected 'bf16' or 'fp16'"),
+        ("float16", dict(descale_q=arr((1,), "float32")), "descale_q: descale factors and out_dtype are for"),
+        ("float16", dict(out_dtype="bf16"), "out_dtype: descale factors and out_dtype are for float8_e4m3fn"),
+        ("uint8", {}, "q: dtype uint8 is not supported"),
+        ("uint16", dict(dtype="fp8"), "q: dtype uint16 holds raw 16-bit values"),
+    ])
+    def test_fp8_arguments(self, dtype, kwargs, message):
+        q, k, v = qkv(dtype=dtype)
+        with pytest.raises(TypeError, match=message):
+            mhakit.mha_fwd(q, k, v, **kwargs)
+
+    def test_fp8_runs_on_the_batch_forward_only(self):
+        q, k, v = qkv(dtype="float8_e4m3fn")
+        with pytest.raises(TypeError, match="float8_e4m3fn inputs run on mha_fwd only .* the backward takes"):
+            mhakit.mha_bwd(arr((2, 64, 8, 128)), q, k, v, arr((2, 64, 8, 128)), arr((2, 8, 64), "float32"))
+        q8 = arr((100, 8, 128), "uint8")
+        with pytest.raises(TypeError, match="run on mha_fwd only .* group mode"):
+            mhakit.mha_varlen_fwd(q8, q8, q8, arr((3,), "int32"), arr((3,), "int32"), 64, 64, dtype="fp8")
 
     def test_negative_strides_are_refused(self):
         q = arr((2, 64, 8, 128), strides=(64 * 8 * 128, -8 * 128, 128, 1))

@@ -222,8 +222,12 @@ class TestDerive:
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
         # 80 plain entries, 12 of the generic modifier instances alone (the masked ones of 64 / 128 / 256; dropout,
         # and the calls Hopper's head-dim rule refuses), 22 with a Hopper modifier instance (bf16 64 / 128 / 256,
-        # batch and group: with the generic modifier instance, or with a plain generic one for a sink alone)
-        assert len(default) == 114 and len({e.name for e in default}) == 114
+        # batch and group: with the generic modifier instance, or with a plain generic one for a sink alone), 4 fp8
+        # ones (fp8bf16, 128 / 256, masked and not: hopper only, no generic fallback)
+        assert len(default) == 118 and len({e.name for e in default}) == 118
+        fp8 = [e.name for e in default if "fp8" in e.name]
+        assert sorted(fp8) == ["fwd_fp8bf16_batch_mask_sm90a-hopper_d128", "fwd_fp8bf16_batch_mask_sm90a-hopper_d256",
+                               "fwd_fp8bf16_batch_nmask_sm90a-hopper_d128", "fwd_fp8bf16_batch_nmask_sm90a-hopper_d256"]
 
     def test_arch_for_compute_capability(self):
         f = toolchain_mod.arch_for_compute_capability
@@ -539,7 +543,8 @@ class TestPrebuild:
         with pytest.raises(profiles_mod.SelectionError, match="unknown profile 'huge'"):
             jit.prebuild("huge", "sm_90a", cache=cache, quiet=True)
         with pytest.raises(profiles_mod.SelectionError, match="holds no complete fwd library"):
-            jit.prebuild("default", "sm_90a", name_filter="hopper", cache=cache, quiet=True)
+            # (the 16-bit hopper instances of 256 only: every entry also needs its generic fallback)
+            jit.prebuild("default", "sm_90a", name_filter="hopper_b128x64", cache=cache, quiet=True)
         monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (None, "nvcc was not found"))
         with pytest.raises(jit.NoCompilerError, match="prebuild needs a toolchain: nvcc was not found"):
             jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)

@@ -464,3 +464,130 @@ def test_package_import_is_light():
             "c = mhakit._capi; assert c.MhakitFwdArgs; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fp8 e4m3 (the fp8 forward's inputs)
+# ----------------------------------------------------------------------------------------------------------------
+
+class TestE4m3:
+    def test_decode_known_codes(self):
+        codes = np.array([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0xFE, 0x80, 0xB8], np.uint8)
+        np.testing.assert_array_equal(ref.e4m3_to_float(codes),
+                                      [0.0, 2.0 ** -9, 7 * 2.0 ** -9, 2.0 ** -6, 1.0, 448.0, -448.0, -0.0, -1.0])
+        assert np.isnan(ref.e4m3_to_float(np.array([0x7F, 0xFF], np.uint8))).all()
+        with pytest.raises(TypeError, match="e4m3 codes must be uint8"):
+            ref.e4m3_to_float(np.zeros(3, np.int32))
+
+    def test_encode_is_the_exact_inverse_on_every_finite_code(self):
+        codes = np.arange(256, dtype=np.uint8)
+        values = ref.e4m3_to_float(codes)
+        finite = ~np.isnan(values)
+        back = ref.float_to_e4m3(values[finite])
+        np.testing.assert_array_equal(ref.e4m3_to_float(back), values[finite])
+
+    def test_encode_rounds_to_nearest_even_and_saturates(self):
+        x = np.array([1.0625, 1.1875, 17.0, 2.0 ** -10, 1.5 * 2.0 ** -10, 460.0, 1e9, -1e9, np.nan])
+        assert [int(c) for c in ref.float_to_e4m3(x)] == [0x38, 0x3A, 0x58, 0x00, 0x01, 0x7E, 0x7E, 0xFE, 0x7F]
+
+    def test_per_tensor_quantization_uses_the_full_range(self):
+        x = np.linspace(-3.0, 2.0, 101)
+        codes, descale = ref.quantize_e4m3(x)
+        assert descale == pytest.approx(3.0 / 448.0)
+        assert ref.e4m3_to_float(codes).min() == -448.0
+        np.testing.assert_allclose(ref.e4m3_to_float(codes) * descale, x, rtol=2.0 ** -4, atol=1e-6)
+        assert ref.quantize_e4m3(np.zeros(4))[1] == 1.0
+
+    def test_fp8_reference_is_the_reference_on_the_decoded_values(self):
+        rng = np.random.default_rng(0)
+        q8, k8, v8 = (ref.float_to_e4m3(rng.uniform(-2, 2, (1, 2, 9, 16))) for _ in range(3))
+        o = ref.attention_fwd_fp8(q8, k8, v8, 0.5, 2.0, 3.0, mask_type=1, window_left=-1, window_right=0)
+        want = ref.attention_fwd(ref.e4m3_to_float(q8) * 0.5, ref.e4m3_to_float(k8) * 2.0,
+                                      ref.e4m3_to_float(v8) * 3.0, mask_type=1, window_left=-1, window_right=0)
+        np.testing.assert_allclose(o, want, rtol=1e-6)
+        assert ref.tolerances_fp8(2.0) == (2e-2, 0.125)
+
+
+_FP8_HARNESS = r"""
+// argv: dir b hq hk sq sk d mask left right scale dq dk dv
+// writes dir/decode.f32 (the 256 codes), reads dir/x.f32 and writes dir/enc.u8 (float_to_e4m3 of each), reads
+// dir/{q,k,v}.u8 (e4m3, [b, h, s, d]) and writes dir/o.f32, dir/lse.f32 (reference_mha_fwd, fp8bf16)
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+#include "reference/host_attention.hpp"
+template <class T> static std::vector<T> rd(const std::string& f) {
+    std::vector<T> v; FILE* fp = std::fopen(f.c_str(), "rb"); T x;
+    while (fp && std::fread(&x, sizeof(T), 1, fp) == 1) v.push_back(x);
+    if (fp) std::fclose(fp);
+    return v;
+}
+template <class T> static void wr(const std::string& f, const std::vector<T>& v) {
+    FILE* fp = std::fopen(f.c_str(), "wb"); std::fwrite(v.data(), sizeof(T), v.size(), fp); std::fclose(fp);
+}
+int main(int argc, char** argv) {
+    if (argc != 15) return 2;
+    const std::string dir = argv[1];
+    const int b = std::atoi(argv[2]), hq = std::atoi(argv[3]), hk = std::atoi(argv[4]), sq = std::atoi(argv[5]);
+    const int sk = std::atoi(argv[6]), d = std::atoi(argv[7]), mt = std::atoi(argv[8]), left = std::atoi(argv[9]);
+    const int right = std::atoi(argv[10]);
+    const float scale = std::strtof(argv[11], nullptr);
+    const float dq = std::strtof(argv[12], nullptr), dk = std::strtof(argv[13], nullptr), dv = std::strtof(argv[14], nullptr);
+    std::vector<float> dec(256);
+    for (int c = 0; c < 256; ++c) dec[size_t(c)] = mhakit::host::e4m3_to_float(uint8_t(c));
+    wr(dir + "/decode.f32", dec);
+    std::vector<uint8_t> enc;
+    for (float x : rd<float>(dir + "/x.f32")) enc.push_back(mhakit::host::float_to_e4m3(x));
+    wr(dir + "/enc.u8", enc);
+    const auto q = rd<uint8_t>(dir + "/q.u8"), k = rd<uint8_t>(dir + "/k.u8"), v = rd<uint8_t>(dir + "/v.u8");
+    mhakit_fwd_args a{};
+    a.data_type = MHAKIT_DTYPE_FP8_BF16; a.batch = b; a.nhead_q = hq; a.nhead_k = hk; a.seqlen_q = sq; a.seqlen_k = sk;
+    a.max_seqlen_q = sq; a.hdim_q = d; a.hdim_v = d; a.scale_s = scale; a.mask_type = mt;
+    a.window_size_left = left; a.window_size_right = right;
+    a.stride_q = a.stride_k = a.stride_v = a.stride_o = d;
+    a.nhead_stride_q = a.nhead_stride_o = int64_t(sq) * d; a.nhead_stride_k = a.nhead_stride_v = int64_t(sk) * d;
+    a.batch_stride_q = a.batch_stride_o = int64_t(hq) * sq * d; a.batch_stride_k = a.batch_stride_v = int64_t(hk) * sk * d;
+    a.nhead_stride_lse = sq; a.batch_stride_lse = int64_t(hq) * sq;
+    a.q_ptr = q.data(); a.k_ptr = k.data(); a.v_ptr = v.data();
+    a.q_descale_ptr = &dq; a.k_descale_ptr = &dk; a.v_descale_ptr = &dv;
+    std::vector<float> o(size_t(b) * hq * sq * d), lse(size_t(b) * hq * sq);
+    mhakit::host::reference_mha_fwd(a, o.data(), lse.data());
+    wr(dir + "/o.f32", o); wr(dir + "/lse.f32", lse);
+    return 0;
+}
+"""
+
+
+def test_cpp_host_fp8_codec_and_reference_match_numpy(tmp_path):
+    """The benchmark's host side (csrc/reference/host_attention.hpp): the same e4m3 decode and encode as NumPy's, and
+    an fp8 forward reference equal to attention_fwd_fp8."""
+    import shutil
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    repo = Path(__file__).resolve().parents[1]
+    src, exe = tmp_path / "h.cpp", tmp_path / "h"
+    src.write_text(_FP8_HARNESS)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-I", str(repo / "csrc"), "-I",
+                    str(repo / "csrc" / "include"), str(src), "-o", str(exe), "-pthread"], check=True)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.uniform(-500, 500, 2000), rng.uniform(-0.02, 0.02, 2000),
+                        ref.e4m3_to_float(np.arange(256, dtype=np.uint8))[np.arange(256) % 128 != 127],
+                        [1.0625, 1.1875, 17.0, 2.0 ** -10, 460.0, -1e9]]).astype(np.float32)
+    x.tofile(tmp_path / "x.f32")
+    b, hq, hk, sq, sk, d = 2, 4, 2, 9, 13, 16
+    q8 = ref.float_to_e4m3(rng.uniform(-3, 3, (b, hq, sq, d)))
+    k8 = ref.float_to_e4m3(rng.uniform(-3, 3, (b, hk, sk, d)))
+    v8 = ref.float_to_e4m3(rng.uniform(-3, 3, (b, hk, sk, d)))
+    for name, t in (("q", q8), ("k", k8), ("v", v8)):
+        t.tofile(tmp_path / f"{name}.u8")
+    subprocess.run([str(exe), str(tmp_path), str(b), str(hq), str(hk), str(sq), str(sk), str(d), "2", "-1", "0",
+                    "0.3", "0.5", "1.5", "2.0"], check=True)
+    dec = np.fromfile(tmp_path / "decode.f32", np.float32)
+    np.testing.assert_array_equal(dec, ref.e4m3_to_float(np.arange(256, dtype=np.uint8)))
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "enc.u8", np.uint8), ref.float_to_e4m3(x))
+    o, lse = ref.attention_fwd_fp8(q8, k8, v8, 0.5, 1.5, 2.0, scale=0.3, mask_type=2, window_left=-1,
+                                   window_right=0, return_lse=True)
+    np.testing.assert_allclose(np.fromfile(tmp_path / "o.f32", np.float32).reshape(o.shape), o, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.fromfile(tmp_path / "lse.f32", np.float32).reshape(lse.shape), lse, rtol=1e-5)

@@ -151,9 +151,25 @@ def test_catalogue_score_mods_errors(tmp_path, monkeypatch):
     for raw, message in [({"mods": ["softcap", "fp8"]}, "must list distinct names of softcap"),
                          ({"plain": ["sink"], "mods": ["sink"]}, "listed under both plain and mods"),
                          ({"instances": ["sink"]}, "must be a table with the keys plain and mods"),
-                         (True, "must be a table with the keys plain and mods")]:
+                         (True, "must be a table with the keys plain and mods"),
+                         ({"mods": ["sink"], "dtypes": ["fp8bf16"]}, "dtypes: must be a non-empty list of the family"),
+                         ({"mods": ["sink"], "dtypes": []}, "dtypes: must be a non-empty list of the family")]:
         with pytest.raises(catalogue.CatalogueError, match=message):
-            catalogue._parse_score_mods(raw, "cuda.toml: fwd.x")
+            catalogue._parse_score_mods(raw, "cuda.toml: fwd.x", ["fp16", "bf16"])
+    assert catalogue._parse_score_mods({"mods": ["sink"]}, "w", ["fp16", "bf16"])["mod_dtypes"] == ("fp16", "bf16")
+
+
+def test_fp8_instances_have_no_score_modifiers():
+    """The Hopper forward's modifier instances are 16-bit only (catalogue score_mods.dtypes): no fp8 "_mods"
+    instance in any profile, and the rules say why one would be refused."""
+    from codegen import profiles, rules
+    every = profiles.enumerate_specs("fwd", "sm_90a").specs
+    assert any(s.signature.dtype.startswith("fp8") for s in every)
+    assert not any(s.signature.dtype.startswith("fp8") and s.signature.mods for s in every)
+    fp8 = next(s for s in every if s.signature.dtype == "fp8bf16")
+    import dataclasses
+    mods = dataclasses.replace(fp8, signature=dataclasses.replace(fp8.signature, mods=True))
+    assert any("score_mods.dtypes" in r and "fp8bf16" in r for r in rules.violations(mods))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -63,7 +63,11 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add("scale_s", "0", "scale factor of S. 0 means equal to 1/sqrt(hdim)")
         .add("iperm", "1", "permute input\nif true, will be b*h*s*d, else b*s*h*d")
         .add("operm", "1", "permute output")
-        .add("prec", "fp16", "data type. fp16/bf16")
+        .add("prec", "fp16",
+             "data type. fp16/bf16; fp8 (= fp8bf16: e4m3 q/k/v, bf16 o) or fp8fp16 (fp16 o): Hopper, batch mode")
+        .add("qscale", "n",
+             "fp8 quantization of q/k/v. n or 0: values as drawn (descale factors 1)\n"
+             "pt or 1: per-tensor, each tensor scaled to e4m3's range and its descale factor passed")
         .add("mask", "0",
              "0: no mask, 1: top-left(same as 't'), 2:bottom-right(same as 'b')\n"
              "'t', top-left causal mask, 'b', bottom-r causal mask\n"
@@ -76,7 +80,8 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add("kname", "0", "if set to 1 will print kernel name")
         .add("init", "uf",
              "init method. ui or 0, uniform random int, ni, normalized random int\n"
-             "uf or 1, uniform random float, nf, normalized random float, tf or 2, trig float")
+             "uf or 1, uniform random float, nf, normalized random float, tf or 2, trig float\n"
+             "ufq, uf:q or 3, uniform random float over fp8 e4m3's full range [-448, 448)")
         .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
         .add("num_splits", "1",
              "split-KV: parts each (batch, kv head)'s keys are cut into; 0: the library's heuristic\n"
@@ -116,7 +121,6 @@ void register_args(mhakit::bench::ArgParser& ap) {
         .add_unsupported("s_qpad", "-1", "-1", int_negative)
         .add_unsupported("rotary_dim", "0", "0", int_not_positive)
         .add_unsupported("rotary_interleaved", "1", "1", bool_is(true))
-        .add_unsupported("qscale", "n", "n or 0", one_of({"n", "0"}))
         .add_unsupported("squant", "auto", "auto or 0", one_of({"auto", "0"}))
         .add_unsupported("vlayout", "r", "r", one_of({"r"}))
         .add_unsupported("fwd_v3", "0", "0", bool_is(false))
@@ -168,9 +172,17 @@ int run(int argc, char** argv) {
     mhakit_dtype dtype;
     if (prec == "fp16") dtype = MHAKIT_DTYPE_FP16;
     else if (prec == "bf16") dtype = MHAKIT_DTYPE_BF16;
-    else if (prec == "fp8" || prec == "bf8" || prec == "fp8bf16" || prec == "fp8fp32" || prec == "fp32")
-        usage_error("-prec=" + prec + " is not supported by mhakit yet (fp16 or bf16)");
-    else usage_error("invalid -prec=" + prec + " (fp16 or bf16)");
+    else if (prec == "fp8" || prec == "fp8bf16") dtype = MHAKIT_DTYPE_FP8_BF16;
+    else if (prec == "fp8fp16") dtype = MHAKIT_DTYPE_FP8_FP16;
+    else if (prec == "bf8" || prec == "fp8fp32" || prec == "fp32")
+        usage_error("-prec=" + prec + " is not supported by mhakit yet (fp16, bf16, fp8 / fp8bf16, fp8fp16)");
+    else usage_error("invalid -prec=" + prec + " (fp16, bf16, fp8 / fp8bf16, fp8fp16)");
+    const bool fp8 = mhakit::host::is_fp8(dtype);
+    const std::string qscale_arg = ap.str("qscale");
+    bool per_tensor = false;
+    if (qscale_arg == "pt" || qscale_arg == "1") per_tensor = true;
+    else if (qscale_arg != "n" && qscale_arg != "0") usage_error("invalid -qscale=" + qscale_arg + " (n|0 or pt|1)");
+    if (per_tensor && !fp8) usage_error("-qscale=" + qscale_arg + " needs -prec=fp8 (descale factors are for fp8 data)");
 
     bench::MaskSpec mask;
     if (!bench::parse_mask(ap.str("mask"), &mask, &err)) usage_error(err);
@@ -194,6 +206,7 @@ int run(int argc, char** argv) {
         usage_error(err);
     if (num_splits != 1 || page_block_size != 0 || cache_batch_idx || s_knew != 0) {  // aiter: mha_fwd_splitkv
         if (drop.on()) usage_error("-p_drop does not go with the kv-cache arguments (mha_fwd_splitkv has no dropout)");
+        if (fp8) usage_error("-prec=" + prec + " does not go with the kv-cache arguments (mha_fwd_splitkv: fp16, bf16)");
         if (group) usage_error("-num_splits, -page_block_size, -cache_batch_idx and -s_knew need -mode=0 (batch)");
         if (num_splits < 0 || num_splits > MHAKIT_MAX_SPLITS)
             usage_error("-num_splits must be in [0, " + std::to_string(MHAKIT_MAX_SPLITS) + "]");
@@ -224,12 +237,13 @@ int run(int argc, char** argv) {
     // ---------------------------------------------------------------- sizes, FLOPs, bytes (as aiter counts them)
     int max_seqlen_q = 0;
     double flop = 0, num_byte = 0;
-    const double esz = 2.0;  // fp16 / bf16
+    const double esz = fp8 ? 1.0 : 2.0;  // q, k, v
+    const double esz_o = 2.0;             // o: fp16 / bf16 in every dtype
     for (int b = 0; b < batch; ++b) {
         const double sq = seqlen_qs[size_t(b)], sk = seqlen_ks[size_t(b)];
         max_seqlen_q = std::max(max_seqlen_q, seqlen_qs[size_t(b)]);
         flop += double(nhead) * (2.0 * sq * sk * hdim_q + 2.0 * sq * hdim_v * sk);
-        num_byte += double(nhead) * (esz * sq * hdim_q + esz * sk * hdim_q + esz * hdim_v * sk + esz * sq * hdim_v);
+        num_byte += double(nhead) * (esz * sq * hdim_q + esz * sk * hdim_q + esz * hdim_v * sk + esz_o * sq * hdim_v);
     }
     if (mask.type != MHAKIT_MASK_NONE) flop *= 0.5;
 
@@ -245,21 +259,33 @@ int run(int argc, char** argv) {
     const size_t q_elems = counts.q, k_elems = counts.k, v_elems = counts.v, o_elems = counts.o,
                  lse_elems = counts.lse;
     // inputs; with -v=1 also the output copies (o: 2 bytes, lse: 4) and the reference (o and lse: 4 bytes each)
-    bench::require_host_memory(2.0 * double(q_elems + k_elems + v_elems) +
+    bench::require_host_memory(esz * double(q_elems + k_elems + v_elems) +
                                (do_validation ? 6.0 * double(o_elems) + (lse ? 8.0 * double(lse_elems) : 0.0) : 0.0));
     bench::require_device();
 
     // ---------------------------------------------------------------- host inputs
-    std::vector<uint16_t> q_host(q_elems), k_host(k_elems), v_host(v_elems);
+    // (fp8: e4m3 bytes with one descale factor per tensor, q, k, v in that order)
+    std::vector<uint16_t> q_host(fp8 ? 0 : q_elems), k_host(fp8 ? 0 : k_elems), v_host(fp8 ? 0 : v_elems);
+    std::vector<uint8_t> q8_host(fp8 ? q_elems : 0), k8_host(fp8 ? k_elems : 0), v8_host(fp8 ? v_elems : 0);
+    float descales[3] = {1.0f, 1.0f, 1.0f};
     {
         std::mt19937 seeder(seed);
         const uint32_t sq_seed = static_cast<uint32_t>(seeder());
         const uint32_t sk_seed = static_cast<uint32_t>(seeder());
         const uint32_t sv_seed = static_cast<uint32_t>(seeder());
-        bench::fill_tensor(q_host, init, dtype, sq_seed);
-        bench::fill_tensor(k_host, init, dtype, sk_seed);
-        bench::fill_tensor(v_host, init, dtype, sv_seed);
+        if (fp8) {
+            descales[0] = bench::fill_tensor_fp8(q8_host, init, sq_seed, per_tensor);
+            descales[1] = bench::fill_tensor_fp8(k8_host, init, sk_seed, per_tensor);
+            descales[2] = bench::fill_tensor_fp8(v8_host, init, sv_seed, per_tensor);
+        } else {
+            bench::fill_tensor(q_host, init, dtype, sq_seed);
+            bench::fill_tensor(k_host, init, dtype, sk_seed);
+            bench::fill_tensor(v_host, init, dtype, sv_seed);
+        }
     }
+    const void* q_src = fp8 ? static_cast<const void*>(q8_host.data()) : q_host.data();
+    const void* k_src = fp8 ? static_cast<const void*>(k8_host.data()) : k_host.data();
+    const void* v_src = fp8 ? static_cast<const void*>(v8_host.data()) : v_host.data();
     mods.make(batch, nhead, max_seqlen_q, max_seqlen_k, dtype, seed);
     drop.make(group, shape_batch, nhead, shape_sq, max_seqlen_k);
     // The random bytes of the run, by the host's Philox (dropout.h): what the reference drops with, and what the
@@ -270,7 +296,10 @@ int run(int argc, char** argv) {
                            seqstart_k.data(), batch, nhead, seqlen_qs[0], seqlen_ks[0], drop.seed, drop.offset);
 
     // ---------------------------------------------------------------- device buffers
-    DeviceBuffer q_dev(q_elems * 2), k_dev(k_elems * 2), v_dev(v_elems * 2), o_dev(o_elems * 2);
+    const size_t in_bytes = fp8 ? 1 : 2;
+    DeviceBuffer q_dev(q_elems * in_bytes), k_dev(k_elems * in_bytes), v_dev(v_elems * in_bytes), o_dev(o_elems * 2);
+    DeviceBuffer descale_dev(fp8 ? sizeof(descales) : 0);
+    if (fp8) descale_dev.upload(descales);
     DeviceBuffer lse_dev(lse ? lse_elems * sizeof(float) : 0);
     DeviceBuffer seqstart_q_dev(group ? seqstart_q.size() * sizeof(int32_t) : 0);
     DeviceBuffer seqstart_k_dev(group ? seqstart_k.size() * sizeof(int32_t) : 0);
@@ -282,9 +311,9 @@ int run(int argc, char** argv) {
         drop_offset_dev.upload(&drop.offset);
     }
     if (drop.store) randval_dev.poison();
-    q_dev.upload(q_host.data());
-    k_dev.upload(k_host.data());
-    v_dev.upload(v_host.data());
+    q_dev.upload(q_src);
+    k_dev.upload(k_src);
+    v_dev.upload(v_src);
     if (mods.bias_bytes()) bias_dev.upload(mods.host_bias());
     if (mods.sink) sink_dev.upload(mods.sinks.data());
     if (group) {
@@ -340,6 +369,14 @@ int run(int argc, char** argv) {
         args.stride_randval = drop.rv_row, args.nhead_stride_randval = drop.rv_head;
         args.batch_stride_randval = drop.rv_batch;
     }
+    if (fp8) {
+        const float* d = static_cast<const float*>(descale_dev.get());
+        args.q_descale_ptr = d, args.k_descale_ptr = d + 1, args.v_descale_ptr = d + 2;
+    }
+    // The library's scratch (fp8: V transposed); a refusal leaves it 0 and mha_fwd below says why.
+    DeviceBuffer workspace_dev(mhakit::mha_fwd_workspace_size(args));
+    args.workspace_ptr = workspace_dev.get();
+    args.workspace_bytes = workspace_dev.bytes();
 
     mhakit::stream_config sc{};
     sc.stream = nullptr;
@@ -355,7 +392,7 @@ int run(int argc, char** argv) {
     std::cout << "[" << prec << "|" << (group ? "group" : "batch") << "|" << io_layout << "] b:" << batch
               << ", h:" << nhead << "/" << nhead_k << ", s:" << seqlen_qs[0] << "/" << seqlen_ks[0] << ", d:" << hdim_q
               << "/" << hdim_v << ", scale_s:" << scale_s << ", bias:" << mods.str() << ", p_drop:" << drop.str() << ", lse:" << lse
-              << ", qscale:n, mask:" << mask.str() << ", v:r";
+              << ", qscale:" << (per_tensor ? "pt" : "n") << ", mask:" << mask.str() << ", v:r";
     if (mods.soft_cap > 0.f) std::cout << ", logits_soft_cap:" << mods.soft_cap;
     if (mods.sink) std::cout << ", sink:1";
     std::cout << std::flush;
@@ -387,9 +424,10 @@ int run(int argc, char** argv) {
     if (lse) lse_dev.download(lse_out.data());
 
     mhakit::mha_fwd_args hargs = args;  // same geometry, host pointers
-    hargs.q_ptr = q_host.data();
-    hargs.k_ptr = k_host.data();
-    hargs.v_ptr = v_host.data();
+    hargs.q_ptr = q_src;
+    hargs.k_ptr = k_src;
+    hargs.v_ptr = v_src;
+    if (fp8) hargs.q_descale_ptr = &descales[0], hargs.k_descale_ptr = &descales[1], hargs.v_descale_ptr = &descales[2];
     hargs.o_ptr = nullptr;
     hargs.lse_ptr = nullptr;
     hargs.seqstart_q_ptr = group ? seqstart_q.data() : nullptr;
@@ -415,8 +453,17 @@ int run(int argc, char** argv) {
     std::vector<float> o_ref(o_elems, 0.0f), lse_ref(lse ? lse_elems : 0, 0.0f);
     host::reference_mha_fwd(hargs, o_ref.data(), lse ? lse_ref.data() : nullptr);
 
-    const double rtol = dtype == MHAKIT_DTYPE_BF16 ? 1e-2 : 1e-3;
-    const double atol = dtype == MHAKIT_DTYPE_BF16 ? 1e-2 : 1e-3;
+    double rtol = dtype == MHAKIT_DTYPE_BF16 ? 1e-2 : 1e-3;
+    double atol = dtype == MHAKIT_DTYPE_BF16 ? 1e-2 : 1e-3;
+    if (fp8) {
+        // P is rounded to e4m3 (3 mantissa bits: at most 2^-4 relative per probability >= 2^-6, 2^-10 absolute below)
+        // for the P·V product: O's error is about a probability-weighted mean of those, 2^-4·max|v| at worst and in
+        // practice a few times smaller (docs/PERFORMANCE.md); the reference is pure fp32 on the decoded inputs.
+        float vmax = 0.0f;
+        for (uint8_t b : v8_host) vmax = std::max(vmax, std::fabs(host::e4m3_to_float(b)));
+        rtol = 2e-2;
+        atol = std::max(1e-2, 0.0625 * double(vmax) * double(descales[2]));
+    }
     // Check silently first so that the one-line summary stays on one line; report the details after it.
     const auto run_check = [&](FILE* log) {
         return host::check_fwd(hargs, o_out.data(), o_ref.data(), lse ? lse_out.data() : nullptr,
@@ -424,6 +471,7 @@ int run(int argc, char** argv) {
     };
     host::FwdCheckResult chk = run_check(nullptr);
     if (!randval_ok) chk.ok = false;
+    if (fp8) std::cout << ", max_err:" << std::setprecision(4) << chk.o.max_abs_err;
     std::cout << ", valid:" << (chk.ok ? "y" : "n") << std::endl;
     if (!chk.ok) {
         run_check(stderr);

@@ -12,9 +12,15 @@ extern "C" {
 #endif
 
 // Element type of q, k, v, o (and of the gradients in the backward pass). LSE is always fp32.
+//   FP8_BF16 / FP8_FP16 (forward only, mhakit_mha_fwd): q, k, v in fp8 e4m3 (OCP e4m3fn: 1 sign, 4 exponent, 3
+//   mantissa bits, max 448, no infinities) with per-tensor fp32 descale factors (mha_fwd.h), o in bf16 / fp16, as
+//   aiter's "fp8bf16" names it. The output type is part of the value so that a zero-initialised struct never picks one
+//   silently.
 typedef enum mhakit_dtype {
     MHAKIT_DTYPE_FP16 = 0,
     MHAKIT_DTYPE_BF16 = 1,
+    MHAKIT_DTYPE_FP8_BF16 = 2,
+    MHAKIT_DTYPE_FP8_FP16 = 3,
 } mhakit_dtype;
 
 // Mask kinds, numbered as CK / aiter number them so that existing scripts keep their meaning.
@@ -73,8 +79,9 @@ enum {
 //   hdim_q, hdim_v         1 .. MHAKIT_MAX_HDIM on CUDA (ROCm: multiples of 8); the backend's catalogue [head_dims]
 //   seqlen_*, max_seqlen_* 0 .. INT32_MAX; group-mode offsets (seqstart_*) are int32, so a batch's total is too
 //   strides                >= 0, in elements; the head dimension is contiguous (stride 1)
-//   pointers               aligned to their element: 2 bytes for fp16/bf16 tensors, 4 for LSE (fp32) and seqstart
-//                          (int32), MHAKIT_WORKSPACE_ALIGNMENT for the backward's workspace
+//   pointers               aligned to their element: 2 bytes for fp16/bf16 tensors (fp8: q, k, v any byte, o 2), 4 for
+//                          LSE (fp32), seqstart (int32) and fp8 descale factors, MHAKIT_WORKSPACE_ALIGNMENT for a
+//                          workspace
 // Faster kernel families add run-time guards of their own (16-byte alignment, ...); a call they refuse runs on the
 // generic family, never fails because of them.
 enum {

@@ -32,6 +32,15 @@
 //   LSE in group mode is indexed [h, seqstart_q[b] + i].
 // GQA / MQA: nhead_q must be a multiple of nhead_k; query head h reads key/value head h / (nhead_q / nhead_k).
 // Rows that see no key at all (seqlen_k = 0, or a window that excludes every key) get O = 0 and LSE = -inf.
+//
+// fp8 (data_type MHAKIT_DTYPE_FP8_BF16 or _FP8_FP16; aiter's qscale "pt"): q, k, v hold e4m3 values whose real
+// values are q·dq, k·dk, v·dv, with dq = *q_descale_ptr, dk = *k_descale_ptr, dv = *v_descale_ptr (device fp32
+// scalars, all three required: pass 1.0 for unscaled data). The logits are L = scale_s·dq·dk·q·k, the LSE is theirs,
+// and O = softmax(L + mask)·v·dv in bf16 / fp16. P is rounded to e4m3 for the P·V product (as FlashAttention-3 and
+// aiter do; the row sums stay fp32). Forward only, batch mode, no score modifiers or dropout, on the hopper family
+// (sm_90a): every stride and base pointer 16-byte aligned, head dims multiples of 8. V is transposed into the
+// caller's workspace (mhakit_mha_fwd_workspace_size bytes) by the call itself, so V keeps the layout of every other
+// dtype.
 #pragma once
 
 #include <stddef.h>
@@ -92,6 +101,15 @@ typedef struct mhakit_fwd_args {
     const uint64_t* drop_offset_ptr;
     void* randval_ptr;                // optional uint8 random bytes (tests), or NULL
     int64_t stride_randval, nhead_stride_randval, batch_stride_randval;  // elements
+
+    // fp8 only (see the top of this file); NULL for the other dtypes.
+    const float* q_descale_ptr;  // device fp32 scalar dq
+    const float* k_descale_ptr;  // device fp32 scalar dk
+    const float* v_descale_ptr;  // device fp32 scalar dv
+    // Scratch memory is the caller's: mhakit_mha_fwd_workspace_size() says how many bytes the chosen kernel needs (fp8:
+    // V transposed; 0 for the other dtypes). The library allocates nothing.
+    void* workspace_ptr;     // device scratch of at least that many bytes, MHAKIT_WORKSPACE_ALIGNMENT-aligned (NULL if 0)
+    size_t workspace_bytes;  // its size
 } mhakit_fwd_args;
 
 // Runs the forward pass. Returns the mean kernel time in ms when stream_config.time_kernel is set, 0 otherwise,
@@ -102,6 +120,10 @@ float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_stream_config* co
 // Name of the kernel instance mhakit_mha_fwd would choose for these arguments, or NULL (with last_error set)
 // when the arguments are invalid or unsupported. Launches nothing.
 const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* args);
+
+// Bytes of workspace mhakit_mha_fwd needs for these arguments (0 for fp16 / bf16; fp8: V transposed). On invalid or
+// unsupported arguments it returns 0 and last_error says why.
+size_t mhakit_mha_fwd_workspace_size(const mhakit_fwd_args* args);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Decode against a KV cache: split-KV forward (aiter's mha_fwd_splitkv, FlashAttention's flash_attn_with_kvcache).
@@ -192,6 +214,7 @@ namespace mhakit {
 using mha_fwd_args = ::mhakit_fwd_args;
 inline float mha_fwd(const mha_fwd_args& args, const stream_config& config) { return ::mhakit_mha_fwd(&args, &config); }
 inline const char* mha_fwd_kernel_name(const mha_fwd_args& args) { return ::mhakit_mha_fwd_kernel_name(&args); }
+inline size_t mha_fwd_workspace_size(const mha_fwd_args& args) { return ::mhakit_mha_fwd_workspace_size(&args); }
 using mha_fwd_splitkv_args = ::mhakit_fwd_splitkv_args;
 inline float mha_fwd_splitkv(const mha_fwd_splitkv_args& args, const stream_config& config) {
     return ::mhakit_mha_fwd_splitkv(&args, &config);

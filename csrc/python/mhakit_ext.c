@@ -366,12 +366,14 @@ static int view_read(PyObject* obj, int64_t stream, View* v) {
 // Element types and layouts
 // ---------------------------------------------------------------------------------------------------------------
 
-// The kernel dtype of q's storage: float16 -> fp16, bfloat16 -> bf16, 16-bit integers with an override; -1 otherwise.
+// The kernel dtype of q's storage: float16 -> fp16, bfloat16 -> bf16, 16-bit integers with a 16-bit override; -1
+// otherwise (fp8 inputs take the Python path).
 static int kernel_dtype(const View* v, int override) {
     if (v->bits != 16) return -1;
     if (v->code == mhk_kDLFloat) return override < 0 || override == MHAKIT_DTYPE_FP16 ? MHAKIT_DTYPE_FP16 : -1;
     if (v->code == mhk_kDLBfloat) return override < 0 || override == MHAKIT_DTYPE_BF16 ? MHAKIT_DTYPE_BF16 : -1;
-    if (v->code == mhk_kDLInt || v->code == mhk_kDLUInt) return override;
+    if (v->code == mhk_kDLInt || v->code == mhk_kDLUInt)  // (an fp8 override goes to the Python path)
+        return override == MHAKIT_DTYPE_FP16 || override == MHAKIT_DTYPE_BF16 ? override : -1;
     return -1;
 }
 

@@ -455,21 +455,21 @@ enum class InitMethod {
     Trig,             // tf|2
     UniformInt2,      // backward 0: integers in [-2, 2]
     UniformFloatSym,  // backward 1: [-1, 1)
+    UniformFloatFp8,  // forward ufq|uf:q|3: [-448, 448), e4m3's full range
 };
 
 // ui|0: uniform in [-3, 3] rounded to integers; ni: normal (mean -3, variance 3) rounded to integers;
-// uf|1: uniform in [0, 1); nf: normal (mean 0, variance 3); tf|2: cos(linear index).
+// uf|1: uniform in [0, 1); nf: normal (mean 0, variance 3); tf|2: cos(linear index); ufq|uf:q|3: uniform in
+// [-448, 448), the full range of fp8 e4m3 (aiter's full-range fill for fp8).
 inline bool parse_init(const std::string& s, InitMethod* out, std::string* err) {
     if (s == "ui" || s == "0") *out = InitMethod::UniformInt;
     else if (s == "ni") *out = InitMethod::NormalInt;
     else if (s == "uf" || s == "1") *out = InitMethod::UniformFloat;
     else if (s == "nf") *out = InitMethod::NormalFloat;
     else if (s == "tf" || s == "2") *out = InitMethod::Trig;
-    else if (s == "ufq" || s == "uf:q" || s == "3") {
-        *err = "-init=" + s + " (full-range fill for fp8 quantization) is not supported by mhakit yet";
-        return false;
-    } else {
-        *err = "invalid -init=" + s + " (expected ui|0, ni, uf|1, nf, tf|2)";
+    else if (s == "ufq" || s == "uf:q" || s == "3") *out = InitMethod::UniformFloatFp8;
+    else {
+        *err = "invalid -init=" + s + " (expected ui|0, ni, uf|1, nf, tf|2, ufq|3)";
         return false;
     }
     return true;
@@ -494,45 +494,49 @@ inline bool parse_init_bwd(const std::string& s, InitMethod* out, std::string* e
     return true;
 }
 
+// Calls put(i, value) for i in [0, n), in order, with the values of method m drawn from a generator seeded by seed.
+template <class Put>
+inline void draw_values(size_t n, InitMethod m, uint32_t seed, Put&& put) {
+    std::mt19937 gen(seed);
+    auto uniform = [&](float lo, float hi, bool round) {
+        std::uniform_real_distribution<float> d(lo, hi);
+        for (size_t i = 0; i < n; ++i) put(i, round ? std::round(d(gen)) : d(gen));
+    };
+    auto normal = [&](float mean, float var, bool round) {
+        std::normal_distribution<float> d(mean, std::sqrt(var));
+        for (size_t i = 0; i < n; ++i) put(i, round ? std::round(d(gen)) : d(gen));
+    };
+    switch (m) {
+        case InitMethod::UniformInt: uniform(-3.0f, 3.0f, true); break;
+        case InitMethod::NormalInt: normal(-3.0f, 3.0f, true); break;
+        case InitMethod::UniformFloat: uniform(0.0f, 1.0f, false); break;
+        case InitMethod::NormalFloat: normal(0.0f, 3.0f, false); break;
+        case InitMethod::UniformInt2: uniform(-2.0f, 2.0f, true); break;
+        case InitMethod::UniformFloatSym: uniform(-1.0f, 1.0f, false); break;
+        case InitMethod::UniformFloatFp8: uniform(-host::kE4m3Max, host::kE4m3Max, false); break;
+        case InitMethod::Trig:
+            for (size_t i = 0; i < n; ++i) put(i, float(std::cos(double(i))));
+            break;
+    }
+}
+
 // Fills every element of buf (fp16/bf16 bits) in buffer order.
 inline void fill_tensor(std::vector<uint16_t>& buf, InitMethod m, mhakit_dtype dt, uint32_t seed) {
-    std::mt19937 gen(seed);
-    switch (m) {
-        case InitMethod::UniformInt: {
-            std::uniform_real_distribution<float> d(-3.0f, 3.0f);
-            for (auto& x : buf) x = host::from_float(std::round(d(gen)), dt);
-            break;
-        }
-        case InitMethod::NormalInt: {
-            std::normal_distribution<float> d(-3.0f, std::sqrt(3.0f));
-            for (auto& x : buf) x = host::from_float(std::round(d(gen)), dt);
-            break;
-        }
-        case InitMethod::UniformFloat: {
-            std::uniform_real_distribution<float> d(0.0f, 1.0f);
-            for (auto& x : buf) x = host::from_float(d(gen), dt);
-            break;
-        }
-        case InitMethod::NormalFloat: {
-            std::normal_distribution<float> d(0.0f, std::sqrt(3.0f));
-            for (auto& x : buf) x = host::from_float(d(gen), dt);
-            break;
-        }
-        case InitMethod::UniformInt2: {
-            std::uniform_real_distribution<float> d(-2.0f, 2.0f);
-            for (auto& x : buf) x = host::from_float(std::round(d(gen)), dt);
-            break;
-        }
-        case InitMethod::UniformFloatSym: {
-            std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-            for (auto& x : buf) x = host::from_float(d(gen), dt);
-            break;
-        }
-        case InitMethod::Trig: {
-            for (size_t i = 0; i < buf.size(); ++i) buf[i] = host::from_float(float(std::cos(double(i))), dt);
-            break;
-        }
-    }
+    draw_values(buf.size(), m, seed, [&](size_t i, float v) { buf[i] = host::from_float(v, dt); });
+}
+
+// fp8 inputs (-prec=fp8): the values of method m, quantized to e4m3 bytes in buffer order. per_tensor (-qscale=pt):
+// divided by the descale factor max|x| / 448 first (1 for an all-zero tensor), which is returned; otherwise stored as
+// they are (saturating at ±448) with descale factor 1.
+inline float fill_tensor_fp8(std::vector<uint8_t>& buf, InitMethod m, uint32_t seed, bool per_tensor) {
+    std::vector<float> x(buf.size());
+    draw_values(buf.size(), m, seed, [&](size_t i, float v) { x[i] = v; });
+    float amax = 0.0f;
+    if (per_tensor)
+        for (float v : x) amax = std::max(amax, std::fabs(v));
+    const float descale = amax > 0.0f ? amax / host::kE4m3Max : 1.0f;
+    for (size_t i = 0; i < x.size(); ++i) buf[i] = host::float_to_e4m3(x[i] / descale);
+    return descale;
 }
 
 // ------------------------------------------------------------------------------------------------------------------

@@ -108,10 +108,67 @@ inline uint16_t float_to_bf16(float f) {
     return uint16_t(x >> 16);
 }
 
-inline float to_float(uint16_t v, mhakit_dtype t) { return t == MHAKIT_DTYPE_BF16 ? bf16_to_float(v) : fp16_to_float(v); }
-inline uint16_t from_float(float f, mhakit_dtype t) { return t == MHAKIT_DTYPE_BF16 ? float_to_bf16(f) : float_to_fp16(f); }
+// ------------------------------------------------------------------------------------------------------------------
+// fp8 e4m3 (OCP e4m3fn: bias 7, no infinities, 0x7F / 0xFF NaN, max 448) <-> float
+// ------------------------------------------------------------------------------------------------------------------
+
+inline bool is_fp8(mhakit_dtype t) { return t == MHAKIT_DTYPE_FP8_BF16 || t == MHAKIT_DTYPE_FP8_FP16; }
+// The element type of o (and of every 16-bit tensor): the dtype itself, or an fp8 dtype's output type.
+inline mhakit_dtype output_dtype(mhakit_dtype t) {
+    return t == MHAKIT_DTYPE_FP8_BF16 ? MHAKIT_DTYPE_BF16 : t == MHAKIT_DTYPE_FP8_FP16 ? MHAKIT_DTYPE_FP16 : t;
+}
+
+constexpr float kE4m3Max = 448.0f;
+
+inline float e4m3_to_float(uint8_t b) {
+    const int e = (b >> 3) & 0xF, m = b & 0x7;
+    float v;
+    if (e == 0xF && m == 0x7) v = std::numeric_limits<float>::quiet_NaN();
+    else if (e == 0) v = std::ldexp(float(m), -9);  // subnormal: m · 2^-9
+    else v = std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+    return (b & 0x80) ? -v : v;
+}
+
+// float -> e4m3, round to nearest, ties to even, saturating to ±448 (as cvt.rn.satfinite does); NaN -> 0x7F.
+inline uint8_t float_to_e4m3(float f) {
+    if (std::isnan(f)) return 0x7F;
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+    const float a = std::fabs(f);
+    if (a >= kE4m3Max) return uint8_t(sign | 0x7E);
+    if (a < 0.015625f) return uint8_t(sign | uint8_t(std::nearbyint(a * 512.0f)));  // subnormal; 8 is 2^-6: exact
+    int ex;
+    std::frexp(a, &ex);  // a = fr · 2^ex, fr in [0.5, 1)
+    int e = ex - 1;      // a = mant · 2^e, mant in [1, 2)
+    int q = int(std::nearbyint((std::ldexp(a, -e) - 1.0f) * 8.0f));
+    if (q == 8) q = 0, ++e;
+    if (e + 7 > 15 || (e + 7 == 15 && q == 7)) return uint8_t(sign | 0x7E);  // past 448 after rounding: saturate
+    return uint8_t(sign | ((e + 7) << 3) | q);
+}
+
+// 16-bit values of a dtype (an fp8 dtype: its 16-bit output type).
+inline float to_float(uint16_t v, mhakit_dtype t) {
+    return output_dtype(t) == MHAKIT_DTYPE_BF16 ? bf16_to_float(v) : fp16_to_float(v);
+}
+inline uint16_t from_float(float f, mhakit_dtype t) {
+    return output_dtype(t) == MHAKIT_DTYPE_BF16 ? float_to_bf16(f) : float_to_fp16(f);
+}
 inline float round_to(float f, mhakit_dtype t) { return to_float(from_float(f, t), t); }
-inline const char* dtype_name(mhakit_dtype t) { return t == MHAKIT_DTYPE_BF16 ? "bf16" : "fp16"; }
+inline const char* dtype_name(mhakit_dtype t) {
+    return t == MHAKIT_DTYPE_FP8_BF16 ? "fp8bf16" : t == MHAKIT_DTYPE_FP8_FP16 ? "fp8fp16"
+                                      : t == MHAKIT_DTYPE_BF16                 ? "bf16"
+                                                                               : "fp16";
+}
+
+// Element k of an input tensor (q, k, v) as fp32: 16-bit bits, or (fp8) e4m3 bits times the tensor's descale factor.
+struct HostInput {
+    const void* base;
+    mhakit_dtype dt;
+    float descale;  // fp8 only
+    float operator()(int64_t k) const {
+        if (is_fp8(dt)) return e4m3_to_float(static_cast<const uint8_t*>(base)[k]) * descale;
+        return to_float(static_cast<const uint16_t*>(base)[k], dt);
+    }
+};
 
 // ------------------------------------------------------------------------------------------------------------------
 // parallel_for
@@ -360,7 +417,9 @@ struct FwdRefOptions {
 };
 
 // Host reference of mhakit_mha_fwd. `a` is the argument struct the library takes, except that q_ptr, k_ptr, v_ptr
-// (raw fp16/bf16 bits per a.data_type) and, in group mode, seqstart_q_ptr / seqstart_k_ptr point to HOST memory;
+// (raw fp16/bf16 bits per a.data_type, or e4m3 bytes with q/k/v_descale_ptr pointing at HOST floats: the inputs are
+// then decoded times their descale factors, and P is not rounded) and, in group mode, seqstart_q_ptr /
+// seqstart_k_ptr point to HOST memory;
 // o_ptr / lse_ptr / has_lse are ignored; with dropout (p_drop > 0) randval_ptr must point to the HOST random bytes
 // (laid out as mha_fwd.h says: the library's store, or fill_randval's). Results are written in fp32:
 //   o_ref   laid out exactly like the library's O (a.stride_o, a.nhead_stride_o, a.batch_stride_o),
@@ -368,9 +427,10 @@ struct FwdRefOptions {
 // Only the logical elements are written. The mask is evaluated per sequence.
 inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse_ref, const FwdRefOptions& opt = {}) {
     const mhakit_dtype dt = a.data_type;
-    const uint16_t* qb = static_cast<const uint16_t*>(a.q_ptr);
-    const uint16_t* kb = static_cast<const uint16_t*>(a.k_ptr);
-    const uint16_t* vb = static_cast<const uint16_t*>(a.v_ptr);
+    const bool fp8 = is_fp8(dt);
+    const HostInput qb{a.q_ptr, dt, fp8 ? *a.q_descale_ptr : 1.0f};
+    const HostInput kb{a.k_ptr, dt, fp8 ? *a.k_descale_ptr : 1.0f};
+    const HostInput vb{a.v_ptr, dt, fp8 ? *a.v_descale_ptr : 1.0f};
     const int dq = a.hdim_q, dv = a.hdim_v;
     const int group = a.nhead_q / a.nhead_k;
     const int rb = opt.row_block > 0 ? opt.row_block : 32;
@@ -391,10 +451,10 @@ inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse
             parallel_for(
                 nk,
                 [&](int64_t j) {
-                    const uint16_t* krow = kb + sq.k_off + int64_t(hk) * a.nhead_stride_k + j * a.stride_k;
-                    const uint16_t* vrow = vb + sq.v_off + int64_t(hk) * a.nhead_stride_v + j * a.stride_v;
-                    for (int d = 0; d < dq; ++d) kt[size_t(d) * size_t(nk) + size_t(j)] = to_float(krow[d], dt);
-                    for (int d = 0; d < dv; ++d) vf[size_t(j) * size_t(dv) + size_t(d)] = to_float(vrow[d], dt);
+                    const int64_t krow = sq.k_off + int64_t(hk) * a.nhead_stride_k + j * a.stride_k;
+                    const int64_t vrow = sq.v_off + int64_t(hk) * a.nhead_stride_v + j * a.stride_v;
+                    for (int d = 0; d < dq; ++d) kt[size_t(d) * size_t(nk) + size_t(j)] = kb(krow + d);
+                    for (int d = 0; d < dv; ++d) vf[size_t(j) * size_t(dv) + size_t(d)] = vb(vrow + d);
                 },
                 nk >= 4096 ? opt.threads : 1);
 
@@ -411,15 +471,15 @@ inline void reference_mha_fwd(const mhakit_fwd_args& a, float* o_ref, float* lse
                     std::vector<float> lf(static_cast<size_t>(rows));
                     std::vector<float> scratch(static_cast<size_t>(nk > 0 ? nk : 1));
                     for (int r = 0; r < rows; ++r) {
-                        const uint16_t* qrow = qb + sq.q_off + int64_t(h) * a.nhead_stride_q + int64_t(r0 + r) * a.stride_q;
-                        for (int d = 0; d < dq; ++d) qf[size_t(r) * size_t(dq) + size_t(d)] = to_float(qrow[d], dt);
+                        const int64_t qrow = sq.q_off + int64_t(h) * a.nhead_stride_q + int64_t(r0 + r) * a.stride_q;
+                        for (int d = 0; d < dq; ++d) qf[size_t(r) * size_t(dq) + size_t(d)] = qb(qrow + d);
                     }
                     const HostRowMods hm = host_row_mods(mods, dt, b, h, nq, nk);
                     const HostDropout hd{mods.dropout.on ? rv.block(a.is_group_mode != 0, a.seqstart_q_ptr, b, h)
                                                          : nullptr,
                                          a.stride_randval, mods.dropout.keep_max, mods.dropout.rp};
                     attention_rows_fp32(qf.data(), dq, kt.data(), nk, vf.data(), dv, nk, dq, dv, a.scale_s, mc, r0, r1,
-                                        of.data(), dv, lf.data(), nullptr, 0, scratch.data(), opt.round_p, dt,
+                                        of.data(), dv, lf.data(), nullptr, 0, scratch.data(), opt.round_p && !fp8, dt,
                                         mods.any ? &hm : nullptr, nullptr, mods.dropout.on ? &hd : nullptr);
                     for (int r = 0; r < rows; ++r) {
                         float* orow = o_ref + sq.o_off + int64_t(h) * a.nhead_stride_o + int64_t(r0 + r) * a.stride_o;

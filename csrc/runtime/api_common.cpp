@@ -9,12 +9,22 @@ constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
 }  // namespace
 
 const char* dtype_name(int dtype) {
-    return dtype == MHAKIT_DTYPE_FP16 ? "fp16" : dtype == MHAKIT_DTYPE_BF16 ? "bf16" : "?";
+    switch (dtype) {
+        case MHAKIT_DTYPE_FP16: return "fp16";
+        case MHAKIT_DTYPE_BF16: return "bf16";
+        case MHAKIT_DTYPE_FP8_BF16: return "fp8bf16";
+        case MHAKIT_DTYPE_FP8_FP16: return "fp8fp16";
+        default: return "?";
+    }
 }
 
-float check_dtype(int dtype) {
-    if (dtype == MHAKIT_DTYPE_FP16 || dtype == MHAKIT_DTYPE_BF16) return 0.f;
-    return fail(E, "data_type %d is not supported: use MHAKIT_DTYPE_FP16 (0) or MHAKIT_DTYPE_BF16 (1)", dtype);
+float check_dtype(int dtype, bool fp8_ok, const char* api) {
+    if (dtype == MHAKIT_DTYPE_FP16 || dtype == MHAKIT_DTYPE_BF16 || (fp8_ok && is_fp8(dtype))) return 0.f;
+    if (is_fp8(dtype))
+        return fail(E, "data_type %s is not supported by the %s: fp8 is forward-only (mha_fwd); use fp16 or bf16",
+                    dtype_name(dtype), api);
+    return fail(E, "data_type %d is not supported: use MHAKIT_DTYPE_FP16 (0), MHAKIT_DTYPE_BF16 (1)%s", dtype,
+                fp8_ok ? ", MHAKIT_DTYPE_FP8_BF16 (2) or MHAKIT_DTYPE_FP8_FP16 (3)" : "");
 }
 
 float check_scale(float scale, const char* name) {
@@ -73,10 +83,11 @@ bool tensor_aligned(const void* ptr, int64_t row, int64_t head, int nhead, int64
 
 bool tensors_aligned(const FwdParams& p, int elem_bytes, int bytes) {
     const int nb = p.seqstart_q != nullptr ? 1 : p.batch;  // group mode: batch strides are not used
+    const int o_bytes = kOutputBytes;                      // o is 16-bit whatever q, k, v are
     return tensor_aligned(p.q, p.q_row_stride, p.q_head_stride, p.nhead_q, p.q_batch_stride, nb, elem_bytes, bytes) &&
            tensor_aligned(p.k, p.k_row_stride, p.k_head_stride, p.nhead_k, p.k_batch_stride, nb, elem_bytes, bytes) &&
            tensor_aligned(p.v, p.v_row_stride, p.v_head_stride, p.nhead_k, p.v_batch_stride, nb, elem_bytes, bytes) &&
-           tensor_aligned(p.o, p.o_row_stride, p.o_head_stride, p.nhead_q, p.o_batch_stride, nb, elem_bytes, bytes);
+           tensor_aligned(p.o, p.o_row_stride, p.o_head_stride, p.nhead_q, p.o_batch_stride, nb, o_bytes, bytes);
 }
 
 bool tensors_aligned(const BwdParams& p, int elem_bytes, int bytes) {

@@ -16,7 +16,12 @@ namespace mhakit {
 
 const char* dtype_name(int dtype);
 
-float check_dtype(int dtype);
+// The fp8 forward types (e4m3 q, k, v; bf16 / fp16 o): mhakit_mha_fwd only.
+inline bool is_fp8(int dtype) { return dtype == MHAKIT_DTYPE_FP8_BF16 || dtype == MHAKIT_DTYPE_FP8_FP16; }
+
+// A known dtype, and one the entry point `api` ("forward", "backward", "split-KV forward") takes: fp8 only when
+// fp8_ok.
+float check_dtype(int dtype, bool fp8_ok, const char* api);
 float check_scale(float scale, const char* name);
 float check_heads(int nhead_q, int nhead_k);
 float check_head_dims(int hdim_q, int hdim_v, const HeadDimRule& rule);
@@ -65,8 +70,9 @@ float check_dropout(const DropArgs& d);
 // arithmetic (sums of lengths and window sizes) inside int32.
 int clamp_window(int w);
 
-// Bytes per element of the API's dtypes (fp16, bf16).
-constexpr int kElemBytes = 2;
+// Bytes per element of q, k, v (and, in the backward, of every tensor but the LSE) of a dtype; o is always 16-bit.
+inline int input_bytes(int dtype) { return is_fp8(dtype) ? 1 : 2; }
+constexpr int kOutputBytes = 2;
 
 // The static guard align_bytes over every tensor a pass reads or writes (the LSE excepted: fp32, any strides).
 bool tensors_aligned(const FwdParams& p, int elem_bytes, int bytes);
@@ -86,7 +92,7 @@ bool static_guards_hold(const KernelInstance<Params>& inst, const Params& p) {
     // beyond what the family's plain instances serve (those run on the plain kernel).
     if ((p.mods.kinds & ~inst.mod_kinds) != 0) return false;
     if (inst.mods && (p.mods.kinds & ~inst.plain_mod_kinds) == 0) return false;
-    return tensors_aligned(p, kElemBytes, inst.align_bytes);
+    return tensors_aligned(p, input_bytes(inst.dtype), inst.align_bytes);
 }
 
 // Among the instances whose traits, static guards and run-time guards hold, the best one: the highest family
@@ -125,6 +131,21 @@ float unsupported(const char* api, const Params& p, int dtype, const BuiltArch& 
                 : p.mods.any    ? " with an attention sink"
                                 : "",
                 arch.name, count);
+}
+
+// Scratch memory the chosen instance needs for a call (0 for instances without a workspace), and the caller's
+// workspace checked against it: 0, or MHAKIT_ERROR_INVALID_ARGS naming the size query `query`.
+template <class Params>
+size_t workspace_needed(const KernelInstance<Params>& inst, const Params& p) {
+    return inst.workspace_bytes ? inst.workspace_bytes(p) : 0;
+}
+template <class Params>
+float check_workspace(const KernelInstance<Params>& inst, const Params& p, const char* query) {
+    const size_t need = workspace_needed(inst, p);
+    if (need <= p.workspace_bytes) return 0.f;
+    return fail(MHAKIT_ERROR_INVALID_ARGS,
+                "the workspace is too small: %s needs %zu bytes for these arguments and got %zu (ask %s)", inst.name,
+                need, p.workspace_bytes, query);
 }
 
 float device_failure(dev::Error err, const char* what);

@@ -16,7 +16,7 @@ namespace {
 constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
 
 float validate(const mhakit_bwd_args& a) {
-    if (float rc = check_dtype(a.data_type)) return rc;
+    if (float rc = check_dtype(a.data_type, false, "backward")) return rc;
     if (float rc = check_scale(a.scale, "scale")) return rc;
     if (a.batch < 0) return fail(E, "batch must be >= 0 (got %d)", a.batch);
     if (float rc = check_heads(a.nhead_q, a.nhead_k)) return rc;
@@ -132,9 +132,6 @@ BwdParams to_params(const mhakit_bwd_args& a) {
 // dK = dV = 0, and queries without keys dQ = 0: the kernels write those.)
 bool is_empty(const BwdParams& p) { return p.batch == 0 || (p.max_seqlen_q == 0 && p.max_seqlen_k == 0); }
 
-size_t workspace_needed(const BwdInstance& inst, const BwdParams& p) {
-    return inst.workspace_bytes ? inst.workspace_bytes(p) : 0;
-}
 
 // Validates the arguments into *p and chooses the instance for them. Returns 0, or a negative code with
 // last_error set (*inst is then nullptr).
@@ -172,12 +169,7 @@ MHAKIT_EXPORT float mhakit_mha_bwd(const mhakit_bwd_args* args, const mhakit_str
     if (rc == MHAKIT_ERROR_INVALID_ARGS) return rc;
     if (is_empty(p)) return clear_error(), 0.f;  // valid, nothing to compute: whatever is built does not matter
     if (rc != 0.f) return rc;
-    const size_t need = workspace_needed(*inst, p);
-    if (need > p.workspace_bytes)
-        return fail(MHAKIT_ERROR_INVALID_ARGS,
-                    "the workspace is too small: %s needs %zu bytes for these arguments and got %zu "
-                    "(ask mhakit_mha_bwd_workspace_size)",
-                    inst->name, need, p.workspace_bytes);
+    if (float ws = check_workspace(*inst, p, "mhakit_mha_bwd_workspace_size")) return ws;
     if (float dev = check_device_arch(kBwdBuiltArch)) return dev;
     if (sc.log_level > 0) std::printf("[mhakit] mha_bwd -> %s\n", inst->name);
     return run_or_time(inst->name, sc, [&](dev::Stream stream) { return inst->run(p, stream); });

@@ -19,7 +19,7 @@ namespace {
 constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
 
 float validate(const mhakit_fwd_splitkv_args& a) {
-    if (float rc = check_dtype(a.data_type)) return rc;
+    if (float rc = check_dtype(a.data_type, false, "split-KV forward")) return rc;
     if (float rc = check_scale(a.scale_s, "scale_s")) return rc;
     if (a.batch < 0) return fail(E, "batch must be >= 0 (got %d)", a.batch);
     if (float rc = check_heads(a.nhead_q, a.nhead_k)) return rc;
@@ -123,7 +123,7 @@ SplitkvParams to_params(const mhakit_fwd_splitkv_args& a) {
 bool splitkv_guards_hold(const SplitkvInstance& inst, const SplitkvParams& p) {
     if (inst.equal_head_dims && p.hdim_q != p.hdim_v) return false;
     if (p.hdim_q % inst.head_dim_multiple != 0 || p.hdim_v % inst.head_dim_multiple != 0) return false;
-    return tensors_aligned(p, kElemBytes, inst.align_bytes);
+    return tensors_aligned(p, input_bytes(inst.dtype), inst.align_bytes);
 }
 
 // The instance of the highest priority (then the tightest head-dim bucket) whose dtype and guards fit the call.

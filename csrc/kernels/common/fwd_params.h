@@ -2,6 +2,7 @@
 // checked by the runtime (csrc/runtime/mha_fwd.cpp). Kernels never validate; the runtime never launches invalid input.
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "mask.h"
@@ -46,6 +47,13 @@ struct FwdParams {
     int window_right;
 
     ScoreMods mods;    // soft-cap, bias / ALiBi, sink (score_mod.h); mods.any == false: none of them
+
+    // fp8 instances only (mha_fwd.h): device fp32 descale factors of q, k, v, and the caller's workspace (V transposed).
+    const float* descale_q;
+    const float* descale_k;
+    const float* descale_v;
+    void* workspace;
+    size_t workspace_bytes;
 };
 
 // Lengths and row offsets of one sequence, in either mode.

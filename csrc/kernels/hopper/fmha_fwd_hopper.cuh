@@ -23,6 +23,9 @@
 // ALiBi or a sink, and none with dropout: catalogue score_mods): soft-cap, elementwise bias (fp32 or 16-bit, any
 // strides, broadcast by zero strides), ALiBi ([h] or [b, h] slopes) and sinks, with the generic family's semantics
 // (kernels/common/score_mod.h; mha_fwd.h).
+// fp8 (kDtype FP8_BF16 / FP8_FP16: e4m3 q/k/v, bf16 / fp16 o; hopper_fp8.hpp): batch mode, seqlen_k >= 0; run()
+// first transposes V into p.workspace (workspace_bytes(p)), then launches the attention kernel; without keys it
+// only writes O = 0 and LSE = -inf.
 //
 // Tiles: kBlockM = 64 * (number of consumer warpgroups) in {128, 192}; kBlockN a multiple of 16 <= 256.
 // Measured on H200 (bf16/fp16, 16k tokens, .scratch/hopper): hdim 64: 192x128 (128x128 is ~10% better only for
@@ -47,6 +50,7 @@
 
 #include "fmha_hopper_guards.hpp"
 #include "fmha_hopper_kernel.hpp"
+#include "hopper_fp8.hpp"
 #include "hopper_types.hpp"
 
 namespace mhakit::hopper {
@@ -54,8 +58,11 @@ namespace mhakit::hopper {
 template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
 struct FwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = std::conditional_t<kMods, HopperFwdKernelModsImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
-                                    HopperFwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>;
+    using ElementOut = typename DtypeOf<kDtype>::out;
+    using Impl = std::conditional_t<kMods,
+                                    HopperFwdKernelModsImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
+                                    HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>;
+    static constexpr bool kFp8 = Impl::kFp8;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -65,23 +72,34 @@ struct FwdKernel {
     static bool supports(const FwdParams& p) {
         if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
         if (kGroup != (p.seqstart_q != nullptr)) return false;
-        if (kGroup ? (p.total_q < 1 || p.total_k < 1 || p.max_seqlen_q < 1) : (p.seqlen_q < 1 || p.seqlen_k < 1))
+        if (kGroup ? (p.total_q < 1 || p.total_k < 1 || p.max_seqlen_q < 1)
+                   : (p.seqlen_q < 1 || p.seqlen_k < (kFp8 ? 0 : 1)))  // fp8 writes the no-key result itself
             return false;
+        if (kFp8 && (p.descale_q == nullptr || p.descale_k == nullptr || p.descale_v == nullptr)) return false;
         // A masked modifier instance serves unmasked calls too (the mask coordinate of mask_type 0 is the whole
         // rectangle), as the generic family's do: the profiles and the JIT build only the masked ones.
         if (kMasked ? (p.mask_type == 0 && !kMods) : p.mask_type != 0) return false;
         const auto ok = [](int64_t stride, int64_t extent) { return tma_stride_ok<Element>(stride, extent); };
+        // K and V are not read by an fp8 call without keys (run() writes its result directly): any strides.
+        const bool reads_kv = !kFp8 || p.seqlen_k > 0;
+        const auto kv_ok = [&](int64_t stride, int64_t extent) { return !reads_kv || ok(stride, extent); };
         // rows: TMA needs the row stride even when a tensor has one row; require it always.
-        if (!ok(p.q_row_stride, 2) || !ok(p.k_row_stride, 2) || !ok(p.v_row_stride, 2) || !ok(p.o_row_stride, 2))
+        if (!ok(p.q_row_stride, 2) || !kv_ok(p.k_row_stride, 2) || !kv_ok(p.v_row_stride, 2) || !ok(p.o_row_stride, 2))
             return false;
-        if (!ok(p.q_head_stride, p.nhead_q) || !ok(p.o_head_stride, p.nhead_q) || !ok(p.k_head_stride, p.nhead_k) ||
-            !ok(p.v_head_stride, p.nhead_k))
+        if (!ok(p.q_head_stride, p.nhead_q) || !ok(p.o_head_stride, p.nhead_q) ||
+            !kv_ok(p.k_head_stride, p.nhead_k) || !kv_ok(p.v_head_stride, p.nhead_k))
             return false;
         if (kGroup) return true;  // one batch of packed rows: no batch stride
-        if (!ok(p.q_batch_stride, p.batch) || !ok(p.k_batch_stride, p.batch) || !ok(p.v_batch_stride, p.batch) ||
-            !ok(p.o_batch_stride, p.batch))
+        if (!ok(p.q_batch_stride, p.batch) || !kv_ok(p.k_batch_stride, p.batch) ||
+            !kv_ok(p.v_batch_stride, p.batch) || !ok(p.o_batch_stride, p.batch))
             return false;
         return true;
+    }
+
+    // fp8: V transposed (hopper_fp8.hpp: VtLayout); nothing for the 16-bit types or a call without keys.
+    static size_t workspace_bytes(const FwdParams& p) {
+        if (!kFp8 || p.seqlen_k < 1) return 0;
+        return VtLayout::bytes(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
     }
 
     static typename Impl::Params make_params(const FwdParams& p) {
@@ -103,13 +121,23 @@ struct FwdKernel {
         HopperStrideKV dK = make_stride(p.k_row_stride, _1{},
                                       make_stride(fix(p.k_batch_stride, batch),
                                                   make_stride(_0{}, fix(p.k_head_stride, p.nhead_k))));
-        HopperStrideKV dV = make_stride(p.v_row_stride, _1{},
-                                      make_stride(fix(p.v_batch_stride, batch),
-                                                  make_stride(_0{}, fix(p.v_head_stride, p.nhead_k))));
+        // V: as given, or (fp8) transposed in the workspace, its key extent rounded up to whole slot groups.
+        const VtLayout vt = VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
+        const void* v_ptr = kFp8 ? p.workspace : p.v;
+        typename Impl::StrideV dV = [&] {
+            if constexpr (kFp8) {
+                return make_stride(_1{}, vt.d_stride,
+                                   make_stride(fix(vt.batch_stride, batch), make_stride(_0{}, fix(vt.head_stride, p.nhead_k))));
+            } else {
+                return make_stride(p.v_row_stride, _1{},
+                                   make_stride(fix(p.v_batch_stride, batch),
+                                               make_stride(_0{}, fix(p.v_head_stride, p.nhead_k))));
+            }
+        }();
 
         typename Impl::Mainloop::Arguments margs{static_cast<Element const*>(p.q), dQ,
                                                  static_cast<Element const*>(p.k), dK,
-                                                 static_cast<Element const*>(p.v), dV};
+                                                 static_cast<Element const*>(v_ptr), dV};
         typename Impl::Params params{};
         params.problem = problem;
         params.mainloop = Impl::Mainloop::to_underlying_arguments(problem, margs, nullptr);
@@ -121,17 +149,18 @@ struct FwdKernel {
         auto v_descriptor = [&] {
             HopperProblemShape problem_v = problem;
             get<4>(problem_v) = p.hdim_v;
+            if constexpr (kFp8) get<3>(problem_v) = int(vt.keys);  // slots past seqlen_k carry real keys (hopper_fp8.hpp)
             typename Impl::MainloopV::Arguments vargs{static_cast<Element const*>(p.q), dQ,
                                                       static_cast<Element const*>(p.k), dK,
-                                                      static_cast<Element const*>(p.v), dV};
+                                                      static_cast<Element const*>(v_ptr), dV};
             return Impl::MainloopV::to_underlying_arguments(problem_v, vargs, nullptr).tma_load_v;
         };
-        if constexpr (Impl::kSplitDims) {
+        if constexpr (Impl::kSplitDims || kFp8) {
             params.tma_load_v = v_descriptor();
         } else {
             params.tma_load_v = p.hdim_v == p.hdim_q ? params.mainloop.tma_load_v : v_descriptor();
         }
-        params.o = static_cast<Element*>(p.o);
+        params.o = static_cast<ElementOut*>(p.o);
         params.o_row = p.o_row_stride;
         params.o_head = p.o_head_stride;
         params.o_batch = p.o_batch_stride;
@@ -144,6 +173,9 @@ struct FwdKernel {
         params.window_left = p.window_left;
         params.window_right = p.window_right;
         if constexpr (kMods) params.mods = p.mods;
+        params.descale_q = p.descale_q;
+        params.descale_k = p.descale_k;
+        params.descale_v = p.descale_v;
         return params;
     }
 
@@ -153,6 +185,16 @@ struct FwdKernel {
     }
 
     static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
+        if constexpr (kFp8) {
+            if (p.seqlen_k == 0)
+                return launch_fill_no_keys(static_cast<ElementOut*>(p.o), p.o_row_stride, p.o_head_stride,
+                                           p.o_batch_stride, p.lse, p.lse_head_stride, p.lse_batch_stride, p.batch,
+                                           p.nhead_q, p.seqlen_q, p.hdim_v, stream);
+            TransposeVArgs t{static_cast<const uint8_t*>(p.v), p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                             static_cast<uint8_t*>(p.workspace), VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k),
+                             p.seqlen_k, p.hdim_v, p.nhead_k};
+            if (cudaError_t err = launch_transpose_v_fp8(t, p.batch, stream); err != cudaSuccess) return err;
+        }
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;
         const typename Impl::Params params = make_params(p);

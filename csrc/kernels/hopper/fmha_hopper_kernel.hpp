@@ -17,6 +17,10 @@
 // logit units, scale 1), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
 // HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below: a plain instance compiles
 // to exactly the code (and the kernel symbol) it had before the modifiers came.
+// fp8 (Element = e4m3, ElementOut = bf16 / fp16; batch mode): Q·Kᵀ as is; V comes transposed (keys contiguous) from
+// the caller's workspace with its key slots permuted, and P is packed into the P·V operand registers to match
+// (hopper_fp8.hpp); the softmax scale folds in the q and k descale factors and O is multiplied by v's; O is staged
+// through the (by then idle) K/V ring, the Q buffer of a warpgroup being half the size of its 16-bit O.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +40,7 @@
 #include "fmha_hopper_mask.hpp"
 #include "hopper_epilogue.hpp"
 #include "hopper_score_mod.hpp"
+#include "hopper_fp8.hpp"
 #include "hopper_softmax.hpp"
 #include "hopper_tile_io.hpp"
 #include "hopper_types.hpp"
@@ -44,9 +49,15 @@ namespace mhakit::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
+template <class Element_, class ElementOut_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM,
+          int kBlockN, bool kMods>
 struct HopperFwdKernelBody {
-    using Element = Element_;
+    using Element = Element_;       // q, k, v
+    using ElementOut = ElementOut_;  // o
+    static constexpr bool kFp8 = sizeof(Element) == 1;
+    static_assert(!kFp8 || (kBlockN % 32 == 0 && !kGroup && kHdimV == kHdim),
+                  "fp8: kBlockN a multiple of 32 (the wgmma's k step), batch mode, equal head-dim buckets");
+    static_assert(!(kFp8 && kMods), "fp8 instances have no score modifiers");
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "kBlockN: a multiple of 16, at most 256");
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
@@ -67,10 +78,12 @@ struct HopperFwdKernelBody {
     using Mask = ForwardMask<kMasked, kBlockM, kBlockN>;
     using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHdim>>;
     struct UnusedFusion {};  // the collective's fusion hook; this kernel masks with Mask instead
+    // V's strides: as K's, or (fp8) those of the transposed V, which makes the P·V B operand K-major.
+    using StrideV = std::conditional_t<kFp8, HopperStrideVt, HopperStrideKV>;
     template <int kD>
     using MainloopFor = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
         Element, float, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kD>>, HopperStrideQ, HopperStrideKV,
-        HopperStrideKV, UnusedFusion,
+        StrideV, UnusedFusion,
         cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups, Int<NumMmaWG>>,
         cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, Int<kStages>>>;
     // Q, K, the Q·Kᵀ product and the pipelines from the collective of head dim kHdim; V and the P·V product from the
@@ -111,9 +124,11 @@ struct HopperFwdKernelBody {
         (((64 * 1024 / MaxThreadsPerBlock / 8) * 8 * MaxThreadsPerBlock / 128 - kLoadRegs) / NumMmaWG / 8) * 8;
     static constexpr uint32_t kMmaRegs = kMmaRegsFit < 240 ? kMmaRegsFit : 240;
 
-    // Named barriers (ids above CUTLASS' reserved ones): [0, NumMmaWG) ping-pong, [NumMmaWG, 2 NumMmaWG) epilogue.
+    // Named barriers (ids above CUTLASS' reserved ones): [0, NumMmaWG) ping-pong, [NumMmaWG, 2 NumMmaWG) epilogue,
+    // 2 NumMmaWG: every consumer done with the K/V ring (fp8's O staging).
     static constexpr uint32_t kBarSched = 0;
     static constexpr uint32_t kBarEpi = NumMmaWG;
+    static constexpr uint32_t kBarRingFree = 2 * NumMmaWG;
 
     struct MainloopStorage {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> smem_q;
@@ -129,6 +144,11 @@ struct HopperFwdKernelBody {
     };
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
+    // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged in the K/V ring once every consumer is done with it.
+    using StagedO = StagedRows<ElementOut, 64, kHdimV>;
+    static_assert(!kFp8 || NumMmaWG * StagedO::kElems * int(sizeof(ElementOut)) <=
+                               int(sizeof(cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>>)),
+                  "fp8: the K/V ring must hold the consumers' O tiles");
 
     struct Params : ModParams<kMods> {  // kMods: the call's score modifiers (`mods`) first; plain: nothing
         // (b, (g, hk), sq, sk, d, x, y) as the TMA descriptors see the tensors. Group mode: (1, (g, hk), total_q,
@@ -137,13 +157,16 @@ struct HopperFwdKernelBody {
         typename Mainloop::Params mainloop;
         typename MainloopV::TMA_V tma_load_v;  // V's descriptor (head dim hdim_v)
         int hdim_v;
-        Element* o;
+        ElementOut* o;
         int64_t o_row, o_head, o_batch;
         float* lse;
         int64_t lse_head, lse_batch;
         const int32_t* seqstart_q;  // group mode: [batch + 1] row offsets into the packed tensors
         const int32_t* seqstart_k;
         int mask_type, window_left, window_right;  // group mode: each sequence's mask is made on the device
+        const float* descale_q;  // fp8: device fp32 descale factors of q, k, v
+        const float* descale_k;
+        const float* descale_v;
     };
 
     using Sequence = HopperSequence;
@@ -174,7 +197,7 @@ struct HopperFwdKernelBody {
 
         if (warp_idx == 0 && lane_predicate) {
             Mainloop::prefetch_tma_descriptors(params.mainloop);
-            if constexpr (kSplitDims) cute::prefetch_tma_descriptor(params.tma_load_v.get_tma_descriptor());
+            if constexpr (kSplitDims || kFp8) cute::prefetch_tma_descriptor(params.tma_load_v.get_tma_descriptor());
         }
 
         const bool producer_warp = (wg_idx == 0 && warp_in_wg == 0);
@@ -240,7 +263,10 @@ struct HopperFwdKernelBody {
         LoadK load_k{mp.tma_load_k, pipe_kv, sm.smem_k};
         auto st_k = IO::k(mp.tma_load_k, params.problem, bh, seq.k0, sm.smem_k.data(), SmemLayoutK{});
         LoadV load_v{params.tma_load_v, pipe_kv, sm.smem_v};
-        auto problem_v = replace<4>(params.problem, params.hdim_v);
+        // (fp8: the transposed V's key extent is seqlen_k rounded up to whole slot groups, hopper_fp8.hpp)
+        auto problem_v = replace<3>(replace<4>(params.problem, params.hdim_v),
+                                    kFp8 ? int(VtLayout::of(0, 1, 1, get<3>(params.problem)).keys)
+                                         : get<3>(params.problem));
         auto st_v = IO::v(params.tma_load_v, problem_v, bh, seq.k0, sm.smem_v.data(), SmemLayoutV{});
 
         TileIter q_it{work.block * NumMmaWG};
@@ -285,7 +311,15 @@ struct HopperFwdKernelBody {
         // Modifier instances: logits in place of q·k, so the softmax's scale is 1 (log2(e) in exp2 units). What the
         // modifiers need of this (sequence, head) is made per tile from the kernel parameters (constant memory), so
         // that it holds no registers across the key loop (kept live, it made the d64 / d256 consumers spill).
-        const float scale_log2 = kMods ? 1.4426950408889634f : params.mainloop.scale_softmax_log2;
+        float scale_log2 = kMods ? 1.4426950408889634f : params.mainloop.scale_softmax_log2;
+        float scale = kMods ? 1.f : params.mainloop.scale_softmax;
+        float o_scale = 1.f;
+        if constexpr (kFp8) {  // the logits scale folds dq·dk in; O gets dv
+            const float dqk = *params.descale_q * *params.descale_k;
+            scale_log2 *= dqk;
+            scale *= dqk;
+            o_scale = *params.descale_v;
+        }
 
         TiledMmaQK mma_qk;
         TiledMmaPV mma_pv;
@@ -310,10 +344,23 @@ struct HopperFwdKernelBody {
         constexpr int R = decltype(size<0>(s_mn))::value;  // query rows held by this thread
         static_assert(R == decltype(size<0>(o_mn))::value);
 
-        // P as the A operand (registers) of the P·V wgmma.
-        Tensor tOrP = make_fragment_like<Element>(
-            convert_c_layout_to_a_layout(acc_s.layout(), shape<1>(typename TiledMmaPV::LayoutA_TV{})));
+        // P as the A operand (registers) of the P·V wgmma (fp8: its own layout and packing, hopper_fp8.hpp).
+        Tensor tOrP = [&] {
+            if constexpr (kFp8) {
+                return make_p_operand_fp8<Element, kBlockN>();
+            } else {
+                return make_fragment_like<Element>(
+                    convert_c_layout_to_a_layout(acc_s.layout(), shape<1>(typename TiledMmaPV::LayoutA_TV{})));
+            }
+        }();
         static_assert(decltype(size(tOrP))::value == decltype(size(acc_s))::value);
+        auto pack_p = [&] {
+            if constexpr (kFp8) {
+                pack_p_fp8(acc_s, tOrP);
+            } else {
+                detail::pack_fragment<Element>(acc_s, tOrP);
+            }
+        };
 
         OnlineSoftmax<R> softmax;
         clear(acc_o);
@@ -371,7 +418,7 @@ struct HopperFwdKernelBody {
                                           row0, tiles.visit.begin * kBlockN);
             mask_tile(tiles.visit.begin);
             softmax.template update<true>(s_mn, scale_log2);
-            detail::pack_fragment<Element>(acc_s, tOrP);  // P: the A operand (registers) of P·V
+            pack_p();  // P: the A operand (registers) of P·V
 
             // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
             CUTLASS_PRAGMA_NO_UNROLL
@@ -396,7 +443,7 @@ struct HopperFwdKernelBody {
                 warpgroup_fence_operand(acc_o);
                 pipe_kv.consumer_release(rv);
                 softmax.rescale(o_mn);
-                detail::pack_fragment<Element>(acc_s, tOrP);
+                pack_p();
                 ++rkv;  // -> V_n
             }
 
@@ -412,25 +459,37 @@ struct HopperFwdKernelBody {
         if constexpr (kMods)
             softmax.finalize(o_mn, 1.f, lse, sink_logit(params.mods, work.head));
         else
-            softmax.finalize(o_mn, params.mainloop.scale_softmax, lse);
+            softmax.finalize(o_mn, scale, lse);
+        if constexpr (kFp8) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < decltype(size(acc_o))::value; ++i) acc_o(i) *= o_scale;
+        }
         const int64_t h = work.head;
         const int64_t o_seq = kGroup ? int64_t(seq.q0) * params.o_row : int64_t(work.batch) * params.o_batch;
         const int64_t lse_seq = kGroup ? int64_t(seq.q0) : int64_t(work.batch) * params.lse_batch;
-        const FwdEpilogue<Element, kHdimV> epi{
+        const FwdEpilogue<ElementOut, kHdimV> epi{
             params.lse != nullptr ? params.lse + lse_seq + h * params.lse_head : nullptr,
             params.o + o_seq + h * params.o_head, params.o_row, seq.sq, params.hdim_v, row0};
         epi.store_lse(lse, c_mn);
-        // (64, kHdimV), swizzled: the first columns of this warpgroup's Q buffer, free now
-        Tensor sO = local_tile(sQ(_, _, rq.index()), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
-        epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
+        if constexpr (kFp8) {
+            // The K/V ring, once no consumer reads it any more (the producer loads no tile that is not consumed).
+            cutlass::arch::NamedBarrier::sync(NumMmaWG * 128, kBarRingFree);
+            ElementOut* stage = reinterpret_cast<ElementOut*>(storage.mainloop.smem_k.data()) + wg * StagedO::kElems;
+            epi.store_o_rows(acc_o, thr_pv, StagedO{stage}, kBarEpi + wg, tidx);
+        } else {
+            // (64, kHdimV), swizzled: the first columns of this warpgroup's Q buffer, free now
+            Tensor sO = local_tile(sQ(_, _, rq.index()), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
+            epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
+        }
     }
 };
 
 // The kernel types (distinct names, so that the plain one keeps its symbol): plain and modifier instances.
-template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
-struct HopperFwdKernelImpl : HopperFwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false> {};
-template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+struct HopperFwdKernelImpl
+    : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false> {};
+template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct HopperFwdKernelModsImpl
-    : HopperFwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
+    : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
 
 }  // namespace mhakit::hopper

@@ -14,6 +14,37 @@
 
 namespace mhakit::hopper {
 
+// A tile of kRows x kCols 16-bit elements on its way from MMA fragments to global memory: put in place in shared
+// memory (rows padded by 16 bytes, so that the 8 rows of one fragment store fall in different banks), then written
+// out in whole 16-byte row chunks. (Storing the fragments' 4-byte pairs straight to global memory half-fills every
+// 32-byte sector written.)
+template <class Element, int kRows, int kCols>
+struct StagedRows {
+    static constexpr int kPitch = kCols + 8;  // elements per shared-memory row
+    static constexpr int kElems = kRows * kPitch;
+    static_assert(kCols % 8 == 0 && (kPitch * int(sizeof(Element))) % 16 == 0);
+    Element* smem;  // kElems elements, 16-byte aligned
+
+    // The pair of elements (r, c), (r, c + 1), packed (detail::pack2).
+    CUTLASS_DEVICE void put(int r, int c, uint32_t pair) const {
+        *reinterpret_cast<uint32_t*>(smem + r * kPitch + c) = pair;
+    }
+    // Rows [0, rows) and columns [0, cols) (cols a multiple of 8) to dst, row stride in elements; thread tid of the
+    // nthreads that share the work. The caller synchronises between the puts and this.
+    CUTLASS_DEVICE void store(Element* dst, int64_t row_stride, int rows, int cols, int tid, int nthreads) const {
+        constexpr int kChunks = kCols / 8;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = tid; i < kRows * kChunks; i += nthreads) {
+            const int r = i / kChunks;
+            const int col = (i % kChunks) * 8;
+            if (r < rows && col < cols) {
+                *reinterpret_cast<uint4*>(dst + int64_t(r) * row_stride + col) =
+                    *reinterpret_cast<uint4 const*>(smem + r * kPitch + col);
+            }
+        }
+    }
+};
+
 template <class Element, int kHdim>
 struct FwdEpilogue {
     // Rows [row0, row0 + 64) of one (batch, head): lse points at row 0, o at (row 0, column 0).
@@ -60,42 +91,27 @@ struct FwdEpilogue {
             }
         }
     }
+
+    // The same O through a padded StagedRows tile of free shared memory (fp8: the warpgroup's Q buffer is half the
+    // size of its 16-bit O); bar_id as above.
+    template <class TensorAcc, class ThrMma>
+    CUTLASS_DEVICE void store_o_rows(TensorAcc const& acc_o, ThrMma const& thr_pv,
+                                     StagedRows<Element, 64, kHdim> const& tile, uint32_t bar_id, int tidx) const {
+        using namespace cute;
+        Tensor c = thr_pv.partition_C(make_identity_tensor(Shape<_64, Int<kHdim>>{}));
+        static_assert(decltype(size(c))::value == decltype(size(acc_o))::value);
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < decltype(size(acc_o))::value / 2; ++k)
+            tile.put(get<0>(c(2 * k)), get<1>(c(2 * k)), detail::pack2<Element>(acc_o(2 * k), acc_o(2 * k + 1)));
+        cutlass::arch::NamedBarrier::sync(128, bar_id);
+        const int rows = seqlen_q - row0 < 64 ? seqlen_q - row0 : 64;
+        tile.store(o + int64_t(row0) * o_row, o_row, rows, hdim_v, tidx, 128);
+    }
 };
 
 }  // namespace mhakit::hopper
 
 namespace mhakit::hopper {
-
-// A tile of kRows x kCols 16-bit elements on its way from MMA fragments to global memory: put in place in shared
-// memory (rows padded by 16 bytes, so that the 8 rows of one fragment store fall in different banks), then written
-// out in whole 16-byte row chunks. (Storing the fragments' 4-byte pairs straight to global memory half-fills every
-// 32-byte sector written.)
-template <class Element, int kRows, int kCols>
-struct StagedRows {
-    static constexpr int kPitch = kCols + 8;  // elements per shared-memory row
-    static constexpr int kElems = kRows * kPitch;
-    static_assert(kCols % 8 == 0 && (kPitch * int(sizeof(Element))) % 16 == 0);
-    Element* smem;  // kElems elements, 16-byte aligned
-
-    // The pair of elements (r, c), (r, c + 1), packed (detail::pack2).
-    CUTLASS_DEVICE void put(int r, int c, uint32_t pair) const {
-        *reinterpret_cast<uint32_t*>(smem + r * kPitch + c) = pair;
-    }
-    // Rows [0, rows) and columns [0, cols) (cols a multiple of 8) to dst, row stride in elements; thread tid of the
-    // nthreads that share the work. The caller synchronises between the puts and this.
-    CUTLASS_DEVICE void store(Element* dst, int64_t row_stride, int rows, int cols, int tid, int nthreads) const {
-        constexpr int kChunks = kCols / 8;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = tid; i < kRows * kChunks; i += nthreads) {
-            const int r = i / kChunks;
-            const int col = (i % kChunks) * 8;
-            if (r < rows && col < cols) {
-                *reinterpret_cast<uint4*>(dst + int64_t(r) * row_stride + col) =
-                    *reinterpret_cast<uint4 const*>(smem + r * kPitch + col);
-            }
-        }
-    }
-};
 
 // The backward's epilogue: a key block's dK (times scale) or dV accumulator (kBlockN keys x kCols, partitioned by
 // thr) through StagedRows in free shared memory to global memory, predicated on the real keys and head dim.

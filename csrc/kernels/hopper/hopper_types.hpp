@@ -18,15 +18,28 @@
 
 namespace mhakit::hopper {
 
+// type: the element of q, k, v (and of the backward's tensors); out: the element of o.
 template <mhakit_dtype kDtype>
 struct DtypeOf;
 template <>
 struct DtypeOf<MHAKIT_DTYPE_FP16> {
     using type = cutlass::half_t;
+    using out = cutlass::half_t;
 };
 template <>
 struct DtypeOf<MHAKIT_DTYPE_BF16> {
     using type = cutlass::bfloat16_t;
+    using out = cutlass::bfloat16_t;
+};
+template <>
+struct DtypeOf<MHAKIT_DTYPE_FP8_BF16> {
+    using type = cutlass::float_e4m3_t;
+    using out = cutlass::bfloat16_t;
+};
+template <>
+struct DtypeOf<MHAKIT_DTYPE_FP8_FP16> {
+    using type = cutlass::float_e4m3_t;
+    using out = cutlass::half_t;
 };
 
 // The forward's problem shape (batch, (heads_per_kv_group, nhead_k), seqlen_q, seqlen_k, hdim, x, y), with (y, x)
@@ -38,6 +51,9 @@ using HopperProblemShape = cute::tuple<int, cute::tuple<int, int>, int, int, int
 // arithmetic; CuTe drops static-0 modes from the TMA descriptor.
 using HopperStrideQ = cute::tuple<int64_t, cute::_1, cute::tuple<int64_t, cute::tuple<int64_t, int64_t>>>;
 using HopperStrideKV = cute::tuple<int64_t, cute::_1, cute::tuple<int64_t, cute::tuple<cute::_0, int64_t>>>;
+// (key, d, (batch, (heads_per_group, nhead_k))) element strides of fp8's transposed V (hopper_fp8.hpp: keys
+// contiguous, the K-major B operand that the fp8 wgmma needs for P·V).
+using HopperStrideVt = cute::tuple<cute::_1, int64_t, cute::tuple<int64_t, cute::tuple<cute::_0, int64_t>>>;
 
 // The rows of sequence b in the tensors: its first row and its length. Batch mode (seqstart == nullptr): row 0 of
 // batch b's own slice (the caller adds the batch stride) and the call's length; group mode: seqstart[b] of the packed
