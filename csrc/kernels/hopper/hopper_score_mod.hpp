@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include <cuda_fp16.h>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 
@@ -27,6 +29,17 @@ struct ModParams {};
 template <>
 struct ModParams<true> {
     ScoreMods mods;
+};
+
+// The backward's: the modifiers and where dS goes for an elementwise bias (dbias, the bias's element type; null when
+// not asked for). Plain instances: nothing.
+template <bool kMods>
+struct BwdModParams {};
+template <>
+struct BwdModParams<true> {
+    ScoreMods mods;
+    char* dbias;
+    int64_t dbias_row, dbias_head, dbias_batch;  // elements
 };
 
 namespace detail {
@@ -120,6 +133,95 @@ CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, RowMods
         apply_score_mods_cap<Element, true>(s_mn, c_mn, r, row0, key0);
     else
         apply_score_mods_cap<Element, false>(s_mn, c_mn, r, row0, key0);
+}
+
+// ---- the backward: Sᵀ tiles (keys x queries; cS gives each element's (key, query) tile coordinate) ----------------
+
+namespace detail {
+
+template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC, class Dcap>
+CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
+                                      Dcap& dcap) {
+    const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
+    constexpr int kLogitBias = kBias == 2 ? 2 : 0;
+    constexpr int N = decltype(cute::size(cS))::value;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; i += 2) {
+        float d[2] = {1.f, 1.f};
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            const int key = n0 + int(cute::get<0>(cS(i + e)));
+            const int row = r0 + int(cute::get<1>(cS(i + e)));
+            // Outside the sequence the raw q·k stays: its P is 0 anyway (key: masked; row: LSE = +inf)
+            if (row < r.seqlen_q && key < r.seqlen_k) {
+                float l = modified_logit_t<kCap, kLogitBias>(r, acc_S(i + e), row, key, unused16,
+                                                             kCap ? &d[e] : nullptr);
+                if constexpr (kBias == 1)
+                    l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
+                acc_S(i + e) = l;
+            }
+        }
+        if constexpr (kCap) {
+            const __half2 h = __floats2half2_rn(d[0], d[1]);
+            dcap[i / 2] = reinterpret_cast<uint32_t const&>(h);
+        }
+    }
+}
+
+}  // namespace detail
+
+// The backward's half of a tile's modifiers, on Sᵀ (raw q·k, in place -> logits) before recompute_pt, which then
+// runs in logit units (scale_log2 = log2 e). dcap (kSFrag / 2 words) receives the soft-cap's derivative 1 − tanh²
+// of each element as packed fp16 pairs (in [0, 1]; 11 bits, below the 16-bit dS's own rounding), left untouched
+// without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then).
+template <class Element, class TensorS, class TensorC, class Dcap>
+CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
+                                       Dcap& dcap) {
+    const auto by_bias = [&](auto cap) {
+        constexpr bool kCap = decltype(cap)::value;
+        if (r.bias_type == 2) {
+            detail::score_mods_tile_t<kCap, 2, float>(acc_S, cS, r, r0, n0, dcap);
+        } else if (r.bias_type == 1) {
+            if (r.bias_fp32)
+                detail::score_mods_tile_t<kCap, 1, float>(acc_S, cS, r, r0, n0, dcap);
+            else
+                detail::score_mods_tile_t<kCap, 1, Element>(acc_S, cS, r, r0, n0, dcap);
+        } else {
+            detail::score_mods_tile_t<kCap, 0, float>(acc_S, cS, r, r0, n0, dcap);
+        }
+    };
+    if (r.softcap > 0.f) {
+        by_bias(std::integral_constant<bool, true>{});
+        return true;
+    }
+    by_bias(std::integral_constant<bool, false>{});
+    return false;
+}
+
+// The other half, on dSᵀ (logit units, from softmax_grad_t): dbias (when given: the element block of (sequence b,
+// query head h), DbiasT its element type) receives dS inside the sequence, then dS becomes dS · (1 − tanh²) with a
+// soft-cap. The epilogue's scale (dK, and dQ's convert) completes the chain rule: dL/d(q·k) = scale · (1 − tanh²).
+template <class DbiasT, class TensorDS, class TensorC, class Dcap>
+CUTLASS_DEVICE void finish_ds_t(TensorDS& acc_dS, TensorC const& cS, char* dbias, int64_t dbias_row_bytes, int sq,
+                                int sk, int r0, int n0, bool cap, Dcap const& dcap) {
+    constexpr int N = decltype(cute::size(cS))::value;
+    if (dbias != nullptr) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < N; ++i) {
+            const int key = n0 + int(cute::get<0>(cS(i)));
+            const int row = r0 + int(cute::get<1>(cS(i)));
+            if (row < sq && key < sk)
+                reinterpret_cast<DbiasT*>(dbias + int64_t(row) * dbias_row_bytes)[key] = DbiasT(acc_dS(i));
+        }
+    }
+    if (cap) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < N; i += 2) {
+            const float2 d = __half22float2(reinterpret_cast<__half2 const&>(dcap[i / 2]));
+            acc_dS(i) *= d.x;
+            acc_dS(i + 1) *= d.y;
+        }
+    }
 }
 
 }  // namespace mhakit::hopper
