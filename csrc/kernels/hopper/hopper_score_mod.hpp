@@ -170,31 +170,34 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
 
 }  // namespace detail
 
+template <class Element, bool kCap, class TensorS, class TensorC, class Dcap>
+CUTLASS_DEVICE void apply_score_mods_t_cap(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
+                                           Dcap& dcap) {
+    if (r.bias_type == 2) {
+        detail::score_mods_tile_t<kCap, 2, float>(acc_S, cS, r, r0, n0, dcap);
+    } else if (r.bias_type == 1) {
+        if (r.bias_fp32)
+            detail::score_mods_tile_t<kCap, 1, float>(acc_S, cS, r, r0, n0, dcap);
+        else
+            detail::score_mods_tile_t<kCap, 1, Element>(acc_S, cS, r, r0, n0, dcap);
+    } else {
+        detail::score_mods_tile_t<kCap, 0, float>(acc_S, cS, r, r0, n0, dcap);
+    }
+}
+
 // The backward's half of a tile's modifiers, on Sᵀ (raw q·k, in place -> logits) before recompute_pt, which then
 // runs in logit units (scale_log2 = log2 e). dcap (kSFrag / 2 words) receives the soft-cap's derivative 1 − tanh²
 // of each element as packed fp16 pairs (in [0, 1]; 11 bits, below the 16-bit dS's own rounding), left untouched
-// without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then).
+// without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then). The variants are
+// written out as in the forward (dispatched through a lambda, the tile may be outlined with S on the stack).
 template <class Element, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
                                        Dcap& dcap) {
-    const auto by_bias = [&](auto cap) {
-        constexpr bool kCap = decltype(cap)::value;
-        if (r.bias_type == 2) {
-            detail::score_mods_tile_t<kCap, 2, float>(acc_S, cS, r, r0, n0, dcap);
-        } else if (r.bias_type == 1) {
-            if (r.bias_fp32)
-                detail::score_mods_tile_t<kCap, 1, float>(acc_S, cS, r, r0, n0, dcap);
-            else
-                detail::score_mods_tile_t<kCap, 1, Element>(acc_S, cS, r, r0, n0, dcap);
-        } else {
-            detail::score_mods_tile_t<kCap, 0, float>(acc_S, cS, r, r0, n0, dcap);
-        }
-    };
     if (r.softcap > 0.f) {
-        by_bias(std::integral_constant<bool, true>{});
+        apply_score_mods_t_cap<Element, true>(acc_S, cS, r, r0, n0, dcap);
         return true;
     }
-    by_bias(std::integral_constant<bool, false>{});
+    apply_score_mods_t_cap<Element, false>(acc_S, cS, r, r0, n0, dcap);
     return false;
 }
 
