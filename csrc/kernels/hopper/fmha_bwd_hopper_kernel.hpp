@@ -46,7 +46,8 @@
 // kMods: the modifier instances ("_mods"; HopperBwdKernelModsImpl, the plain kernel keeps its type and symbol):
 // soft-cap and bias / ALiBi turn each Sᵀ tile into logits before Pᵀ is recomputed (in logit units; the forward's LSE
 // holds the sink), dbias receives dSᵀ (logit units), and dSᵀ is multiplied by the soft-cap's derivative, kept as
-// packed fp16 pairs between the two (hopper_score_mod.hpp). The sink's gradient is the preprocess's business.
+// packed fp16 pairs between the two (hopper_score_mod.hpp). d sink comes from the workspace
+// (dsink_kernel, fmha_bwd_hopper_aux.hpp).
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,9 @@
 // mhakit hopper family — the score modifiers (kernels/common/score_mod.h) on one consumer warpgroup's S accumulator
 // (the wgmma C fragment in its rows x keys view, coordinates from the identity tensor partitioned the same way).
-// Only the forward's modifier instances ("_mods", kMods) compile this: soft-cap and bias / ALiBi turn the raw q·k
-// into logits in place, before the mask (the softmax then runs with scale 1); the sink joins each row's
-// denominator and LSE in OnlineSoftmax::finalize (hopper_softmax.hpp).
+// Only the modifier instances ("_mods", kMods) compile this. Forward: soft-cap and bias / ALiBi turn the raw q·k into
+// logits in place, before the mask (the softmax then runs with scale 1); the sink joins each row's denominator and
+// LSE in OnlineSoftmax::finalize (hopper_softmax.hpp). Backward (the *_t pieces at the end, on the transposed Sᵀ
+// tile): the same logits before Pᵀ is recomputed, then dbias and the soft-cap's derivative on dSᵀ.
 //
 // Elementwise bias values are read from global memory by the consumer threads, in the loop that applies them: a quad
 // of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8 rows, so a warp's load of one
