@@ -23,24 +23,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 cp = pytest.importorskip("cupy")
 
 from test_python_gpu import kernel_cache  # noqa: E402,F401  (autouse: MHAKIT_CACHE_DIR for the module)
-
-
-@pytest.fixture(autouse=True)
-def hopper_only():
-    from mhakit import jit
-    if jit.device_arch(0) != "sm_90a":
-        pytest.skip("the hopper family exists on sm_90a only")
+from test_python_gpu_hopper_mods import hopper_only, launched_names  # noqa: E402,F401  (hopper_only: autouse)
 
 
 @pytest.fixture
 def launched(monkeypatch, capfd):
     """launched() -> the instance names of the backward calls since the last call of it."""
-    monkeypatch.setattr(api, "LOG_LEVEL", 1)
-
-    def names():
-        cp.cuda.runtime.deviceSynchronize()
-        return [line.split("-> ")[1].strip() for line in capfd.readouterr().out.splitlines() if "mha_bwd ->" in line]
-    return names
+    return launched_names(monkeypatch, capfd, "mha_bwd")
 
 
 def hopper_name(dtype, d, dv, mode):
