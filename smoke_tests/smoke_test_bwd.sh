@@ -8,7 +8,8 @@
 # per-sequence lengths: prec x perm x hdim {64, 128, 256} x three shapes, 36 runs; then head dims that are not
 # multiples of 8 (1, 59, 111, 255, d != d_v among them, two deterministic shapes): prec x perm x mode x 8, 64 runs;
 # then the score modifiers (elementwise bias with dbias, ALiBi, soft-cap, sinks with d sink, combined, one
-# deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs; then dropout (random bytes checked against the
+# deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs; then the modifiers at the Hopper-only buckets:
+# prec x mode x hdim {256, 192/128} x 5, 40 runs; then dropout (random bytes checked against the
 # host's Philox, masks, GQA, device seed / offset, with modifiers, deterministic): prec x mode x hdim x 4, 48 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
@@ -21,13 +22,14 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (181 runs instead of 508)
+  -q        quick subset: fp16 and iperm=operm=1 only (201 runs instead of 548)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
   BENCH           benchmark executable (default: ./benchmark_mha_bwd)
   MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=0 -seed=7"
   MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
+  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, det, group, odd, mods, hmods, dropout
 USAGE
 }
 
@@ -44,7 +46,11 @@ if [ "$QUICK" -eq 1 ]; then
     PERMS="1"
 fi
 
+# Whether section $1 runs (MHA_SMOKE_ONLY lists the sections to run; unset: all of them).
+want() { [ -z "${MHA_SMOKE_ONLY:-}" ] || [[ ",$MHA_SMOKE_ONLY," == *",$1,"* ]]; }
+
 smoke_header
+want grid &&
 for prec in $PRECS; do
 for perm in $PERMS; do
 for hdim in 32 64 128 256; do
@@ -62,6 +68,7 @@ done
 done
 
 # deterministic mode, checked bitwise against a second run
+want det &&
 for prec in $PRECS; do
 for mode in 0 1; do
 for hdim in 32 64 128 256; do
@@ -75,6 +82,7 @@ done
 
 # Group mode with per-sequence lengths (seqlen_q != seqlen_k, empty sequences on either side, tiles that cross into
 # the next sequence) on the equal head dims that the Hopper family serves.
+want group &&
 for prec in $PRECS; do
 for perm in $PERMS; do
 for hdim in 64 128 256; do
@@ -87,6 +95,7 @@ done
 done
 
 # Head dims that are not multiples of 8 (partial last chunks, odd row strides), deterministic mode included
+want odd &&
 for prec in $PRECS; do
 for perm in $PERMS; do
 for mode in 0 1; do
@@ -103,8 +112,10 @@ done
 done
 done
 
-# Score modifiers (generic family): aiter's bias grid with dbias for the elementwise kinds, ALiBi, soft-cap, sinks
-# (d sink checked), combinations, GQA, group mode, an odd head dim and a deterministic run.
+# Score modifiers: aiter's bias grid with dbias for the elementwise kinds, ALiBi, soft-cap, sinks (d sink checked),
+# combinations, GQA, group mode, an odd head dim (generic) and a deterministic run; 64 / 128 run on the Hopper
+# "_mods" instances where the library has them.
+want mods &&
 for prec in $PRECS; do
 for mode in 0 1; do
 for hdim in 59 64 128; do
@@ -123,8 +134,25 @@ done
 done
 done
 
+# The modifiers at the Hopper-only buckets 256 and (192, 128) (Hopper "_mods" backward instances where built).
+want hmods &&
+for prec in $PRECS; do
+for mode in 0 1; do
+for dims in "-d=256" "-d=192 -d_v=128"; do
+    # shellcheck disable=SC2206
+    p=(-prec="$prec" -mode="$mode" $dims)
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -bias=e -dbias=1
+    run "${p[@]}" -b=2 -h=2 -s=216 -s_k=153 -mask=2 -logits_soft_cap=10 -bias=a
+    run "${p[@]}" -b=1 -h=2 -s=130 -s_k=77 -mask=b:4,35 -sink=1 -logits_soft_cap=20 -bias=e:1 -dbias=1
+    run "${p[@]}" -b=1 -h=4 -h_k=1 -s=200 -s_k=251 -mask=t:64,10 -bias=e:2 -dbias=1
+    run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=2 -sink=1 -bias=e -dbias=1 -deterministic=1
+done
+done
+done
+
 # Dropout (generic family; the forward stores its random bytes, which must equal the host's Philox and feed the host
 # reference): masks, GQA, group mode, seed / offset in device memory, with a soft-cap and a bias, deterministic.
+want dropout &&
 for prec in $PRECS; do
 for mode in 0 1; do
 for hdim in 59 64 128; do

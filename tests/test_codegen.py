@@ -75,7 +75,7 @@ class TestRules:
         (dict(mask="windowed"), "not windowed mask class"),
         (dict(hq=0), "hdim_q=0 is not an accepted head dim: head dims must be in [1, 256]"),
         (dict(hv=264), "hdim_v=264 is not an accepted head dim: head dims must be in [1, 256]"),
-        (dict(api="bwd", family="hopper", mods=True), "the hopper family has no score modifiers"),
+        (dict(api="splitkv", family="decode", mods=True), "the decode family has no score modifiers"),
     ])
     def test_invalid_specs_are_rejected_with_a_reason(self, kwargs, reason):
         reasons = rules.violations(make_spec(**kwargs))
@@ -102,27 +102,29 @@ class TestNames:
 
 class TestProfiles:
     def test_counts(self):
-        # minimal: hopper + generic, masked and unmasked, one masked modifier instance of each (the backward: generic
-        # only), one decode and one decode_tma instance
+        # minimal: hopper + generic, masked and unmasked, one masked modifier instance of each, one decode and one
+        # decode_tma instance
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 2 + 1 + 1
-        assert len(profiles.select("bwd", "sm_90a", "minimal").specs) == 4 + 1
+        assert len(profiles.select("bwd", "sm_90a", "minimal").specs) == 4 + 2
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
         # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
         # 2 modes x 2 masks in the default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the
         # forward library also holds the split-KV instances: decode (2 dtypes x 3 buckets) and, on sm_90a only,
-        # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper forward's modifier instances: bf16 x 64 / 128 / 256
+        # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper modifier instances (forward and backward): bf16 x 64 / 128 / 256
         # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
         # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`
         assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4
-        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32
+        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
         assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8
-        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48
+        assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
 
     def test_modifier_instances_are_a_trait_the_profile_narrows(self):
         mods = [s for s in profiles.select("bwd", "sm_90a", "default").specs if s.signature.mods]
         assert {(s.signature.hdim_q, s.signature.mask, s.algorithm.family) for s in mods} == \
-            {(64, "mask", "generic"), (128, "mask", "generic"), (256, "mask", "generic")}
+            {(d, "mask", f) for d in (64, 128, 256) for f in ("generic", "hopper")}
+        assert {(s.signature.dtype, s.signature.mode) for s in mods if s.algorithm.family == "hopper"} == \
+            {("bf16", "batch"), ("bf16", "group")}
         assert all(s.name.split("_")[4:6] == ["mask", "mods"] for s in mods)
         fwd = [s for s in profiles.select("fwd", "sm_90a", "default").specs if s.signature.mods]
         assert {(s.signature.dtype, s.signature.hdim_q, s.signature.mode, s.signature.mask) for s in fwd
@@ -136,7 +138,7 @@ class TestProfiles:
         assert len(twins) == 40 + 48 and all(s.name.replace("_mods", "") in plain for s in twins)
         assert all(s.guards.instance_mods for s in twins)
         bwd_twins = [s for s in profiles.enumerate_specs("bwd", "sm_90a").specs if s.signature.mods]
-        assert len(bwd_twins) == 40 and {s.algorithm.family for s in bwd_twins} == {"generic"}
+        assert len(bwd_twins) == 40 + 48 and {s.algorithm.family for s in bwd_twins} == {"generic", "hopper"}
         assert not any(s.signature.mods for s in profiles.enumerate_specs("fwd", "gfx942").specs)
         # the profile's `mods` table narrows modifier instances only; `mods = false` drops them
         generic_mods = make_spec(hq=32, hv=32, mask="nmask", mods=True)
@@ -220,7 +222,11 @@ class TestRendering:
         assert "hopper::FwdKernel<MHAKIT_DTYPE_FP16, 128, 128, /*group_mode=*/true, /*masked=*/true,\n                                 128, 128, /*mods=*/true>" in hopper_mods
         assert "the score modifiers' kernel in place of the plain one (\"_mods\": soft-cap, bias / ALiBi, sink)" in hopper_mods
         bwd = profiles.select("bwd", "sm_90a", "default", "bwd_d128_bf16_batch_mask_sm90a_hopper*").specs[0]
-        assert "64, 128>;" in render.render_instance(bwd)  # the Hopper backward has no modifier kernel
+        assert "64, 128, /*mods=*/false>;" in render.render_instance(bwd)
+        bwd_mods = profiles.select("bwd", "sm_90a", "default", "bwd_d128_bf16_group_mask_mods_sm90a_hopper*").specs[0]
+        bwd_text = render.render_instance(bwd_mods)
+        assert "hopper::BwdKernel<MHAKIT_DTYPE_BF16, 128, 128, /*group_mode=*/true, /*masked=*/true,\n                                 64, 128, /*mods=*/true>" in bwd_text
+        assert "(the backward: with dbias and d sink)" in bwd_text
         assert f"bool {spec.name}_supports(" in hopper and f"dev::Error {spec.name}_run(" in hopper
 
     def test_dispatch_lists_every_instance_with_its_traits(self):

@@ -159,7 +159,7 @@ def test_backward_dropout_arguments_are_refused_with_one_sentence(bwd_lib, overr
 @pytest.mark.parametrize("overrides", [dict(p_drop=0.1), dict(p_drop=0.5, drop_seed_ptr=FAKE, drop_offset_ptr=FAKE),
                                        dict(p_drop=0.1, randval_ptr=FAKE, stride_randval=256)])
 def test_dropout_calls_run_on_the_modifier_instances(fwd_lib, bwd_lib, overrides):
-    """The hopper family lacks the score modifiers (catalogue guard): dropout runs on the generic family's "_mods"
+    """The hopper family lacks dropout (catalogue score_mods, forward and backward): it runs on generic's "_mods"
     instance (the minimal profile's masked one serves this unmasked call)."""
     assert fwd_lib.kernel_name(valid_args(**overrides)) == "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4"
     bwd_overrides = {k: v for k, v in overrides.items() if "randval" not in k}

@@ -31,15 +31,20 @@ def hopper_only():
         pytest.skip("the hopper family exists on sm_90a only")
 
 
-@pytest.fixture
-def launched(monkeypatch, capfd):
-    """launched() -> the instance names of the forward calls since the last call of it."""
+def launched_names(monkeypatch, capfd, which: str):
+    """A function that returns the instance names of the `which` calls ("mha_fwd", "mha_bwd") since its last call."""
     monkeypatch.setattr(api, "LOG_LEVEL", 1)
 
     def names():
         cp.cuda.runtime.deviceSynchronize()
-        return [line.split("-> ")[1].strip() for line in capfd.readouterr().out.splitlines() if "mha_fwd ->" in line]
+        return [line.split("-> ")[1].strip() for line in capfd.readouterr().out.splitlines() if f"{which} ->" in line]
     return names
+
+
+@pytest.fixture
+def launched(monkeypatch, capfd):
+    """launched() -> the instance names of the forward calls since the last call of it."""
+    return launched_names(monkeypatch, capfd, "mha_fwd")
 
 
 def hopper_name(dtype, d, dv, mode):

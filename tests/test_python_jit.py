@@ -154,10 +154,10 @@ class TestDerive:
 
     @pytest.mark.parametrize("api", ["fwd", "bwd"])
     def test_a_modifier_call_gets_the_modifier_instance_alone(self, api):
-        """Dropout calls need the "_mods" instance of the tightest generic bucket (hopper has no dropout), and so do
-        the backward's soft-cap / bias / ALiBi calls; plain calls never pull one in."""
+        """Dropout calls need the "_mods" instance of the tightest generic bucket (hopper has no dropout, forward or
+        backward); plain calls never pull one in."""
         tile = {"fwd": {64: "b128x128w4", 128: "b128x64w4"}, "bwd": {64: "b64x128w8", 128: "b64x64w4"}}[api]
-        for mods in ((DROPOUT, DROPOUT | SOFTCAP) if api == "fwd" else (SOFTCAP, BIAS, ALIBI | SINK, DROPOUT)):
+        for mods in (DROPOUT, DROPOUT | SOFTCAP):
             e = entry(api=api, mods=mods, masked=True)
             assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tile[128]}"], mods
             assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-generic_d128"
@@ -171,38 +171,49 @@ class TestDerive:
         with pytest.raises(ValueError, match="unknown score-modifier bits 0x20"):
             entry(api=api, mods=32)
 
+    @pytest.mark.parametrize("api", ["fwd", "bwd"])
     @pytest.mark.parametrize("mods", [SOFTCAP, BIAS, ALIBI, SOFTCAP | ALIBI | SINK, BIAS | SINK])
-    def test_a_hopper_modifier_call_gets_the_hopper_modifier_instance(self, mods):
-        """Soft-cap, bias / ALiBi and sinks run on the Hopper forward's "_mods" instance (catalogue score_mods), with
-        the generic one as the fallback for the calls Hopper refuses at run time (unaligned, odd head dims)."""
+    def test_a_hopper_modifier_call_gets_the_hopper_modifier_instance(self, mods, api):
+        """Soft-cap, bias / ALiBi and sinks run on the Hopper "_mods" instance, forward and backward (catalogue
+        score_mods), with the generic one as the fallback for the calls Hopper refuses at run time (unaligned, odd
+        head dims)."""
+        tiles = {"fwd": ("b128x128", "b128x64w4", "b128x96", "b64x64w4", "b128x128w4"),
+                 "bwd": ("b64x128", "b64x64w4", "b64x64", "b32x64w8", "b64x128w8")}[api]
         for masked in (False, True):
-            e = entry(mods=mods, masked=masked)
-            assert e.instance_names == ["fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128",
-                                        "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4"]
-            assert e.name == "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128"
-        assert entry(mods=mods, hq=192, hv=128, mode="group").instance_names == [
-            "fwd_d192x128_bf16_group_mask_mods_sm90a_hopper_b128x96",
-            "fwd_d192x128_bf16_group_mask_mods_sm90a_generic_b64x64w4"]
+            e = entry(api=api, mods=mods, masked=masked)
+            assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_hopper_{tiles[0]}",
+                                        f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tiles[1]}"]
+            assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128"
+        assert entry(api=api, mods=mods, hq=192, hv=128, mode="group").instance_names == [
+            f"{api}_d192x128_bf16_group_mask_mods_sm90a_hopper_{tiles[2]}",
+            f"{api}_d192x128_bf16_group_mask_mods_sm90a_generic_{tiles[3]}"]
         # a head dim Hopper does not take (not a multiple of 8): generic alone
-        assert entry(mods=mods, hq=59, hv=59).instance_names == ["fwd_d64_bf16_batch_mask_mods_sm90a_generic_b128x128w4"]
+        assert entry(api=api, mods=mods, hq=59, hv=59).instance_names == [
+            f"{api}_d64_bf16_batch_mask_mods_sm90a_generic_{tiles[4]}"]
 
     def test_a_sink_alone_gets_the_hopper_modifier_instance_and_the_plain_generic_one(self):
-        """A sink is served by the plain generic instances (in their epilogue) but only by Hopper's "_mods" ones."""
+        """A sink is served by the plain generic instances (in their epilogue) but only by Hopper's "_mods" ones,
+        forward and backward (d sink)."""
         for masked, mask in ((False, "nmask"), (True, "mask")):
             e = entry(mods=SINK, masked=masked)
             assert e.instance_names == ["fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128",
                                         f"fwd_d128_bf16_batch_{mask}_sm90a_generic_b128x64w4"]
             assert e.name == f"fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128_{mask}"
-        assert entry(api="bwd", mods=SINK).instance_names == ["bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4"]
+            assert entry(api="bwd", mods=SINK, masked=masked).instance_names == [
+                "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128", f"bwd_d128_bf16_batch_{mask}_sm90a_generic_b64x64w4"]
 
     def test_modifier_entries_within_a_profile(self):
         default = profiles_mod.select("bwd", "sm_90a", "default").specs
         mods = [e.name for e in jit.entries_within("bwd", "sm_90a", default) if "_mods_" in e.name]
-        # the default profile's masked modifier instances of 64 / 128 / 256 (fp16, bf16; batch, group)
-        assert len(mods) == 12 and all("_mask_mods_" in n for n in mods)
-        fwd = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        hopper_mods = {sp.name for e in fwd for sp in e.specs if sp.signature.mods and sp.algorithm.family == "hopper"}
-        assert len(hopper_mods) == 6 and all("_bf16_" in n and "_mask_mods_" in n for n in hopper_mods)
+        # the default profile's masked modifier instances of 64 / 128 / 256: generic alone (fp16, bf16; batch, group:
+        # 12), and each bf16 Hopper one with its generic fallbacks (the "_mods" one, and for a sink alone the plain
+        # masked and unmasked ones of the tightest bucket: 6 x 3 + 2 x 2 for d64, whose sink fallback is d32's)
+        assert len(mods) == 34 and all("_mask_mods_" in n for n in mods)
+        for api in ("fwd", "bwd"):
+            entries = jit.entries_within(api, "sm_90a", profiles_mod.select(api, "sm_90a", "default").specs)
+            hopper_mods = {sp.name for e in entries for sp in e.specs
+                           if sp.signature.mods and sp.algorithm.family == "hopper"}
+            assert len(hopper_mods) == 6 and all("_bf16_" in n and "_mask_mods_" in n for n in hopper_mods)
 
     def test_unknown_values_are_refused(self):
         with pytest.raises(ValueError, match="dtype must be one of"):

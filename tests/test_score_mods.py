@@ -88,12 +88,26 @@ def test_forward_dropout_runs_on_the_generic_modifier_instance(fwd_lib):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("overrides", MOD_CALLS)
-def test_backward_modifier_calls_run_on_the_generic_family(bwd_lib, overrides):
-    """The Hopper backward has no score modifiers: a soft-cap or bias / ALiBi runs on the generic "_mods" instance, a
-    sink alone on the plain generic one."""
-    mods = overrides != dict(sink_ptr=FAKE)
-    name = bwd_lib.kernel_name(valid_bwd_args(**overrides))
-    assert name is not None and "_generic_" in name and ("_mask_mods_" in name) == mods, bwd_lib.last_error()
+def test_backward_modifier_calls_run_on_the_hopper_modifier_instance(bwd_lib, overrides):
+    """The Hopper backward serves soft-cap, bias / ALiBi (+ dbias) and sinks (+ d sink) on its "_mods" instances, for
+    every mask type (the minimal profile's masked one serves unmasked calls too), deterministic or not; an odd head
+    dim goes to the generic "_mods" instance, or, for a sink alone, to the plain generic one."""
+    assert bwd_lib.kernel_name(valid_bwd_args()) == "bwd_d128_bf16_batch_nmask_sm90a_hopper_b64x128"
+    for mask_type in (0, 1, 2, 3):
+        for deterministic in (0, 1):
+            name = bwd_lib.kernel_name(valid_bwd_args(mask_type=mask_type, deterministic=deterministic, **overrides))
+            assert name == "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128", bwd_lib.last_error()
+    odd = bwd_lib.kernel_name(valid_bwd_args(hdim_q=59, hdim_v=59, **overrides))
+    assert odd == ("bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4" if overrides == dict(sink_ptr=FAKE)
+                   else "bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4"), bwd_lib.last_error()
+
+
+@pytest.mark.compile
+def test_backward_dropout_runs_on_the_generic_modifier_instance(bwd_lib):
+    """The Hopper backward has no dropout: a dropout call, with or without other modifiers, goes to generic."""
+    for extra in ({}, dict(logits_soft_cap=30.0), dict(sink_ptr=FAKE)):
+        assert bwd_lib.kernel_name(valid_bwd_args(p_drop=0.1, **extra)) == \
+            "bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4", bwd_lib.last_error()
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +138,7 @@ def test_catalogue_states_which_families_serve_modifiers():
     served = {(api, name): (fam.plain_mods, fam.instance_mods) for (api, name), fam in cat.families.items()}
     for api in ("fwd", "bwd"):
         assert served[(api, "generic")] == (("sink",), ("softcap", "bias", "alibi", "dropout"))
-    assert served[("fwd", "hopper")] == ((), ("softcap", "bias", "alibi", "sink"))  # no dropout
-    assert served[("bwd", "hopper")] == ((), ())
+        assert served[(api, "hopper")] == ((), ("softcap", "bias", "alibi", "sink"))  # no dropout
     assert not served[("splitkv", "decode")][0] and not served[("splitkv", "decode")][1]
     assert not any(f.plain_mods or f.instance_mods for f in catalogue.load("rocm").families.values())
 

@@ -1,6 +1,7 @@
 // mhakit hopper family — backward FMHA on sm_90a (TMA + wgmma + warp specialization), batch and group mode.
 //
-//   template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+//   template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN,
+//             bool kMods>
 //   struct mhakit::hopper::BwdKernel {
 //       static bool supports(const BwdParams& p);           // runtime guard, pure host arithmetic
 //       static size_t workspace_bytes(const BwdParams& p);  // pure host arithmetic
@@ -24,6 +25,11 @@
 // a fixed order of key blocks (turn counters in the workspace; see the main kernel). Masks: kMasked = false serves mask_type 0; kMasked = true serves mask_type
 // 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see no key of a
 // block are skipped, keys that no query sees get dK = dV = 0.
+// Score modifiers (kMods, the "_mods" instances; the runtime gives them exactly the calls that set a soft-cap, a bias /
+// ALiBi or a sink, none with dropout: catalogue score_mods; a masked one serves unmasked calls too): soft-cap,
+// elementwise bias (+ dbias: every element of the sequences' blocks written, zeros where no query sees the key),
+// ALiBi and sinks (+ d sink, a fixed-order sum: deterministic), with mha_bwd.h's semantics. Deterministic mode works
+// with them unchanged (each dbias element has one writer).
 // Layout: q, k, v, o, do, dq, dk, dv 16-byte aligned with every row / head / batch stride a multiple of 8 elements
 // (16 bytes); lse any fp32 strides.
 //
@@ -42,6 +48,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -59,10 +66,11 @@
 
 namespace mhakit::hopper {
 
-template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
 struct BwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = HopperBwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>;
+    using Impl = std::conditional_t<kMods, HopperBwdKernelModsImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
+                                    HopperBwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -88,7 +96,8 @@ struct BwdKernel {
         if (kGroup && p.max_seqlen_k < 1) return false;
         if (int64_t(tma_rows_q(p)) + kBlockM > int64_t(INT32_MAX)) return false;
         if ((int64_t(tma_rows_k(p)) + kBlockN - 1) / kBlockN > int64_t(INT32_MAX)) return false;
-        if (kMasked ? p.mask_type == 0 : p.mask_type != 0) return false;
+        // A masked modifier instance serves unmasked calls too (as the forward's): the profiles build only those.
+        if (kMasked ? (p.mask_type == 0 && !kMods) : p.mask_type != 0) return false;
         const int nb = tma_batch(p);
         if (!ok_tensor(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.nhead_q, nb)) return false;
         if (!ok_tensor(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.nhead_k, nb)) return false;
@@ -164,6 +173,13 @@ struct BwdKernel {
         params.dv_row = p.dv_row_stride;
         params.dv_head = p.dv_head_stride;
         params.dv_batch = p.dv_batch_stride;
+        if constexpr (kMods) {
+            params.mods = p.mods;
+            params.dbias = static_cast<char*>(p.dbias);
+            params.dbias_row = p.dbias_row_stride;
+            params.dbias_head = p.dbias_head_stride;
+            params.dbias_batch = p.dbias_batch_stride;
+        }
         return params;
     }
 
@@ -181,7 +197,7 @@ struct BwdKernel {
         const int m_tiles = int(ws.sq_pad / kBlockM);
         const dim3 grid_q = bwd::RowTileScheduler::grid(m_tiles, p.nhead_q, p.batch);
 
-        bwd::PreprocessParams pp;
+        std::conditional_t<kMods, bwd::PreprocessModsParams, bwd::PreprocessParams> pp;
         pp.o = p.o;
         pp.dout = p.dout;
         pp.lse = p.lse;
@@ -203,9 +219,37 @@ struct BwdKernel {
         pp.nhead_q = p.nhead_q;
         pp.seqlen_q = p.seqlen_q;
         pp.hdim_v = p.hdim_v;
-        bwd::preprocess_kernel<Element, kHdim, kHdimV, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
+        if constexpr (kMods) {
+            pp.dbias = static_cast<char*>(p.dbias);
+            pp.dbias_row = p.dbias_row_stride;
+            pp.dbias_head = p.dbias_head_stride;
+            pp.dbias_batch = p.dbias_batch_stride;
+            pp.dbias_fp32 = p.mods.bias_fp32;
+            pp.seqstart_k = p.seqstart_k;
+            pp.seqlen_k = p.seqlen_k;
+            bwd::preprocess_mods_kernel<Element, kHdim, kHdimV, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
+        } else {
+            bwd::preprocess_kernel<Element, kHdim, kHdimV, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
+        }
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
+        if constexpr (kMods) {
+            if (p.dsink != nullptr && p.mods.sink != nullptr) {
+                bwd::DsinkParams dp;
+                dp.sink = p.mods.sink;
+                dp.dsink = p.dsink;
+                dp.lse2 = pp.lse2;
+                dp.dsum = pp.dsum;
+                dp.seqstart_q = p.seqstart_q;
+                dp.sq_pad = ws.sq_pad;
+                dp.batch = p.batch;
+                dp.nhead_q = p.nhead_q;
+                dp.seqlen_q = p.seqlen_q;
+                bwd::dsink_kernel<256><<<p.nhead_q, 256, 0, stream>>>(dp);
+                err = cudaGetLastError();
+                if (err != cudaSuccess) return err;
+            }
+        }
 
         const typename Impl::Params params = make_params(p, ws);
         const int rows_k = kGroup ? p.max_seqlen_k : p.seqlen_k;

@@ -3,6 +3,8 @@
 //               LSE is -inf, so that their P is exactly 0), and zeroing of the row tile's fp32 dQ accumulator and of
 //               its turn counter;
 //   convert:    dQ = scale · accumulator, from the main kernel's fragment order to the caller's dtype and strides.
+// With the score modifiers (the "_mods" instances): preprocess_mods_kernel also zeroes the tile's rows of dbias (the
+// main kernel writes only the tiles it visits), and dsink_kernel sums d sink per query head over the workspace.
 // One CTA of 256 threads per (query tile, query head, batch) for both; the tile height is the main kernel's BM. In
 // group mode (seqstart_q non-null) the tiles of a sequence start at its first packed row, and the CTAs of tiles past
 // the sequence's end (the grid is sized by max_seqlen_q) return at once: the main kernel never touches those tiles.
@@ -55,8 +57,9 @@ CUTLASS_DEVICE float dot8(uint4 a, uint4 b) {
     return acc;
 }
 
+// The preprocess of one (query tile, query head, batch) CTA.
 template <class Element, int kHdim, int kHdimV, int kBlockM>
-__global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const p) {
+CUTLASS_DEVICE void preprocess_tile(PreprocessParams const& p) {
     // threads per row, 16 bytes each: the power of two that covers O's head dim (lanes past it read nothing)
     constexpr int T = kHdimV <= 64 ? 8 : (kHdimV <= 128 ? 16 : 32);
     constexpr int kRowsPerPass = 256 / T;
@@ -101,6 +104,78 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const 
     float4* z = reinterpret_cast<float4*>(p.dq_acc + tile * int64_t(kBlockM * kHdim));
     #pragma unroll 4
     for (int i = int(threadIdx.x); i < kBlockM * kHdim / 4; i += 256) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+template <class Element, int kHdim, int kHdimV, int kBlockM>
+__global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const p) {
+    preprocess_tile<Element, kHdim, kHdimV, kBlockM>(p);
+}
+
+// The modifier instances' preprocess: the same, and zeroes in the tile's rows of dbias (when asked for).
+struct PreprocessModsParams : PreprocessParams {
+    char* dbias;  // element (0, 0, 0, 0) of dbias, or null
+    int64_t dbias_row, dbias_head, dbias_batch;  // elements
+    bool dbias_fp32;
+    const int32_t* seqstart_k;  // group mode, else nullptr
+    int seqlen_k;
+};
+
+template <class Element, int kHdim, int kHdimV, int kBlockM>
+__global__ void __launch_bounds__(256) preprocess_mods_kernel(PreprocessModsParams const p) {
+    preprocess_tile<Element, kHdim, kHdimV, kBlockM>(p);
+    if (p.dbias == nullptr) return;
+    const auto work = RowTileScheduler::work();
+    const int m = work.block, h = work.head, b = work.batch;
+    const SeqRows sq = seq_rows(p.seqstart_q, b, p.seqlen_q), sk = seq_rows(p.seqstart_k, b, p.seqlen_k);
+    const int r_end = sq.len - m * kBlockM < kBlockM ? sq.len - m * kBlockM : kBlockM;  // <= 0: past the sequence
+    const int64_t elem = p.dbias_fp32 ? 4 : 2;
+    char* block = p.dbias + (int64_t(b) * p.dbias_batch + int64_t(h) * p.dbias_head) * elem;
+    // a warp per row, its lanes along the keys
+    for (int r = int(threadIdx.x) / 32; r < r_end; r += 8) {
+        char* row = block + int64_t(m * kBlockM + r) * p.dbias_row * elem;
+        for (int j = int(threadIdx.x) % 32; j < sk.len; j += 32) {
+            if (p.dbias_fp32)
+                reinterpret_cast<float*>(row)[j] = 0.f;
+            else
+                reinterpret_cast<uint16_t*>(row)[j] = 0;
+        }
+    }
+}
+
+// d sink[h] = −Σ over the rows of every sequence of exp(sink[h] − LSE)·D (mha_bwd.h), one CTA per query head, from
+// the workspace the preprocess filled (LSE·log2 e, D), in a fixed order: deterministic.
+struct DsinkParams {
+    float const* sink;
+    float* dsink;
+    float const* lse2;
+    float const* dsum;
+    const int32_t* seqstart_q;  // group mode, else nullptr
+    int64_t sq_pad;
+    int batch, nhead_q, seqlen_q;
+};
+
+template <int kThreads>  // 256 (a template: defined in every instance's translation unit)
+__global__ void __launch_bounds__(kThreads) dsink_kernel(DsinkParams const p) {
+    static_assert(kThreads == 256);
+    const int h = int(blockIdx.x);
+    const float sink2 = p.sink[h] * 1.4426950408889634f;
+    float acc = 0.f;
+    for (int b = 0; b < p.batch; ++b) {
+        const SeqRows seq = seq_rows(p.seqstart_q, b, p.seqlen_q);
+        const int64_t row0 = (int64_t(b) * p.nhead_q + h) * p.sq_pad;
+        for (int i = int(threadIdx.x); i < seq.len; i += 256)
+            acc -= exp2f(sink2 - p.lse2[row0 + i]) * p.dsum[row0 + i];
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    __shared__ float part[8];
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int w = 0; w < 8; ++w) total += part[w];
+        p.dsink[h] = total;
+    }
 }
 
 struct ConvertParams {

@@ -42,6 +42,12 @@
 // tiles by its sequence's first rows (seqstart), makes the sequence's mask coordinate itself, and returns at once
 // when its key block lies past the sequence's keys (the grid is sized by max_seqlen_k). Query tiles that run past
 // the sequence read the next sequence's rows, whose workspace LSE is +inf: their P, hence their dS, is 0.
+//
+// kMods: the modifier instances ("_mods"; HopperBwdKernelModsImpl, the plain kernel keeps its type and symbol):
+// soft-cap and bias / ALiBi turn each Sᵀ tile into logits before Pᵀ is recomputed (in logit units; the forward's LSE
+// holds the sink), dbias receives dSᵀ (logit units), and dSᵀ is multiplied by the soft-cap's derivative, kept as
+// packed fp16 pairs between the two (hopper_score_mod.hpp). d sink comes from the workspace
+// (dsink_kernel, fmha_bwd_hopper_aux.hpp).
 #pragma once
 
 #include <cstddef>
@@ -62,6 +68,7 @@
 
 #include "fmha_bwd_hopper_common.hpp"
 #include "hopper_epilogue.hpp"
+#include "hopper_score_mod.hpp"
 #include "hopper_softmax.hpp"
 #include "hopper_types.hpp"
 
@@ -72,8 +79,9 @@ using namespace cute;
 using BwdGmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;     // (seqlen, d, head, batch)
 using BwdGmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;  // elements
 
-template <class Element_, int kHdim_, int kHdimV_, bool kGroup_, bool kMasked_, int kBlockM_, int kBlockN_>
-struct HopperBwdKernelImpl {
+template <class Element_, int kHdim_, int kHdimV_, bool kGroup_, bool kMasked_, int kBlockM_, int kBlockN_,
+          bool kMods_>
+struct HopperBwdKernelBody {
     using Element = Element_;
     static constexpr bool kGroup = kGroup_;
     static constexpr int kHdim = kHdim_;    // Q, K, dQ, dK
@@ -81,6 +89,7 @@ struct HopperBwdKernelImpl {
     static constexpr bool kMasked = kMasked_;
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
+    static constexpr bool kMods = kMods_;
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kHdimV % 32 == 0 && kHdimV >= 64 && kHdimV <= 256, "V head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
@@ -219,7 +228,7 @@ struct HopperBwdKernelImpl {
     static constexpr uint32_t kBarDqFull = 1;   // + wg: 128 consumers arrive, writer warp syncs
     static constexpr uint32_t kBarDqEmpty = 3;  // + wg: writer warp arrives, 128 consumers sync
 
-    struct Params {
+    struct Params : BwdModParams<kMods> {  // kMods: the call's modifiers and dbias first; plain: nothing
         TmaQ tma_q;
         TmaDO tma_do;
         TmaK tma_k;
@@ -483,7 +492,8 @@ struct HopperBwdKernelImpl {
         const int xr = seq.mask.x;
         const int yr = seq.mask.y;
         const Geometry geom = geometry(seq);
-        const float scale_log2 = params.scale_log2;
+        // Modifier instances: logits in place of q·k, so Pᵀ's scale is 1 (log2 e in exp2 units)
+        const float scale_log2 = kMods ? 1.4426950408889634f : params.scale_log2;
         const int n0 = n_block * kBlockN;
 
         TiledMmaSdP mma_sdp;
@@ -564,6 +574,11 @@ struct HopperBwdKernelImpl {
             // ---- Pᵀ ----
             warpgroup_wait<1>();
             warpgroup_fence_operand(acc_S);
+            // Modifier instances: logits; dcap keeps the soft-cap's derivative (packed fp16) for dSᵀ
+            [[maybe_unused]] uint32_t dcap[kMods ? kSFrag / 2 : 1];
+            [[maybe_unused]] bool cap = false;
+            if constexpr (kMods)
+                cap = apply_score_mods_t<Element>(acc_S, cS, row_mods(params.mods, b, h, seq.sq, sk), r0, n0, dcap);
             recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
 
             // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----
@@ -605,6 +620,17 @@ struct HopperBwdKernelImpl {
             }
             warpgroup_fence_operand(acc_dP);
             softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
+            if constexpr (kMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
+                const ScoreMods& mods = params.mods;
+                const int64_t elem = mods.bias_fp32 ? 4 : 2;
+                char* dbias = params.dbias == nullptr
+                                  ? nullptr
+                                  : params.dbias + (int64_t(b) * params.dbias_batch + int64_t(h) * params.dbias_head) * elem;
+                if (mods.bias_fp32)
+                    finish_ds_t<float>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
+                else
+                    finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
+            }
             detail::pack_fragment<Element>(acc_dP, rdS);
             {
                 Tensor rdS_c = make_tensor(rdS.data(), acc_dP.layout());
@@ -727,5 +753,12 @@ struct HopperBwdKernelImpl {
                                    thr_dv);
     }
 };
+
+// The kernel types (distinct names, so that the plain one keeps its symbol): plain and modifier instances.
+template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+struct HopperBwdKernelImpl : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false> {};
+template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+struct HopperBwdKernelModsImpl
+    : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
 
 }  // namespace mhakit::hopper

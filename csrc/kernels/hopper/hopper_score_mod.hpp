@@ -1,8 +1,9 @@
 // mhakit hopper family — the score modifiers (kernels/common/score_mod.h) on one consumer warpgroup's S accumulator
 // (the wgmma C fragment in its rows x keys view, coordinates from the identity tensor partitioned the same way).
-// Only the forward's modifier instances ("_mods", kMods) compile this: soft-cap and bias / ALiBi turn the raw q·k
-// into logits in place, before the mask (the softmax then runs with scale 1); the sink joins each row's
-// denominator and LSE in OnlineSoftmax::finalize (hopper_softmax.hpp).
+// Only the modifier instances ("_mods", kMods) compile this. Forward: soft-cap and bias / ALiBi turn the raw q·k into
+// logits in place, before the mask (the softmax then runs with scale 1); the sink joins each row's denominator and
+// LSE in OnlineSoftmax::finalize (hopper_softmax.hpp). Backward (the *_t pieces at the end, on the transposed Sᵀ
+// tile): the same logits before Pᵀ is recomputed, then dbias and the soft-cap's derivative on dSᵀ.
 //
 // Elementwise bias values are read from global memory by the consumer threads, in the loop that applies them: a quad
 // of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8 rows, so a warp's load of one
@@ -12,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include <cuda_fp16.h>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -27,6 +30,17 @@ struct ModParams {};
 template <>
 struct ModParams<true> {
     ScoreMods mods;
+};
+
+// The backward's: the modifiers and where dS goes for an elementwise bias (dbias, the bias's element type; null when
+// not asked for). Plain instances: nothing.
+template <bool kMods>
+struct BwdModParams {};
+template <>
+struct BwdModParams<true> {
+    ScoreMods mods;
+    char* dbias;
+    int64_t dbias_row, dbias_head, dbias_batch;  // elements
 };
 
 namespace detail {
@@ -120,6 +134,98 @@ CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, RowMods
         apply_score_mods_cap<Element, true>(s_mn, c_mn, r, row0, key0);
     else
         apply_score_mods_cap<Element, false>(s_mn, c_mn, r, row0, key0);
+}
+
+// ---- the backward: Sᵀ tiles (keys x queries; cS gives each element's (key, query) tile coordinate) ----------------
+
+namespace detail {
+
+template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC, class Dcap>
+CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
+                                      Dcap& dcap) {
+    const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
+    constexpr int kLogitBias = kBias == 2 ? 2 : 0;
+    constexpr int N = decltype(cute::size(cS))::value;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; i += 2) {
+        float d[2] = {1.f, 1.f};
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            const int key = n0 + int(cute::get<0>(cS(i + e)));
+            const int row = r0 + int(cute::get<1>(cS(i + e)));
+            // Outside the sequence the raw q·k stays: its P is 0 anyway (key: masked; row: LSE = +inf)
+            if (row < r.seqlen_q && key < r.seqlen_k) {
+                float l = modified_logit_t<kCap, kLogitBias>(r, acc_S(i + e), row, key, unused16,
+                                                             kCap ? &d[e] : nullptr);
+                if constexpr (kBias == 1)
+                    l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
+                acc_S(i + e) = l;
+            }
+        }
+        if constexpr (kCap) {
+            const __half2 h = __floats2half2_rn(d[0], d[1]);
+            dcap[i / 2] = reinterpret_cast<uint32_t const&>(h);
+        }
+    }
+}
+
+}  // namespace detail
+
+template <class Element, bool kCap, class TensorS, class TensorC, class Dcap>
+CUTLASS_DEVICE void apply_score_mods_t_cap(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
+                                           Dcap& dcap) {
+    if (r.bias_type == 2) {
+        detail::score_mods_tile_t<kCap, 2, float>(acc_S, cS, r, r0, n0, dcap);
+    } else if (r.bias_type == 1) {
+        if (r.bias_fp32)
+            detail::score_mods_tile_t<kCap, 1, float>(acc_S, cS, r, r0, n0, dcap);
+        else
+            detail::score_mods_tile_t<kCap, 1, Element>(acc_S, cS, r, r0, n0, dcap);
+    } else {
+        detail::score_mods_tile_t<kCap, 0, float>(acc_S, cS, r, r0, n0, dcap);
+    }
+}
+
+// The backward's half of a tile's modifiers, on Sᵀ (raw q·k, in place -> logits) before recompute_pt, which then
+// runs in logit units (scale_log2 = log2 e). dcap (kSFrag / 2 words) receives the soft-cap's derivative 1 − tanh²
+// of each element as packed fp16 pairs (in [0, 1]; 11 bits, below the 16-bit dS's own rounding), left untouched
+// without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then). The variants are
+// written out as in the forward (dispatched through a lambda, the tile may be outlined with S on the stack).
+template <class Element, class TensorS, class TensorC, class Dcap>
+CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
+                                       Dcap& dcap) {
+    if (r.softcap > 0.f) {
+        apply_score_mods_t_cap<Element, true>(acc_S, cS, r, r0, n0, dcap);
+        return true;
+    }
+    apply_score_mods_t_cap<Element, false>(acc_S, cS, r, r0, n0, dcap);
+    return false;
+}
+
+// The other half, on dSᵀ (logit units, from softmax_grad_t): dbias (when given: the element block of (sequence b,
+// query head h), DbiasT its element type) receives dS inside the sequence, then dS becomes dS · (1 − tanh²) with a
+// soft-cap. The epilogue's scale (dK, and dQ's convert) completes the chain rule: dL/d(q·k) = scale · (1 − tanh²).
+template <class DbiasT, class TensorDS, class TensorC, class Dcap>
+CUTLASS_DEVICE void finish_ds_t(TensorDS& acc_dS, TensorC const& cS, char* dbias, int64_t dbias_row_bytes, int sq,
+                                int sk, int r0, int n0, bool cap, Dcap const& dcap) {
+    constexpr int N = decltype(cute::size(cS))::value;
+    if (dbias != nullptr) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < N; ++i) {
+            const int key = n0 + int(cute::get<0>(cS(i)));
+            const int row = r0 + int(cute::get<1>(cS(i)));
+            if (row < sq && key < sk)
+                reinterpret_cast<DbiasT*>(dbias + int64_t(row) * dbias_row_bytes)[key] = DbiasT(acc_dS(i));
+        }
+    }
+    if (cap) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < N; i += 2) {
+            const float2 d = __half22float2(reinterpret_cast<__half2 const&>(dcap[i / 2]));
+            acc_dS(i) *= d.x;
+            acc_dS(i + 1) *= d.y;
+        }
+    }
 }
 
 }  // namespace mhakit::hopper

@@ -1,0 +1,185 @@
+"""Score modifiers on the Hopper backward ("_mods" instances, sm_90a) through the Python API against mhakit.reference
+(float64 NumPy on the rounded inputs, D from the library's O): logits soft-cap, ALiBi ([h] and [b, h] slopes),
+elementwise bias (fp32 and the data type, broadcast over batch or heads) with dbias, attention sinks with d sink,
+alone and combined, with every mask kind, GQA, group mode (empty sequences on either side), head dims 64 / 128 / 256
+and (192, 128), deterministic mode. Every backward call asserts the instance it ran on ("[mhakit] mha_bwd -> <name>",
+MHAKIT_LOG_LEVEL=1), so a call that fell back to the generic family fails here. Dropout is not a Hopper modifier:
+such a call must run on generic. Kernels are built on first use into MHAKIT_TEST_CACHE_DIR (tools/verify_hbmods.sh
+prebuilds them)."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import mhakit
+from mhakit import api, reference
+
+from test_python_gpu_mods import close, dev, host, make_mods, sequence_mods
+
+pytestmark = [pytest.mark.gpu, pytest.mark.compile]
+
+cp = pytest.importorskip("cupy")
+
+from test_python_gpu import kernel_cache  # noqa: E402,F401  (autouse: MHAKIT_CACHE_DIR for the module)
+from test_python_gpu_hopper_mods import hopper_only, launched_names  # noqa: E402,F401  (hopper_only: autouse)
+
+
+@pytest.fixture
+def launched(monkeypatch, capfd):
+    """launched() -> the instance names of the backward calls since the last call of it."""
+    return launched_names(monkeypatch, capfd, "mha_bwd")
+
+
+def hopper_name(dtype, d, dv, mode):
+    tile = {(64, 64): "b64x128", (128, 128): "b64x128", (256, 256): "b64x64", (192, 128): "b64x64"}[(d, dv)]
+    hd = f"d{d}" if d == dv else f"d{d}x{dv}"
+    return f"bwd_{hd}_{dtype}_{mode}_mask_mods_sm90a_hopper_{tile}"
+
+
+def mod_grads(d_kw, shape):
+    """The dbias / dsink outputs a call with these modifiers asks for (dbias: the bias's dtype, every element)."""
+    grads = {}
+    if "bias" in d_kw:
+        grads["dbias"] = cp.full(shape, 7, dtype=d_kw["bias"].dtype)  # not zeros: every element must be written
+    if "sink" in d_kw:
+        grads["dsink"] = cp.full((shape[1],), 7, dtype=cp.float32)
+    return grads
+
+
+def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text, deterministic=False):
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+    q, qf = dev(rng.uniform(-1, 1, (b, h, sq, d)).astype(np.float32), dtype)
+    k, kf = dev(rng.uniform(-1, 1, (b, hk, sk, d)).astype(np.float32), dtype)
+    v, vf = dev(rng.uniform(-1, 1, (b, hk, sk, dv)).astype(np.float32), dtype)
+    do, dof = dev(rng.uniform(-1, 1, (b, h, sq, dv)).astype(np.float32), dtype)
+    d_kw, r_kw = make_mods(rng, kind, b, h, sq, sk, dtype)
+    mask_kw = {} if mask is None else {"mask": mask}
+    mt, wl, wr = api._resolve_mask(False, mask, None)
+    o, lse = mhakit.mha_fwd(q, k, v, layout="bhsd", return_lse=True, dtype=dtype, **mask_kw, **d_kw)
+    grads = mod_grads(d_kw, (b, h, sq, sk))
+    launched()
+    dq, dk, dv_ = mhakit.mha_bwd(do, q, k, v, o, lse, layout="bhsd", dtype=dtype, deterministic=deterministic,
+                                 **mask_kw, **d_kw, **grads)
+    assert launched() == [hopper_name(dtype, d, dv, "batch")]
+    ref = reference.attention_bwd(qf, kf, vf, dof, mask_type=mt, window_left=wl, window_right=wr,
+                                  o=host(o, dtype), return_mod_grads=True, **r_kw)
+    tol = reference.tolerances_bwd(dtype, d, dv)
+    for name, out, r in (("dQ", dq, ref[0]), ("dK", dk, ref[1]), ("dV", dv_, ref[2])):
+        close(host(out, dtype), r, tol, name)
+    if "dbias" in grads:
+        close(host(grads["dbias"], dtype), ref[3], tol, "dbias")
+    if "dsink" in grads:
+        close(cp.asnumpy(grads["dsink"]), ref[4], tol, "dsink")
+    return (dq, dk, dv_, grads)
+
+
+KINDS = ["cap", "alibi", "alibi_bh", "bias32", "bias16", "bias16_b", "sink", "cap+alibi_bh+sink", "cap+bias16+sink",
+         "cap+bias32"]
+MASKS = [None, "t", "b", "t:40,17", "b:64,0", "g:90,33"]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_modifier_with_every_mask_d128(kind, mask, launched):
+    """GQA 4/2, lengths that leave partial query and key tiles (200 x 333)."""
+    run_batch(kind, mask, "bf16", 128, 128, 2, 4, 2, 200, 333, launched, f"bwd/{kind}/{mask}")
+
+
+@pytest.mark.parametrize("d, dv", [(64, 64), (256, 256), (192, 128)])
+@pytest.mark.parametrize("kind, mask", [("cap+alibi_bh+sink", "b"), ("bias32+sink", None), ("bias16_b", "t:33,70"),
+                                        ("cap", "g:100,20")])
+def test_head_dims(d, dv, kind, mask, launched):
+    run_batch(kind, mask, "bf16", d, dv, 2, 4, 1, 150, 260, launched, f"bwd/{kind}/{mask}/{d}/{dv}")
+
+
+@pytest.mark.parametrize("kind", ["cap+alibi+sink", "bias16"])
+def test_fp16(kind, launched):
+    run_batch(kind, "b", "fp16", 128, 128, 1, 2, 2, 129, 257, launched, f"bwd/fp16/{kind}")
+
+
+@pytest.mark.parametrize("kind", ["cap+bias16+sink", "alibi_bh+sink"])
+def test_deterministic_mode_repeats_bit_for_bit(kind, launched):
+    """Deterministic mode keeps working with the modifiers: the same call twice gives identical dQ, dK, dV, dbias and
+    d sink."""
+    first = run_batch(kind, "b", "bf16", 128, 128, 1, 4, 2, 300, 400, launched, f"det/{kind}", deterministic=True)
+    second = run_batch(kind, "b", "bf16", 128, 128, 1, 4, 2, 300, 400, launched, f"det/{kind}", deterministic=True)
+    for a, b in zip(first[:3], second[:3]):
+        assert np.array_equal(host(a, "bf16"), host(b, "bf16"))
+    for name in first[3]:
+        assert np.array_equal(cp.asnumpy(first[3][name]), cp.asnumpy(second[3][name])), name
+
+
+@pytest.mark.parametrize("kind", ["sink", "cap+sink", "bias32+sink"])
+def test_rows_that_see_no_key(kind, launched):
+    """Bottom-right causal with s_q > s_k: the first s_q - s_k rows see no key; their dQ is 0 and their d sink share
+    exp(sink - LSE)·D = D still counts."""
+    run_batch(kind, "b", "bf16", 128, 128, 1, 4, 4, 200, 70, launched, f"bwd/empty/{kind}")
+
+
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64)])
+@pytest.mark.parametrize("mask", [None, "b", "t:30,5"])
+@pytest.mark.parametrize("kind", ["cap", "alibi_bh", "bias32", "bias16", "sink", "cap+bias16+sink"])
+def test_group_mode(kind, mask, d, dv, launched):
+    """Varlen with empty sequences on either side and sequences longer than one key block: per-sequence positions
+    (ALiBi bottom-right per sequence, bias and dbias blocks [i, :, :s_q_i, :s_k_i]), d sink summed over sequences."""
+    dtype = "bf16"
+    rng = np.random.default_rng(zlib.crc32(f"bwd/group/{kind}/{mask}/{d}".encode()))
+    lq, lk = [37, 0, 190, 20, 5], [50, 20, 161, 0, 300]
+    b, h, hk = len(lq), 4, 2
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    mq, mk = max(lq), max(lk)
+    q, qf = dev(rng.uniform(-1, 1, (cq[-1], h, d)).astype(np.float32), dtype)
+    k, kf = dev(rng.uniform(-1, 1, (ck[-1], hk, d)).astype(np.float32), dtype)
+    v, vf = dev(rng.uniform(-1, 1, (ck[-1], hk, dv)).astype(np.float32), dtype)
+    do, dof = dev(rng.uniform(-1, 1, (cq[-1], h, dv)).astype(np.float32), dtype)
+    d_kw, r_kw = make_mods(rng, kind, b, h, mq, mk, dtype)
+    mask_kw = {} if mask is None else {"mask": mask}
+    mt, wl, wr = api._resolve_mask(False, mask, None)
+    o, lse = mhakit.mha_varlen_fwd(q, k, v, cp.asarray(cq), cp.asarray(ck), mq, mk, return_lse=True, dtype=dtype,
+                                   **mask_kw, **d_kw)
+    grads = mod_grads(d_kw, (b, h, mq, mk))
+    launched()
+    dq, dk, dv_ = mhakit.mha_varlen_bwd(do, q, k, v, o, lse, cp.asarray(cq), cp.asarray(ck), mq, mk, dtype=dtype,
+                                        **mask_kw, **d_kw, **grads)
+    assert launched() == [hopper_name(dtype, d, dv, "group")]
+    oh = host(o, dtype)
+    dqh, dkh, dvh = host(dq, dtype), host(dk, dtype), host(dv_, dtype)
+    dsink_ref = np.zeros(h)
+    tol = reference.tolerances_bwd(dtype, d, dv)
+    bhsd = lambda x: x[None].transpose(0, 2, 1, 3)  # noqa: E731
+    for i in range(b):
+        q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]
+        if q1 == q0 and k1 == k0:
+            continue
+        one = sequence_mods(r_kw, i, q1 - q0, k1 - k0)
+        if q1 == q0:  # queries none: dK = dV = 0
+            assert not np.any(dkh[k0:k1]) and not np.any(dvh[k0:k1]), f"dK/dV of sequence {i}"
+            continue
+        r = reference.attention_bwd(bhsd(qf[q0:q1]), bhsd(kf[k0:k1]), bhsd(vf[k0:k1]), bhsd(dof[q0:q1]),
+                                    mask_type=mt, window_left=wl, window_right=wr, o=bhsd(oh[q0:q1]),
+                                    return_mod_grads=True, **one)
+        close(dqh[q0:q1], r[0][0].transpose(1, 0, 2), tol, f"dQ of sequence {i}")
+        close(dkh[k0:k1], r[1][0].transpose(1, 0, 2), tol, f"dK of sequence {i}")
+        close(dvh[k0:k1], r[2][0].transpose(1, 0, 2), tol, f"dV of sequence {i}")
+        if "dbias" in grads:
+            close(host(grads["dbias"][i, :, :q1 - q0, :k1 - k0], dtype), r[3][0], tol, f"dbias of sequence {i}")
+        if r[4] is not None:
+            dsink_ref += r[4]
+    if "dsink" in grads:
+        close(cp.asnumpy(grads["dsink"]), dsink_ref, tol, "dsink")
+
+
+def test_dropout_runs_on_generic(launched):
+    """Hopper has no dropout (catalogue score_mods): a soft-capped backward with dropout runs on the generic "_mods"
+    instance, the same call without dropout on Hopper's."""
+    rng = np.random.default_rng(5)
+    q, _ = dev(rng.uniform(-1, 1, (1, 2, 64, 128)).astype(np.float32), "bf16")
+    o, lse = mhakit.mha_fwd(q, q, q, layout="bhsd", return_lse=True, dtype="bf16", softcap=20.0, dropout_p=0.1,
+                            seed=1, offset=2)
+    mhakit.mha_bwd(q, q, q, q, o, lse, layout="bhsd", dtype="bf16", softcap=20.0, dropout_p=0.1, seed=1, offset=2)
+    o, lse = mhakit.mha_fwd(q, q, q, layout="bhsd", return_lse=True, dtype="bf16", softcap=20.0)
+    mhakit.mha_bwd(q, q, q, q, o, lse, layout="bhsd", dtype="bf16", softcap=20.0)
+    assert launched() == ["bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4", hopper_name("bf16", 128, 128, "batch")]
