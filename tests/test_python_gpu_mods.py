@@ -1,4 +1,5 @@
-"""Score modifiers through the Python API on the GPU (generic family) against mhakit.reference: logits soft-cap,
+"""Score modifiers through the Python API on the GPU against mhakit.reference (on the family the runtime picks: the
+Hopper "_mods" instances for aligned head dims that are multiples of 8 on sm_90a, generic otherwise): logits soft-cap,
 ALiBi slopes ([h] and [b, h]), elementwise bias (fp32 or the data type, broadcast over batch or heads), attention
 sinks, each alone and combined, with masks, GQA, group mode and odd head dims; forward (O, LSE) and backward (dQ,
 dK, dV, dbias, dsink). Inputs uniform in [-1, 1) rounded to fp16/bf16; the backward's O and LSE come from the
