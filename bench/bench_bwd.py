@@ -40,11 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run in place: th
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench_fwd.py (shared timing and formatting)
 
 import torch  # noqa: E402  (torch lives in bench/ only, never in mhakit/)
-import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from bench_fwd import (DTYPES, PEERS, add_grid_arguments, check_grid_arguments, fmt, hdim_label,  # noqa: E402
-                       heads_label, kv_heads_of, time_launches)
+from bench_fwd import (DTYPES, PEERS, add_grid_arguments, attend, check_grid_arguments, fmt,  # noqa: E402
+                       hdim_label, heads_label, kv_heads_of, time_launches)
 from mhakit import _capi  # noqa: E402
 from mhakit.reference import flops_bwd, tolerances_bwd  # noqa: E402
 
@@ -89,7 +88,7 @@ def fp32_reference_grads(q, k, v, do, causal, scale):
         qf = q[:1, :hq].float().requires_grad_(True)
         kf, vf = (t[:1, :hk].float().requires_grad_(True) for t in (k, v))
         with sdpa_kernel(SDPBackend.MATH):
-            out = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=scale, enable_gqa=hq != hk)
+            out = attend(qf, kf, vf, causal, scale)
         return torch.autograd.grad(out, (qf, kf, vf), do[:1, :hq].float())
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -119,7 +118,6 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: 
     hdim, hdim_v = hdims
     batch, heads = opts.tokens // seqlen, opts.hidden // hdim
     heads_kv = kv_heads_of(opts, heads)
-    gqa = heads_kv != heads
     scale = 1.0 / math.sqrt(hdim)
     flops = flops_bwd(batch, heads, seqlen, seqlen, hdim, hdim_v, causal)
     row = {"dtype": dtype_name, "hdim": hdim_label(hdim, hdim_v), "seqlen": seqlen, "batch": batch, "heads": heads,
@@ -183,7 +181,7 @@ def run_case(fwd_lib, bwd_lib, dtype_name: str, hdims: tuple[int, int], seqlen: 
         try:
             qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
             with sdpa_kernel(PEERS[name]):
-                out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=scale, enable_gqa=gqa)
+                out = attend(qg, kg, vg, causal, scale)
                 grads = torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
             torch.cuda.synchronize()
             graphs[name] = (out, (qg, kg, vg))

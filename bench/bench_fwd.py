@@ -156,10 +156,14 @@ def heads_label(heads: int, heads_kv: int):
     return f"{heads}" if heads == heads_kv else f"{heads}/{heads_kv}"
 
 
+def attend(q, k, v, causal: bool, scale: float):
+    """SDPA on b.h.s.d tensors with whichever backend is in force; GQA / MQA when K/V have fewer heads than Q."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
 def sdpa(backend, q, k, v, causal: bool, scale: float):
     with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
-                                              enable_gqa=k.shape[1] != q.shape[1])
+        return attend(q, k, v, causal, scale)
 
 
 def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: bool, opts) -> dict:
@@ -271,11 +275,8 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
         row[f"{name}_ms"] = row[f"{name}_tflops"] = None
     for name in opts.peer_list:
         if peer_ok.get(name):
-            backend = PEERS[name]
-            gqa = heads_kv != heads
-            with sdpa_kernel(backend):
-                ms = time_launches(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
-                                                                          enable_gqa=gqa), opts.warmup, opts.repeat)
+            with sdpa_kernel(PEERS[name]):
+                ms = time_launches(lambda: attend(q, k, v, causal, scale), opts.warmup, opts.repeat)
             row[f"{name}_ms"], row[f"{name}_tflops"] = ms, tflops(ms)
     for name in PEERS:
         ours, theirs = row["mhakit_tflops"], row[f"{name}_tflops"]
