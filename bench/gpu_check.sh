@@ -5,6 +5,10 @@
 # the summary.
 #
 #   bash bench/gpu_check.sh [all|build|tests|smoke|sanitizer|bench]...     (default: all)
+#
+# MHAKIT_GPU_PROFILE picks the build profile (default: all). Without the build step, the libraries and benchmarks
+# must already be in $MHAKIT_GPU_WORK/lib (e.g. `compile.py --benchmark` run on another machine of the same nvcc):
+# the later steps use what is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -12,6 +16,7 @@ logs=${OUT:-$repo/gpu_check_logs}
 mkdir -p "$logs"
 work=${MHAKIT_GPU_WORK:-/tmp/mhakit_gpu}
 mkdir -p "$work/lib"
+profile=${MHAKIT_GPU_PROFILE:-all}
 steps=${*:-all}
 want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
 summary=()
@@ -22,19 +27,19 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm -
 if want build; then
     for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
         start=$(date +%s)
-        (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile all --benchmark -j "$(nproc)" \
+        (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile "$profile" --benchmark -j "$(nproc)" \
             --build-dir "$work/objects") >"$logs/build_$api.log" 2>&1
         rc=$?
-        count=$(python3 compile.py --api $api --list --arch sm_90a --profile all | tail -1)
-        note "build all $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
+        count=$(python3 compile.py --api $api --list --arch sm_90a --profile "$profile" | tail -1)
+        note "build $profile $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
         tail -2 "$logs/build_$api.log"
     done
 fi
 lib_dir="$work/lib"
 
 if want tests; then
-    MHAKIT_TEST_PROFILE=all MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \
-        python3 -m pytest -q -m gpu tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
+    MHAKIT_TEST_PROFILE=$profile MHAKIT_TEST_LIB_DIR="$lib_dir" MHAKIT_TEST_BUILD_DIR="$work" \
+        MHAKIT_TEST_CACHE_DIR="$work/jit_cache" python3 -m pytest -q -m gpu tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
     note "pytest -m gpu: $(tail -1 "$logs/pytest_gpu.log")"
     # The same Python GPU tests through the pure-Python call path (the C path above is the default).
     MHAKIT_NO_EXT=1 MHAKIT_TEST_BUILD_DIR="$work" MHAKIT_TEST_CACHE_DIR="$work/jit_cache" \

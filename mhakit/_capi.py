@@ -419,8 +419,6 @@ def make_bwd_args(*, dtype: Union[int, str], q_ptr: int, k_ptr: int, v_ptr: int,
     and the batch strides are ignored by the library. ``workspace_ptr`` / ``workspace_bytes``: device scratch of at
     least ``BwdLibrary.workspace_size(args)`` bytes (query it with these arguments first; None / 0 when it is 0).
     ``scale`` defaults to 1/sqrt(hdim_q).
-    ``descale_ptrs``: fp8 only, the device addresses of the fp32 descale factors of q, k and v. The workspace (fp8:
-    V transposed) is set afterwards: ``workspace_ptr`` / ``workspace_bytes`` of ``FwdLibrary.workspace_size(args)``.
     """
     group = seqstart_q_ptr is not None or seqstart_k_ptr is not None
     if group and (seqstart_q_ptr is None or seqstart_k_ptr is None):

@@ -89,11 +89,18 @@ def minimal_fwd_build(build_root) -> Path:
 @pytest.fixture(scope="session")
 def gpu_libraries(build_root) -> Path:
     """libmha_fwd.so and libmha_bwd.so (with their benchmarks) of MHAKIT_TEST_PROFILE (default: default), built
-    once into one directory; the GPU tests load them from there."""
+    once into one directory; the GPU tests load them from there. MHAKIT_TEST_LIB_DIR names a directory that already
+    holds them (built beforehand, with the profile MHAKIT_TEST_PROFILE names): nothing is compiled then."""
     try:
         import cupy  # noqa: F401
     except ImportError:
         pytest.skip("CuPy is not installed")
+    prebuilt = os.environ.get("MHAKIT_TEST_LIB_DIR")
+    if prebuilt:  # a directory build_mha.sh / compile.py --benchmark filled (e.g. built on another machine)
+        missing = [n for n in ("libmha_fwd.so", "libmha_bwd.so", "benchmark_mha_fwd", "benchmark_mha_bwd")
+                   if not (Path(prebuilt) / n).is_file()]
+        assert not missing, f"MHAKIT_TEST_LIB_DIR={prebuilt} lacks {', '.join(missing)}"
+        return Path(prebuilt)
     profile = os.environ.get("MHAKIT_TEST_PROFILE", "default")
     out = build_root / f"gpu-{profile}"
     out.mkdir(exist_ok=True)
