@@ -57,18 +57,22 @@ if want smoke; then
     done
 fi
 
+memcheck_case() {  # memcheck_case N API ARGS...: one case, its output in $logs/sanitizer/N.log
+    local n=$1 api=$2
+    shift 2
+    out=$(compute-sanitizer --tool memcheck --error-exitcode 99 "$lib_dir/benchmark_mha_$api" "$@" -v=1 -warmup=0 \
+        -repeat=1 -kname=1 2>&1)
+    rc=$?
+    printf '### %s %s (rc=%d)\n%s\n' "$api" "$*" "$rc" "$out" >"$logs/sanitizer/$n.log"
+    [ "$rc" -eq 0 ] || echo "sanitizer FAILED: $api $*"
+}
+
 if want sanitizer; then
-    : >"$logs/sanitizer.log"
-    bad=0; n=0
-    while read -r api args; do
-        [ -z "$api" ] && continue
-        n=$((n + 1))
-        # shellcheck disable=SC2086
-        out=$(compute-sanitizer --tool memcheck --error-exitcode 99 "$lib_dir/benchmark_mha_$api" $args -v=1 -warmup=0 -repeat=1 -kname=1 2>&1)
-        rc=$?
-        printf '### %s %s (rc=%d)\n%s\n' "$api" "$args" "$rc" "$out" >>"$logs/sanitizer.log"
-        [ "$rc" -ne 0 ] && bad=$((bad + 1)) && echo "sanitizer FAILED: $api $args"
-    done <<'CASES'
+    # Four cases at a time: each is a short run under the sanitizer, mostly host-bound.
+    rm -rf "$logs/sanitizer"; mkdir -p "$logs/sanitizer"
+    export -f memcheck_case; export logs lib_dir
+    grep -v '^$' <<'CASES' | nl -nln -w1 -s' ' | xargs -P 4 -L 1 bash -c 'memcheck_case "$@"' _ \
+        | tee "$logs/sanitizer_failed.txt"
 fwd -prec=bf16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=0 -lse=1
 fwd -prec=fp16 -b=2 -h=4 -s=300 -s_k=517 -d=128 -mask=1 -lse=1
 fwd -prec=bf16 -b=1 -h=2 -h_k=1 -s=1024 -s_k=256 -d=128 -mask=2
@@ -102,8 +106,27 @@ fwd -prec=bf16 -b=2 -h=4 -h_k=1 -s=300 -s_k=517 -d=64 -d_v=128 -mask=t -lse=1
 fwd -prec=bf16 -b=2 -h=8 -h_k=2 -s=1 -s_k=3000,700 -page_block_size=64 -num_splits=0 -s_knew=2 -lse=1
 fwd -prec=bf16 -b=2 -h=16 -h_k=2 -s=16 -s_k=1500,77 -page_block_size=16 -num_splits=3 -mask=b -lse=1
 fwd -prec=fp16 -b=3 -h=8 -h_k=8 -s=3 -s_k=900,1,0 -num_splits=4 -cache_batch_idx=1 -s_knew=1 -d=59 -d_v=100 -lse=1
+fwd -prec=bf16 -b=3 -h=32 -h_k=8 -s=1 -s_k=1000,4033,64 -page_block_size=64 -num_splits=3 -lse=1
+fwd -prec=fp16 -b=2 -h=16 -h_k=4 -s=4 -s_k=777,5000 -mask=b -s_knew=2 -num_splits=0 -lse=1
+fwd -prec=bf16 -b=3 -h=8 -h_k=4 -s=1 -s_k=500,7,1 -cache_batch_idx=1 -s_knew=2 -num_splits=7 -lse=1
+fwd -prec=bf16 -b=2 -h=8 -h_k=2 -s=3 -s_k=700,33 -d=64 -page_block_size=256 -mask=b:64,0 -num_splits=0
+fwd -prec=bf16 -b=2 -h=32 -h_k=8 -s=16 -s_k=1500,77 -page_block_size=64 -num_splits=3 -mask=b -lse=1
+fwd -prec=fp16 -b=2 -h=64 -h_k=8 -s=16 -s_k=999,3000 -s_knew=1 -mask=b -num_splits=0 -lse=1
+fwd -prec=fp8 -qscale=pt -b=2 -h=4 -h_k=2 -d=128 -s=333 -s_k=517 -lse=1
+fwd -prec=fp8 -qscale=pt -b=1 -h=2 -d=128 -s=257 -s_k=257 -mask=b -iperm=0 -operm=0 -lse=1
+fwd -prec=fp8 -qscale=pt -b=2 -h=4 -h_k=1 -d=256 -s=190 -s_k=300 -mask=t:64,16 -lse=1
+fwd -prec=fp8 -qscale=n -init=ufq -b=1 -h=2 -d=256 -s=129 -s_k=77 -lse=1
+fwd -prec=fp8 -qscale=pt -b=1 -h=2 -d=128 -s=40 -s_k=0 -lse=1
+fwd -prec=bf16 -b=2 -h=4 -h_k=2 -s=300 -s_k=333 -d=128 -mask=b -logits_soft_cap=20 -bias=a -sink=1 -lse=1
+fwd -prec=bf16 -mode=1 -b=4 -h=4 -h_k=1 -s=100,0,257,31 -s_k=64,19,300,0 -d=128 -mask=t -bias=e -sink=1 -lse=1
+bwd -prec=bf16 -b=2 -h=4 -h_k=2 -s=300 -s_k=333 -d=128 -mask=b -logits_soft_cap=20 -bias=a
+bwd -prec=bf16 -mode=1 -b=4 -h=4 -h_k=1 -s=100,0,257,31 -s_k=64,19,300,0 -d=128 -mask=t -bias=e -dbias=1 -sink=1
 CASES
-    note "compute-sanitizer memcheck: $((n - bad))/$n cases clean"
+    n=$(find "$logs/sanitizer" -name '*.log' | wc -l)
+    bad=$(grep -c 'sanitizer FAILED' "$logs/sanitizer_failed.txt")
+    cat "$logs"/sanitizer/*.log >"$logs/sanitizer.log"
+    note "compute-sanitizer memcheck: $((n - bad))/$n cases clean (families: $(grep -o 'mha_[a-z_]* -> [^ ,]*' \
+        "$logs/sanitizer.log" | grep -o '_sm90a_[a-z_]*' | sed 's/^_sm90a_//; s/_b$//' | sort | uniq -c | tr -s ' \n' ' '))"
 fi
 
 if want bench; then

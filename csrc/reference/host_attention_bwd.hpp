@@ -365,9 +365,9 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                         opt.threads);
                 }
             }
-            // rows of this kv group's query heads when there are no keys: dQ = 0 (and O = 0, LSE = -inf)
+            // rows of this kv group's query heads when there are no keys: dQ = 0 (and O = 0, LSE = -inf, or the
+            // head's sink logit with a sink: exp(sink) is then the whole denominator)
             if (nk == 0) {
-                const float neg_inf = -std::numeric_limits<float>::infinity();
                 for (int g = 0; g < group; ++g) {
                     const int h = hk * group + g;
                     for (int i = 0; i < nq; ++i) {
@@ -377,7 +377,7 @@ inline void reference_mha_bwd(const mhakit_bwd_args& a, float* dq_ref, float* dk
                             float* oo = o_ref + sq.o_off + int64_t(h) * a.nhead_stride_o + int64_t(i) * a.stride_o;
                             std::fill(oo, oo + dv, 0.0f);
                         }
-                        if (lse_ref != nullptr) lse_ref[sq.lse_off + int64_t(h) * a.nhead_stride_lse + i] = neg_inf;
+                        if (lse_ref != nullptr) lse_ref[sq.lse_off + int64_t(h) * a.nhead_stride_lse + i] = sink_logit(mods, h);
                     }
                 }
             }
