@@ -38,6 +38,14 @@ fi
 lib_dir="$work/lib"
 
 if want tests; then
+    # The Python tests' kernels, compiled up front with every core (on first use they would build one entry at a
+    # time): every library a call could need within the profile.
+    for api in fwd bwd; do
+        start=$(date +%s)
+        MHAKIT_CACHE_DIR="$work/jit_cache" python3 -m mhakit prebuild --api $api --profile "$profile" -j "$(nproc)" \
+            >"$logs/prebuild_$api.log" 2>&1
+        note "JIT prebuild $profile $api: rc=$?, $(( $(date +%s) - start )) s"
+    done
     MHAKIT_TEST_PROFILE=$profile MHAKIT_TEST_LIB_DIR="$lib_dir" MHAKIT_TEST_BUILD_DIR="$work" \
         MHAKIT_TEST_CACHE_DIR="$work/jit_cache" python3 -m pytest -q -m gpu tests 2>&1 | tee "$logs/pytest_gpu.log" | tail -15
     note "pytest -m gpu: $(tail -1 "$logs/pytest_gpu.log")"
@@ -141,6 +149,20 @@ if want bench; then
     MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_decode.py --json "$logs/bench_decode.json" 2>&1 \
         | tee "$logs/bench_decode.md" | tail -20
     python3 bench/plot_perf.py "$logs/bench_fwd.json" "$logs/bench_bwd.json" --out-dir "$logs/plots"
+    python3 bench/bench_fwd.py --lib "$lib_dir/libmha_fwd.so" --dtype bf16,fp8 --peers cudnn --shape 128,16384,0 \
+        --shape 128,16384,1 --shape 256,16384,0 --shape 256,16384,1 --json "$logs/bench_fp8.json" 2>&1 \
+        | tee "$logs/bench_fp8.md" | tail -12
+    # What each score modifier costs against the plain call (issue 12's bar), hd 128, s = 4096, bf16, instance named.
+    for api in fwd bwd; do
+        for mask in 0 b; do
+            for mod in "" -logits_soft_cap=30 -bias=a -bias=e -sink=1; do
+                # shellcheck disable=SC2086
+                "$lib_dir/benchmark_mha_$api" -prec=bf16 -b=1 -h=16 -s=4096 -d=128 -v=0 -warmup=10 -repeat=30 \
+                    -kname=1 -mask=$mask $mod 2>&1 | grep -o -e "mha_$api -> [^ ]*" -e '[0-9.]* ms' | tr '\n' ' '
+                echo " ($api, mask=$mask ${mod:-plain})"
+            done
+        done
+    done | tee "$logs/mods_cost.txt"
     note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, plots/"
 fi
 

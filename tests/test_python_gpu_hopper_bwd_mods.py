@@ -4,8 +4,8 @@ elementwise bias (fp32 and the data type, broadcast over batch or heads) with db
 alone and combined, with every mask kind, GQA, group mode (empty sequences on either side), head dims 64 / 128 / 256
 and (192, 128), deterministic mode. Every backward call asserts the instance it ran on ("[mhakit] mha_bwd -> <name>",
 MHAKIT_LOG_LEVEL=1), so a call that fell back to the generic family fails here. Dropout is not a Hopper modifier:
-such a call must run on generic. Kernels are built on first use into MHAKIT_TEST_CACHE_DIR (tools/verify_hbmods.sh
-prebuilds them)."""
+such a call must run on generic. Kernels are built on first use into MHAKIT_TEST_CACHE_DIR (bench/gpu_check.sh
+prebuilds them with every core)."""
 from __future__ import annotations
 
 import zlib

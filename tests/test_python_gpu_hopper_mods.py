@@ -4,7 +4,7 @@ data type, broadcast over batch or heads), attention sinks, alone and combined, 
 (empty sequences on either side), rows that see no key (O = 0, LSE = sink), head dims 64 / 128 / 256 and (192, 128).
 Every call asserts the instance it ran on ("[mhakit] mha_fwd -> <name>", MHAKIT_LOG_LEVEL=1), so a call that fell
 back to the generic family fails here. Dropout is not a Hopper modifier: such a call must run on generic.
-Kernels are built on first use into MHAKIT_TEST_CACHE_DIR (tools/verify_hmods.sh prebuilds them)."""
+Kernels are built on first use into MHAKIT_TEST_CACHE_DIR (bench/gpu_check.sh prebuilds them with every core)."""
 from __future__ import annotations
 
 import zlib
