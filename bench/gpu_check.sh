@@ -163,7 +163,7 @@ if want bench; then
             done
         done
     done | tee "$logs/mods_cost.txt"
-    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, plots/"
+    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, bench_fp8.md, mods_cost.txt, plots/"
 fi
 
 echo
