@@ -20,7 +20,7 @@
 //   * query split (BN = 64; head dim 256, where 64 x 256 fp32 dK + dV would not fit one warpgroup's registers):
 //     warpgroup w computes Sᵀ/dPᵀ for query columns [BM/2·w, BM/2·(w+1)), both store Pᵀ and dSᵀ to shared memory,
 //     and each warpgroup then owns half of the head dim of dK, dV and dQ (SS wgmma). dQ is added straight into the
-//     workspace with 16-byte fp32 vector atomics (no shared memory left for a dQ tile at this head dim).
+//     workspace with 16-byte fp32 vector reductions (no shared memory left for a dQ tile at this head dim).
 // dQ tiles are added in "fragment order": the element i of consumer thread t (t in [0, 256)) of query tile m lives
 // at float offset ((t / 128) · F · 128 + (i / 4) · 512 + (t % 128) · 4 + i % 4) of the tile's BM·D block
 // (F = BM·D/256), so that both the shared-memory writes and the bulk reduction are contiguous; the convert kernel
@@ -707,15 +707,15 @@ struct HopperBwdKernelBody {
                 } else {
                     float* tile = params.dq_acc +
                                   ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
-                    float4* dst = reinterpret_cast<float4*>(tile + wg * kDqFrag * 128) + t;
+                    float* dst = tile + (wg * kDqFrag * 128 + t * 4);
                     if (params.deterministic) {  // both warpgroups add in this key block's turn
                         if (tid == 0) bwd::turn_wait(turn_counter(params, b, h, m), turns.turn(m));
                         NamedBarrier::sync(NumMmaThreads, kBarDS);
                     }
                     CUTLASS_PRAGMA_UNROLL
                     for (int v = 0; v < kDqFrag / 4; ++v) {
-                        atomicAdd(dst + v * 128,
-                                  make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1), acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
+                        bwd::red_add_f32x4(dst + v * 512, make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1),
+                                                                      acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
                     }
                     if (params.deterministic) {
                         __threadfence();
