@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
-# Verifies branch bwd256 (the Hopper backward's query-split dQ adds as `red`, REDG again instead of ATOMG: issues 9 /
-# 13, the d256 backward 8-19 % slower since the deterministic mode) in two parts, run from the repository root:
+# Verifies branch bwd256 (issues 9 / 13: the Hopper backward 8-19 % slower at d256 and at d128 s=16k since the
+# deterministic mode; the branch brings back the main loop's code of be56bb4: the query split's dQ adds as REDG, not
+# ATOMG, and the key split's consumers without per-tile spills) in two parts, run from the repository root:
 #
 #   bash tools/verify_bwd256.sh build [DIR]   # no GPU needed (nvcc 13.0): builds everything into DIR (default
 #                                             # ./verify_bwd256), about 10-12 minutes with -j 2 (JOBS=2)
 #   bash tools/verify_bwd256.sh run [DIR]     # on the H200, from DIR's libraries, no compiling: logs under $OUT
 #                                             # (default DIR/logs), about 2.5 minutes
 # DIR's libraries are ignored by git (*.so, benchmark_mha_bwd): the device call carries DIR/lib and DIR/base (about
-# 20-40 MB together; objects and sources stay in $WORK, outside DIR).
+# 15 MB together, ~1 MB an instance; objects and sources stay in $WORK, outside DIR).
 #
 # build: in DIR/lib, libmha_fwd.so (the forward's O and LSE: d128 / d256 bf16 Hopper, batch; d256 group) and
 #   libmha_bwd.so + benchmark_mha_bwd (d128 / d256 bf16 batch Hopper, no mask and mask; d256 bf16 group Hopper; the
-#   generic d128 / d256 bf16 batch fallbacks); in DIR/base, libmha_bwd.so of the d256 bf16 batch Hopper instances at
-#   the branch's base commit (git merge-base HEAD main, through git archive: the ATOMG build), so that the run times
-#   the two in the same process run.
+#   generic d128 / d256 bf16 batch fallbacks); in DIR/base, libmha_bwd.so of the d128 / d256 bf16 batch Hopper
+#   instances at the branch's base commit (git merge-base HEAD main, through git archive), so that the run times the
+#   two on the same GPU minutes apart.
 # run (each step logged to $OUT/<step>.log; a failed step is reported, the next one still runs; exit 1 if any failed):
-#   1. ab: bench/bench_bwd.py --hdims 256 --peers cudnn with the base library, then with the branch's (6 rows
-#      each): the branch's d256 rows should be back near 2026-11-22's 400 / 325 (s=4k) and 412 / 397 (s=16k);
-#   2. bench: bench/bench_bwd.py --dtype bf16 --hdims 128,256 --peers cudnn with the branch's library (12 rows);
-#   3. cases: benchmark_mha_bwd -v=1 -kname=1 at d256 (every call checked against the CPU reference, the instance
+#   1. ab: bench/bench_bwd.py --dtype bf16 --hdims 128,256 with the base library (no peers), then with the branch's
+#      and cuDNN (12 rows each, every gradient checked against fp32 first): the branch's d256 rows should be back
+#      near 2026-11-22's 400 / 325 TFLOPS (s=4k) and 412 / 397 (s=16k), d128 s=16k non-causal near 518;
+#   2. cases: benchmark_mha_bwd -v=1 -kname=1 at d256 (every call checked against the CPU reference, the instance
 #      name printed; each must be a _hopper_ one): GQA, MQA, causal top-left / bottom-right, a window, odd lengths,
 #      s_q != s_k, group mode with an empty sequence, deterministic (bitwise rerun), deterministic + GQA + causal;
-#   4. memcheck: compute-sanitizer on a d256 GQA causal batch call with odd lengths and a d256 deterministic group call.
+#   3. memcheck: compute-sanitizer on a d256 GQA causal batch call with odd lengths and a d256 deterministic group call.
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +35,8 @@ python="${PYTHON:-python3}"
 FWD="fwd_d128_bf16_batch_*_sm90a_hopper_,fwd_d256_bf16_batch_*_sm90a_hopper_,fwd_d256_bf16_group_*_sm90a_hopper_"
 BWD="bwd_d128_bf16_batch_*_sm90a_hopper_,bwd_d256_bf16_batch_*_sm90a_hopper_,bwd_d256_bf16_group_*_sm90a_hopper_"
 BWD+=",bwd_d128_bf16_batch_*_sm90a_generic_,bwd_d256_bf16_batch_*_sm90a_generic_"
-BASE_BWD="bwd_d256_bf16_batch_nmask_sm90a_hopper_,bwd_d256_bf16_batch_mask_sm90a_hopper_"
+BASE_BWD="bwd_d128_bf16_batch_nmask_sm90a_hopper_,bwd_d128_bf16_batch_mask_sm90a_hopper_"
+BASE_BWD+=",bwd_d256_bf16_batch_nmask_sm90a_hopper_,bwd_d256_bf16_batch_mask_sm90a_hopper_"
 EXCLUDE_MODS='_mods_'  # the globs also match the "_mods" instances: dropped from compile.py --list's names
 # objects and the base commit's sources: outside DIR, so that DIR holds only what the run needs (carry DIR/lib, DIR/base)
 WORK="${WORK:-${TMPDIR:-/tmp}/verify_bwd256_work}"
@@ -56,7 +58,7 @@ build() {
             --build-dir "$WORK/obj" &&
         "$python" "$repo/compile.py" --api bwd --arch sm_90a --profile all --filter "$b" --benchmark -j "$JOBS" \
             --build-dir "$WORK/obj") || return 1
-    # the base commit's d256 backward (the ATOMG build), from a clean export of that commit
+    # the base commit's d128 / d256 backward, from a clean export of that commit
     local base
     base="$(cd "$repo" && git merge-base HEAD main)" || return 1
     rm -rf "$WORK/base_src" && mkdir -p "$WORK/base_src" &&
@@ -89,18 +91,17 @@ run() {
         fi
     }
 
-    ab() {
+    ab() {  # both runs, whatever the first one's status
+        local rc=0
         echo "--- base $(cat "$DIR/base/COMMIT")"
         "$python" bench/bench_bwd.py --lib "$DIR/base/libmha_bwd.so" --fwd-lib "$L/libmha_fwd.so" --dtype bf16 \
-            --hdims 256 --peers cudnn --json "$OUT/ab_base.json" || return 1
+            --hdims 128,256 --peers "" --json "$OUT/ab_base.json" || rc=1
         echo "--- branch"
         "$python" bench/bench_bwd.py --lib "$L/libmha_bwd.so" --fwd-lib "$L/libmha_fwd.so" --dtype bf16 \
-            --hdims 256 --peers cudnn --json "$OUT/ab_branch.json"
+            --hdims 128,256 --peers cudnn --json "$OUT/ab_branch.json" || rc=1
+        return $rc
     }
     step ab ab
-
-    step bench "$python" bench/bench_bwd.py --lib "$L/libmha_bwd.so" --fwd-lib "$L/libmha_fwd.so" --dtype bf16 \
-        --hdims 128,256 --peers cudnn --json "$OUT/bench.json"
 
     cases() {
         local c line rc=0
@@ -145,7 +146,7 @@ run() {
     step memcheck memcheck
 
     echo "=== summary: logs in $OUT"
-    grep -h "| 256 |" "$OUT/ab.log" 2>/dev/null
+    grep -h -E "^---|\| (128|256) \|" "$OUT/ab.log" 2>/dev/null
     if [ ${#failed[@]} -gt 0 ]; then
         echo "FAILED steps: ${failed[*]}"
         return 1
