@@ -494,12 +494,21 @@ struct HopperBwdKernelBody {
         const Geometry geom = geometry(seq);
         // Modifier instances: logits in place of q·k, so Pᵀ's scale is 1 (log2 e in exp2 units)
         const float scale_log2 = kMods ? 1.4426950408889634f : params.scale_log2;
-        // The block's first key, recomputed at each use (Scheduler::block_now) instead of held for the whole loop: with
-        // the run-time reversal of deterministic mode n_block is a select that ptxas does not recompute the way it
-        // recomputes a plain %ctaid.x, and that one live register tipped the key split's consumers (at the edge of
-        // 240 registers) into spilling every tile (d128 no mask: 28 STL + 37 LDL per tile, a 168-byte stack; before the
-        // deterministic mode, and with this: 16-17 LDL, no STL, 136 bytes).
-        const auto key0 = [&params] { return Scheduler::block_now(/*reverse=*/params.deterministic) * kBlockN; };
+        // The block's first key. No-mask instances read it again per tile and for the epilogue (Scheduler::block_now)
+        // instead of holding it through the loop: with the run-time reversal of deterministic mode n_block is a select that ptxas does not
+        // recompute the way it recomputes a plain %ctaid.x, and that one live register tipped the key split's consumers
+        // (at the edge of 240 registers) into spilling every tile (d128: 28 STL + 37 LDL per tile, a 168-byte stack;
+        // before the deterministic mode, and with this: 17 LDL, no STL, 136 bytes). Masked instances hold it: there
+        // the re-read turns the per-element mask into branches (+105 instructions per tile) and saves little (d128
+        // causal: 4 LDL + 4 STL per tile held, 7 + 1 re-read).
+        const int n0_held = n_block * kBlockN;
+        const auto key0 = [&params, n0_held] {
+            if constexpr (kMasked) {
+                return n0_held;
+            } else {
+                return Scheduler::block_now(/*reverse=*/params.deterministic) * kBlockN;
+            }
+        };
 
         TiledMmaSdP mma_sdp;
         TiledMmadKV mma_dkv;
@@ -559,7 +568,8 @@ struct HopperBwdKernelBody {
             const int h = hk * params.group + h_in;
             const int r0 = m * kBlockM;
             // Rows past sq count as rows here: their LSE is +inf in the workspace, so their P is 0 anyway.
-            const bool need_mask = !geom.template tile_full<kBlockN>(r0, r0 + kBlockM - 1, key0());
+            const int n0 = key0();
+            const bool need_mask = !geom.template tile_full<kBlockN>(r0, r0 + kBlockM - 1, n0);
 
             Tensor acc_S = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
             Tensor acc_dP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -583,9 +593,8 @@ struct HopperBwdKernelBody {
             [[maybe_unused]] uint32_t dcap[kMods ? kSFrag / 2 : 1];
             [[maybe_unused]] bool cap = false;
             if constexpr (kMods)
-                cap = apply_score_mods_t<Element>(acc_S, cS, row_mods(params.mods, b, h, seq.sq, sk), r0, key0(), dcap);
-            recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, key0(), r0, sk, xr,
-                                  yr);
+                cap = apply_score_mods_t<Element>(acc_S, cS, row_mods(params.mods, b, h, seq.sq, sk), r0, n0, dcap);
+            recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
 
             // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----
             auto a_layout = [&] {  // key split: the A-operand view of the accumulator registers; else plain C layout
@@ -633,9 +642,9 @@ struct HopperBwdKernelBody {
                                   ? nullptr
                                   : params.dbias + (int64_t(b) * params.dbias_batch + int64_t(h) * params.dbias_head) * elem;
                 if (mods.bias_fp32)
-                    finish_ds_t<float>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, key0(), cap, dcap);
+                    finish_ds_t<float>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
                 else
-                    finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, key0(), cap, dcap);
+                    finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
             }
             detail::pack_fragment<Element>(acc_dP, rdS);
             {
