@@ -33,6 +33,18 @@ struct SingleTileScheduler {
         w.batch = kBatchInY ? int(blockIdx.y) : int(blockIdx.z);
         return w;
     }
+    // work(reverse).block again, for a kernel that would rather recompute it at each use than hold it in a register
+    // for the CTA's life: %ctaid.x through a volatile move, which the compiler neither merges with other reads nor
+    // keeps live between them.
+    __device__ __forceinline__ static int block_now(bool reverse = kHeaviestFirst) {
+#if defined(__CUDA_ARCH__)
+        unsigned x;
+        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+#else
+        const unsigned x = blockIdx.x;
+#endif
+        return reverse ? int(gridDim.x - 1 - x) : int(x);
+    }
 #endif
 };
 

@@ -82,6 +82,24 @@ CUTLASS_DEVICE void bulk_wait() {
 #endif
 }
 
+// ---- PTX: fp32 vector add into global memory -----------------------------------------------------------------
+//
+// dst[0..3] += v (relaxed, gpu scope), 16-byte aligned; the query split's dQ adds. Written as `red`, not as
+// atomicAdd(float4*): atomicAdd is an `atom` whose result the compiler drops, and ptxas turns such an atom into a
+// fire-and-forget REDG only when no fence can follow it in the kernel. Since the deterministic mode's __threadfence
+// after the adds (a run-time branch, so reachable in every mode) it kept ATOMG, an atomic that L2 answers, for the
+// 16 vectors per thread and tile at head dim 256: the one change in the d256 main loop's memory traffic between the
+// fast backward of be56bb4 and the 8-19 % slower one since fc7846d. An explicit `red` stays REDG with or without
+// the fence (the same memory semantics: the fence orders it all the same).
+CUTLASS_DEVICE void red_add_f32x4(float* dst, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                 :
+                 : "l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+#endif
+}
+
 // ---- PTX: the turn counters of deterministic dQ accumulation ----------------------------------------------
 //
 // A CTA waits until a dQ tile's counter says it is its turn (acquire: the earlier adders' writes are visible), adds

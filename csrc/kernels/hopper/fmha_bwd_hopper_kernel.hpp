@@ -20,7 +20,7 @@
 //   * query split (BN = 64; head dim 256, where 64 x 256 fp32 dK + dV would not fit one warpgroup's registers):
 //     warpgroup w computes Sᵀ/dPᵀ for query columns [BM/2·w, BM/2·(w+1)), both store Pᵀ and dSᵀ to shared memory,
 //     and each warpgroup then owns half of the head dim of dK, dV and dQ (SS wgmma). dQ is added straight into the
-//     workspace with 16-byte fp32 vector atomics (no shared memory left for a dQ tile at this head dim).
+//     workspace with 16-byte fp32 vector reductions (no shared memory left for a dQ tile at this head dim).
 // dQ tiles are added in "fragment order": the element i of consumer thread t (t in [0, 256)) of query tile m lives
 // at float offset ((t / 128) · F · 128 + (i / 4) · 512 + (t % 128) · 4 + i % 4) of the tile's BM·D block
 // (F = BM·D/256), so that both the shared-memory writes and the bulk reduction are contiguous; the convert kernel
@@ -494,7 +494,21 @@ struct HopperBwdKernelBody {
         const Geometry geom = geometry(seq);
         // Modifier instances: logits in place of q·k, so Pᵀ's scale is 1 (log2 e in exp2 units)
         const float scale_log2 = kMods ? 1.4426950408889634f : params.scale_log2;
-        const int n0 = n_block * kBlockN;
+        // The block's first key. No-mask instances read it again per tile and for the epilogue (Scheduler::block_now)
+        // instead of holding it through the loop: with the run-time reversal of deterministic mode n_block is a select that ptxas does not
+        // recompute the way it recomputes a plain %ctaid.x, and that one live register tipped the key split's consumers
+        // (at the edge of 240 registers) into spilling every tile (d128: 28 STL + 37 LDL per tile, a 168-byte stack;
+        // before the deterministic mode, and with this: 17 LDL, no STL, 136 bytes). Masked instances hold it: there
+        // the re-read turns the per-element mask into branches (+105 instructions per tile) and saves little (d128
+        // causal: 4 LDL + 4 STL per tile held, 7 + 1 re-read).
+        const int n0_held = n_block * kBlockN;
+        const auto key0 = [&params, n0_held] {
+            if constexpr (kMasked) {
+                return n0_held;
+            } else {
+                return Scheduler::block_now(/*reverse=*/params.deterministic) * kBlockN;
+            }
+        };
 
         TiledMmaSdP mma_sdp;
         TiledMmadKV mma_dkv;
@@ -554,6 +568,7 @@ struct HopperBwdKernelBody {
             const int h = hk * params.group + h_in;
             const int r0 = m * kBlockM;
             // Rows past sq count as rows here: their LSE is +inf in the workspace, so their P is 0 anyway.
+            const int n0 = key0();
             const bool need_mask = !geom.template tile_full<kBlockN>(r0, r0 + kBlockM - 1, n0);
 
             Tensor acc_S = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -707,15 +722,15 @@ struct HopperBwdKernelBody {
                 } else {
                     float* tile = params.dq_acc +
                                   ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
-                    float4* dst = reinterpret_cast<float4*>(tile + wg * kDqFrag * 128) + t;
+                    float* dst = tile + (wg * kDqFrag * 128 + t * 4);
                     if (params.deterministic) {  // both warpgroups add in this key block's turn
                         if (tid == 0) bwd::turn_wait(turn_counter(params, b, h, m), turns.turn(m));
                         NamedBarrier::sync(NumMmaThreads, kBarDS);
                     }
                     CUTLASS_PRAGMA_UNROLL
                     for (int v = 0; v < kDqFrag / 4; ++v) {
-                        atomicAdd(dst + v * 128,
-                                  make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1), acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
+                        bwd::red_add_f32x4(dst + v * 512, make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1),
+                                                                      acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
                     }
                     if (params.deterministic) {
                         __threadfence();
@@ -746,7 +761,7 @@ struct HopperBwdKernelBody {
         NamedBarrier::sync(NumMmaThreads, kBarDS);
         const int64_t dk_seq = kGroup ? int64_t(seq.k0) * params.dk_row : int64_t(b) * params.dk_batch;
         const int64_t dv_seq = kGroup ? int64_t(seq.k0) * params.dv_row : int64_t(b) * params.dv_batch;
-        const Epilogue epi{n0, sk, st.smem_q.data(), tid, NumMmaThreads, kBarDS};
+        const Epilogue epi{key0(), sk, st.smem_q.data(), tid, NumMmaThreads, kBarDS};
         epi.template store<kHdim>(params.dk + dk_seq + hk * params.dk_head, params.dk_row, params.hdim, params.scale,
                                   acc_dK, thr_dkv);
         epi.template store<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, 1.f, acc_dV,
