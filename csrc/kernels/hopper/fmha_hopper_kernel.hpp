@@ -13,8 +13,8 @@
 // OnlineSoftmax (hopper_softmax.hpp), FwdEpilogue (hopper_epilogue.hpp), and the shared SingleTileScheduler
 // (kernels/common/tile_scheduler.h). The collective's Fusion parameter is never called by this kernel.
 //
-// kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (the softmax in
-// logit units, scale 1), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
+// kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (S in units of U,
+// logit = U·S, the softmax with scale U: FwdModUnits), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
 // HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below: a plain instance compiles
 // to exactly the code (and the kernel symbol) it had before the modifiers came.
 // fp8 (Element = e4m3, ElementOut = bf16 / fp16; batch mode): Q·Kᵀ as is; V comes transposed (keys contiguous) from
@@ -392,7 +392,7 @@ struct HopperFwdKernelBody {
         };
         auto mods_tile = [&](int n) {  // the modifiers' terms (S / U), where the call has per-score ones
             if constexpr (kMods) {
-                if (FwdModUnits::per_score(params.mods))
+                if (per_score_mods(params.mods))
                     apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk,
                                               row0, n * kBlockN);
             }

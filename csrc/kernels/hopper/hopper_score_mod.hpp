@@ -44,6 +44,10 @@ struct BwdModParams<true> {
     int64_t dbias_row, dbias_head, dbias_batch;  // elements
 };
 
+// Whether the call has a modifier that changes each score (soft-cap, bias / ALiBi; Hopper has no dropout): without
+// one (a sink alone) both directions keep S = q·k and the plain softmax scale, and skip the modifier pass.
+CUTLASS_DEVICE bool per_score_mods(ScoreMods const& m) { return m.softcap > 0.f || m.bias_type != 0; }
+
 // The forward keeps S in units of U, logit = U·S (FwdModUnits): U = the soft-cap with one (S = tanh(scale·q·k / cap)),
 // else the softmax scale (S = q·k, untouched). So the softmax runs with scale U (U·log2 e in its one FFMA per score),
 // no multiply turns q·k or tanh into a logit, and a call without a per-score modifier (a sink alone) runs the plain
@@ -52,7 +56,6 @@ struct FwdModUnits {
     float unit;     // U
     float slope_u;  // ALiBi: -slope / U (0 without)
 
-    CUTLASS_DEVICE static bool per_score(ScoreMods const& m) { return m.softcap > 0.f || m.bias_type != 0; }
     CUTLASS_DEVICE static FwdModUnits of(ScoreMods const& m, int b, int h) {
         FwdModUnits u;
         u.unit = m.softcap > 0.f ? m.softcap : m.scale;
@@ -145,7 +148,7 @@ CUTLASS_DEVICE void score_mods_tile(TensorS& s_mn, TensorC const& c_mn, ScoreMod
 
 // S (raw q·k, rows x keys view s_mn with tile coordinates c_mn) of the key tile starting at key0, for query rows
 // from row0 on (positions count from the sequence's start; sequence b with sq queries and sk keys, query head h) ->
-// logits / U, in place. Call it only where FwdModUnits::per_score(m): without a per-score modifier S is already in its
+// logits / U, in place. Call it only where per_score_mods(m): without a per-score modifier S is already in its
 // units. One branch per tile picks the variant <soft-cap, bias kind, bias element type>, so the element loop has no
 // branch on the modifiers. (Written out, not through with_mod_kind's lambda: through it nvcc outlined the whole tile,
 // with S on the stack.)
@@ -231,9 +234,9 @@ CUTLASS_DEVICE void apply_score_mods_t_cap(TensorS& acc_S, TensorC const& cS, Ro
 }
 
 // The backward's half of a tile's modifiers, on Sᵀ (raw q·k, in place -> logits) before recompute_pt, which then
-// runs in logit units (scale_log2 = log2 e). dcap (kSFrag / 2 words) receives the soft-cap's derivative 1 − tanh²
-// of each element as packed fp16 pairs (in [0, 1]; 11 bits, below the 16-bit dS's own rounding), left untouched
-// without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then). The variants are
+// runs in logit units (scale_log2 = log2 e); called only where per_score_mods (else Sᵀ stays q·k, with the plain
+// scale). dcap (kSFrag / 2 words) receives the soft-cap's derivative 1 − tanh² of each element as packed fp16 pairs
+// (in [0, 1]; 11 bits, below the 16-bit dS's own rounding), left untouched without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then). The variants are
 // written out as in the forward (dispatched through a lambda, the tile may be outlined with S on the stack).
 template <class Element, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
