@@ -117,7 +117,7 @@ CUTLASS_DEVICE void score_mods_tile(TensorS& s_mn, TensorC const& c_mn, ScoreMod
             CUTLASS_PRAGMA_UNROLL
             for (int e = 0; e < 2; ++e) {
                 v[e] = s_mn(i, j + e);
-                if constexpr (kCap) v[e] = fast_tanh(v[e] * arg);
+                if constexpr (kCap) v[e] = approx_tanh(v[e] * arg);
                 if constexpr (kBias == 2) {
                     const float d = dist0 - float(int(cute::get<1>(c_mn(i, j + e))) - col0);
                     v[e] = fmaf(u.slope_u, fabsf(d), v[e]);
@@ -202,8 +202,8 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
             const int row = r0 + int(cute::get<1>(cS(i + e)));
             // Outside the sequence the raw q·k stays: its P is 0 anyway (key: masked; row: LSE = +inf)
             if (row < r.seqlen_q && key < r.seqlen_k) {
-                float l = modified_logit_t<kCap, kLogitBias>(r, acc_S(i + e), row, key, unused16,
-                                                             kCap ? &d[e] : nullptr);
+                float l = modified_logit_t<kCap, kLogitBias, decltype(unused16), /*kApproxTanh=*/true>(
+                    r, acc_S(i + e), row, key, unused16, kCap ? &d[e] : nullptr);
                 if constexpr (kBias == 1)
                     l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
                 acc_S(i + e) = l;
