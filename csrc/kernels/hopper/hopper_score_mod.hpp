@@ -187,27 +187,34 @@ CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, ScoreMo
 
 namespace detail {
 
+// One tile of apply_score_mods_t for the variant <soft-cap, bias kind, BiasT>: the logit of score_mod.h (soft-cap with
+// approx_tanh, as the forward) with ALiBi's |i + s_k − s_q − j| made in fp32 from one value per tile and each
+// element's compile-time offset in the thread's fragment (one FADD and the FFMA, no integer-to-float conversion per
+// element). Every element gets its logit, also outside the sequence, where its P is 0 anyway (a key past s_k:
+// recompute_pt masks it, the tile not being full; a row past s_q: LSE = +inf); only the bias is read inside it alone.
 template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
                                       Dcap& dcap) {
     const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
-    constexpr int kLogitBias = kBias == 2 ? 2 : 0;
     constexpr int N = decltype(cute::size(cS))::value;
+    const int k00 = int(cute::get<0>(cS(0))), q00 = int(cute::get<1>(cS(0)));
+    [[maybe_unused]] const float dist0 = float((r0 + q00) + (r.seqlen_k - r.seqlen_q) - (n0 + k00));
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N; i += 2) {
         float d[2] = {1.f, 1.f};
         CUTLASS_PRAGMA_UNROLL
         for (int e = 0; e < 2; ++e) {
-            const int key = n0 + int(cute::get<0>(cS(i + e)));
-            const int row = r0 + int(cute::get<1>(cS(i + e)));
-            // Outside the sequence the raw q·k stays: its P is 0 anyway (key: masked; row: LSE = +inf)
-            if (row < r.seqlen_q && key < r.seqlen_k) {
-                float l = modified_logit_t<kCap, kLogitBias, decltype(unused16), /*kApproxTanh=*/true>(
-                    r, acc_S(i + e), row, key, unused16, kCap ? &d[e] : nullptr);
-                if constexpr (kBias == 1)
+            const int kk = int(cute::get<0>(cS(i + e)));
+            const int qq = int(cute::get<1>(cS(i + e)));
+            float l = modified_logit_t<kCap, 0, decltype(unused16), /*kApproxTanh=*/true>(
+                r, acc_S(i + e), 0, 0, unused16, kCap ? &d[e] : nullptr);
+            if constexpr (kBias == 2) l = fmaf(-r.slope, fabsf(dist0 + float((qq - q00) - (kk - k00))), l);
+            if constexpr (kBias == 1) {
+                const int key = n0 + kk, row = r0 + qq;
+                if (row < r.seqlen_q && key < r.seqlen_k)
                     l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
-                acc_S(i + e) = l;
             }
+            acc_S(i + e) = l;
         }
         if constexpr (kCap) {
             const __half2 h = __floats2half2_rn(d[0], d[1]);
