@@ -113,7 +113,8 @@ MHAKIT_HOST_DEVICE RowMods row_mods(const ScoreMods& m, int b, int h, int seqlen
 }
 
 // tanh on the device as 1 − 2 / (e^(2x) + 1) from ex2.approx and rcp.approx (absolute error about 1e-7, against
-// about 5e-4 relative of tanh.approx.f32, which a cap of 30-50 would turn into logit errors of 1e-2).
+// about 5e-4 relative of tanh.approx.f32, which a cap of 30-50 can turn into logit errors of 1e-2): the generic
+// kernels' soft-cap. The Hopper kernels take approx_tanh (below), half the MUFU work.
 MHAKIT_HOST_DEVICE float fast_tanh(float x) {
 #if defined(__CUDA_ARCH__)
     float e, r;
@@ -125,16 +126,32 @@ MHAKIT_HOST_DEVICE float fast_tanh(float x) {
 #endif
 }
 
+// tanh on the device as the hardware's tanh.approx.f32: one MUFU operation (fast_tanh takes two), max relative error
+// 2^-10.987 (PTX ISA). The Hopper kernels' soft-cap, forward and backward alike (the backward recomputes the forward's
+// P with it). A soft-capped logit cap·tanh(x) is then off by at most cap·|tanh x|·2^-10.987 <= 4.9e-4·|logit|, and
+// never more than 4.9e-4·cap (docs/PERFORMANCE.md weighs that against the 16-bit rounding of P).
+MHAKIT_HOST_DEVICE float approx_tanh(float x) {
+#if defined(__CUDA_ARCH__)
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(x));
+    return t;
+#else
+    return std::tanh(x);
+#endif
+}
+
 // The logit of query i and key j from the raw q·k (both inside the sequence), for a soft-cap (kSoftcap) and a bias
 // kind (kBias, mhakit_bias_type) known at compile time: the kernels dispatch once per tile to the variant the call
 // needs, so the per-element code has no branches. *dcap (when given) receives the derivative of the soft-capped
 // logit with respect to scale·q·k (1 − tanh², or 1 without a soft-cap), which the backward multiplies dS by.
-// bias16 converts a 16-bit bias element of the data type to float.
-template <bool kSoftcap, int kBias, class Bias16>
+// bias16 converts a 16-bit bias element of the data type to float. kApproxTanh: the soft-cap's tanh is approx_tanh
+// (the Hopper kernels), else fast_tanh.
+template <bool kSoftcap, int kBias, class Bias16, bool kApproxTanh = false>
 MHAKIT_HOST_DEVICE float modified_logit_t(const RowMods& r, float qk, int i, int j, Bias16 bias16, float* dcap) {
     float l;
     if constexpr (kSoftcap) {
-        const float t = fast_tanh(qk * r.softcap_arg);
+        const float x = qk * r.softcap_arg;
+        const float t = kApproxTanh ? approx_tanh(x) : fast_tanh(x);
         l = r.softcap * t;
         if (dcap) *dcap = 1.f - t * t;
     } else {

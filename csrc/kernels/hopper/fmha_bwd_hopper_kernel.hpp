@@ -492,8 +492,11 @@ struct HopperBwdKernelBody {
         const int xr = seq.mask.x;
         const int yr = seq.mask.y;
         const Geometry geom = geometry(seq);
-        // Modifier instances: logits in place of q·k, so Pᵀ's scale is 1 (log2 e in exp2 units)
-        const float scale_log2 = kMods ? 1.4426950408889634f : params.scale_log2;
+        // Modifier instances with a per-score modifier: logits in place of q·k, so Pᵀ's scale is 1 (log2 e in exp2
+        // units); without one (a sink alone) Sᵀ stays q·k with the plain scale, as in the plain kernel
+        bool logits = false;
+        if constexpr (kMods) logits = per_score_mods(params.mods);
+        const float scale_log2 = logits ? 1.4426950408889634f : params.scale_log2;
         // The block's first key. No-mask instances read it again per tile and for the epilogue (Scheduler::block_now)
         // instead of holding it through the loop: with the run-time reversal of deterministic mode n_block is a select that ptxas does not
         // recompute the way it recomputes a plain %ctaid.x, and that one live register tipped the key split's consumers
@@ -592,8 +595,10 @@ struct HopperBwdKernelBody {
             // Modifier instances: logits; dcap keeps the soft-cap's derivative (packed fp16) for dSᵀ
             [[maybe_unused]] uint32_t dcap[kMods ? kSFrag / 2 : 1];
             [[maybe_unused]] bool cap = false;
-            if constexpr (kMods)
-                cap = apply_score_mods_t<Element>(acc_S, cS, row_mods(params.mods, b, h, seq.sq, sk), r0, n0, dcap);
+            if constexpr (kMods) {
+                if (logits)
+                    cap = apply_score_mods_t<Element>(acc_S, cS, row_mods(params.mods, b, h, seq.sq, sk), r0, n0, dcap);
+            }
             recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
 
             // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----

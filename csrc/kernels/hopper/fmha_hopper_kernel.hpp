@@ -13,8 +13,8 @@
 // OnlineSoftmax (hopper_softmax.hpp), FwdEpilogue (hopper_epilogue.hpp), and the shared SingleTileScheduler
 // (kernels/common/tile_scheduler.h). The collective's Fusion parameter is never called by this kernel.
 //
-// kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (the softmax in
-// logit units, scale 1), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
+// kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (S in units of U,
+// logit = U·S, the softmax with scale U: FwdModUnits), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
 // HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below: a plain instance compiles
 // to exactly the code (and the kernel symbol) it had before the modifiers came.
 // fp8 (Element = e4m3, ElementOut = bf16 / fp16; batch mode): Q·Kᵀ as is; V comes transposed (keys contiguous) from
@@ -308,11 +308,18 @@ struct HopperFwdKernelBody {
 
         const int tidx = int(threadIdx.x % 128);
         const int row0 = work.block * kBlockM + wg * 64;  // first query row of this warpgroup
-        // Modifier instances: logits in place of q·k, so the softmax's scale is 1 (log2(e) in exp2 units). What the
+        // Modifier instances: S in units of U (FwdModUnits: logit = U·S; U = the soft-cap, or the softmax scale), so
+        // the softmax's scale is U; the ALiBi slope / U is read once here (one register), the rest of what the
         // modifiers need of this (sequence, head) is made per tile from the kernel parameters (constant memory), so
         // that it holds no registers across the key loop (kept live, it made the d64 / d256 consumers spill).
-        float scale_log2 = kMods ? 1.4426950408889634f : params.mainloop.scale_softmax_log2;
-        float scale = kMods ? 1.f : params.mainloop.scale_softmax;
+        float scale_log2 = params.mainloop.scale_softmax_log2;
+        float scale = params.mainloop.scale_softmax;
+        [[maybe_unused]] FwdModUnits units{};
+        if constexpr (kMods) {
+            units = FwdModUnits::of(params.mods, work.batch, work.head);
+            scale = units.unit;
+            scale_log2 = units.unit * 1.4426950408889634f;  // log2(e)
+        }
         float o_scale = 1.f;
         if constexpr (kFp8) {  // the logits scale folds dq·dk in; O gets dv
             const float dqk = *params.descale_q * *params.descale_k;
@@ -383,6 +390,13 @@ struct HopperFwdKernelBody {
             cute::gemm(mma_pv, tOrP, tOrV(_, _, _, v.index()), acc_o);
             warpgroup_commit_batch();
         };
+        auto mods_tile = [&](int n) {  // the modifiers' terms (S / U), where the call has per-score ones
+            if constexpr (kMods) {
+                if (per_score_mods(params.mods))
+                    apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk,
+                                              row0, n * kBlockN);
+            }
+        };
         auto mask_tile = [&](int n) {  // tiles not seen whole by every row of the block
             if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
         };
@@ -413,9 +427,7 @@ struct HopperFwdKernelBody {
             warpgroup_fence_operand(acc_s);
             pipe_kv.consumer_release(rkv);
             ++rkv;  // -> V0
-            if constexpr (kMods)  // logits
-                apply_score_mods<Element>(s_mn, c_mn, row_mods(params.mods, work.batch, work.head, seq.sq, seq.sk),
-                                          row0, tiles.visit.begin * kBlockN);
+            mods_tile(tiles.visit.begin);
             mask_tile(tiles.visit.begin);
             softmax.template update<true>(s_mn, scale_log2);
             pack_p();  // P: the A operand (registers) of P·V
@@ -433,9 +445,7 @@ struct HopperFwdKernelBody {
                 warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
                 warpgroup_fence_operand(acc_s);
                 pipe_kv.consumer_release(rkv);
-                if constexpr (kMods)  // logits
-                    apply_score_mods<Element>(s_mn, c_mn, row_mods(params.mods, work.batch, work.head, seq.sq, seq.sk),
-                                              row0, n * kBlockN);
+                mods_tile(n);
                 mask_tile(n);
                 softmax.template update<false>(s_mn, scale_log2);
 
@@ -457,7 +467,7 @@ struct HopperFwdKernelBody {
         // ---- normalise, LSE, O ----
         float lse[R];
         if constexpr (kMods)
-            softmax.finalize(o_mn, 1.f, lse, sink_logit(params.mods, work.head));
+            softmax.finalize(o_mn, scale, lse, sink_logit(params.mods, work.head));
         else
             softmax.finalize(o_mn, scale, lse);
         if constexpr (kFp8) {

@@ -1,9 +1,10 @@
 // mhakit hopper family — the score modifiers (kernels/common/score_mod.h) on one consumer warpgroup's S accumulator
 // (the wgmma C fragment in its rows x keys view, coordinates from the identity tensor partitioned the same way).
 // Only the modifier instances ("_mods", kMods) compile this. Forward: soft-cap and bias / ALiBi turn the raw q·k into
-// logits in place, before the mask (the softmax then runs with scale 1); the sink joins each row's denominator and
-// LSE in OnlineSoftmax::finalize (hopper_softmax.hpp). Backward (the *_t pieces at the end, on the transposed Sᵀ
-// tile): the same logits before Pᵀ is recomputed, then dbias and the soft-cap's derivative on dSᵀ.
+// logits divided by a unit U (FwdModUnits) in place, before the mask (the softmax then runs with scale U); the sink
+// joins each row's denominator and LSE in OnlineSoftmax::finalize (hopper_softmax.hpp). Backward (the *_t pieces at
+// the end, on the transposed Sᵀ tile): the logits before Pᵀ is recomputed, then dbias and the soft-cap's derivative
+// on dSᵀ.
 //
 // Elementwise bias values are read from global memory by the consumer threads, in the loop that applies them: a quad
 // of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8 rows, so a warp's load of one
@@ -43,6 +44,29 @@ struct BwdModParams<true> {
     int64_t dbias_row, dbias_head, dbias_batch;  // elements
 };
 
+// Whether the call has a modifier that changes each score (soft-cap, bias / ALiBi; Hopper has no dropout): without
+// one (a sink alone) both directions keep S = q·k and the plain softmax scale, and skip the modifier pass.
+CUTLASS_DEVICE bool per_score_mods(ScoreMods const& m) { return m.softcap > 0.f || m.bias_type != 0; }
+
+// The forward keeps S in units of U, logit = U·S (FwdModUnits): U = the soft-cap with one (S = tanh(scale·q·k / cap)),
+// else the softmax scale (S = q·k, untouched). So the softmax runs with scale U (U·log2 e in its one FFMA per score),
+// no multiply turns q·k or tanh into a logit, and a call without a per-score modifier (a sink alone) runs the plain
+// kernel's key loop. ALiBi and bias terms join S divided by U.
+struct FwdModUnits {
+    float unit;     // U
+    float slope_u;  // ALiBi: -slope / U (0 without)
+
+    CUTLASS_DEVICE static FwdModUnits of(ScoreMods const& m, int b, int h) {
+        FwdModUnits u;
+        u.unit = m.softcap > 0.f ? m.softcap : m.scale;
+        u.slope_u = 0.f;
+        if (m.bias_type == 2)
+            u.slope_u = -static_cast<const float*>(m.bias)[int64_t(b) * m.bias_batch_stride +
+                                                           int64_t(h) * m.bias_head_stride] / u.unit;
+        return u;
+    }
+};
+
 namespace detail {
 
 // Two consecutive bias elements (p 2-element aligned) as floats: one 4-byte (16-bit bias) or 8-byte (fp32) load.
@@ -59,47 +83,63 @@ CUTLASS_DEVICE void load_bias_pair(BiasT const* p, float& a, float& b) {
 }
 
 // One tile of apply_score_mods for the variant <soft-cap, bias kind> (and, with an elementwise bias, its element
-// type BiasT: float, or the data type): the logit of score_mod.h without the bias, then the bias elements where the
-// position lies inside the sequence (rows a tile runs over and keys the mask hides next read nothing). A thread's
-// fragment holds keys in pairs (columns c, c + 1 of the wgmma C layout: j = 2k, 2k + 1 of the rows x keys view);
-// a pair inside the sequence is one load when the bias rows are 2-element aligned (pair_ok).
+// type BiasT: float, or the data type), in units of U (FwdModUnits): S -> tanh(S·arg) with a soft-cap, then ALiBi's
+// -slope/U·|i + s_k − s_q − j| or bias/U. The ALiBi distance is made in fp32 (exact: |d| < 2^24) from one value per
+// row and the column's offset inside the thread's fragment, a compile-time constant (the identity tensor's layout is
+// static): one FADD, and the |d|·slope FFMA, per score, no integer-to-float conversion. Bias elements are read only
+// where the position lies inside the sequence (rows a tile runs over and keys the mask hides next read nothing); a
+// thread's fragment holds keys in pairs (columns c, c + 1 of the wgmma C layout: j = 2k, 2k + 1 of the rows x keys
+// view), a pair inside the sequence is one load when the bias rows are 2-element aligned (pair_ok).
 template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC>
-CUTLASS_DEVICE void score_mods_tile(TensorS& s_mn, TensorC const& c_mn, RowMods const& r, int row0, int key0,
+CUTLASS_DEVICE void score_mods_tile(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m, FwdModUnits const& u,
+                                    char const* bias, int64_t bias_row_bytes, int sq, int sk, int row0, int key0,
                                     bool pair_ok) {
     constexpr int R = decltype(cute::size<0>(s_mn))::value;
     constexpr int C = decltype(cute::size<1>(s_mn))::value;
     static_assert(C % 2 == 0, "a thread holds its keys in pairs");
-    const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
-    constexpr int kLogitBias = kBias == 2 ? 2 : 0;
+    [[maybe_unused]] const float arg = m.softcap_arg;
+    [[maybe_unused]] const float inv_unit = kBias == 1 ? __fdividef(1.f, u.unit) : 0.f;
+    const int col0 = int(cute::get<1>(c_mn(0, 0)));
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < R; ++i) {
         const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
+        [[maybe_unused]] float dist0 = 0.f;  // ALiBi: i + s_k − s_q − j of the thread's first column
+        if constexpr (kBias == 2) dist0 = float(row + (sk - sq) - (key0 + col0));
         [[maybe_unused]] BiasT const* bias_row = nullptr;
         [[maybe_unused]] bool row_in = false;
         if constexpr (kBias == 1) {
-            row_in = row < r.seqlen_q;
-            bias_row = reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes);
+            row_in = row < sq;
+            bias_row = reinterpret_cast<BiasT const*>(bias + int64_t(row) * bias_row_bytes);
         }
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < C; j += 2) {
-            const int c0 = key0 + int(cute::get<1>(c_mn(i, j)));
-            const int c1 = key0 + int(cute::get<1>(c_mn(i, j + 1)));
-            float l0 = modified_logit_t<kCap, kLogitBias>(r, s_mn(i, j), row, c0, unused16, nullptr);
-            float l1 = modified_logit_t<kCap, kLogitBias>(r, s_mn(i, j + 1), row, c1, unused16, nullptr);
+            float v[2];
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                v[e] = s_mn(i, j + e);
+                if constexpr (kCap) v[e] = approx_tanh(v[e] * arg);
+                if constexpr (kBias == 2) {
+                    const float d = dist0 - float(int(cute::get<1>(c_mn(i, j + e))) - col0);
+                    v[e] = fmaf(u.slope_u, fabsf(d), v[e]);
+                }
+            }
             if constexpr (kBias == 1) {
+                const int c0 = key0 + int(cute::get<1>(c_mn(i, j)));
+                const int c1 = key0 + int(cute::get<1>(c_mn(i, j + 1)));
                 if (row_in) {
-                    if (pair_ok && c1 == c0 + 1 && c1 < r.seqlen_k) {
+                    if (pair_ok && c1 == c0 + 1 && c1 < sk) {
                         float b0, b1;
                         load_bias_pair(bias_row + c0, b0, b1);
-                        l0 += b0, l1 += b1;
+                        v[0] = fmaf(b0, inv_unit, v[0]);
+                        v[1] = fmaf(b1, inv_unit, v[1]);
                     } else {
-                        if (c0 < r.seqlen_k) l0 += float(bias_row[c0]);
-                        if (c1 < r.seqlen_k) l1 += float(bias_row[c1]);
+                        if (c0 < sk) v[0] = fmaf(float(bias_row[c0]), inv_unit, v[0]);
+                        if (c1 < sk) v[1] = fmaf(float(bias_row[c1]), inv_unit, v[1]);
                     }
                 }
             }
-            s_mn(i, j) = l0;
-            s_mn(i, j + 1) = l1;
+            s_mn(i, j) = v[0];
+            s_mn(i, j + 1) = v[1];
         }
     }
 }
@@ -107,60 +147,74 @@ CUTLASS_DEVICE void score_mods_tile(TensorS& s_mn, TensorC const& c_mn, RowMods 
 }  // namespace detail
 
 // S (raw q·k, rows x keys view s_mn with tile coordinates c_mn) of the key tile starting at key0, for query rows
-// from row0 on (positions count from the sequence's start) -> logits, in place. One branch per tile picks the variant
-// <soft-cap, bias kind, bias element type>, so the element loop has no branch on the modifiers. (The dispatch is
-// with_mod_kind's, written out: through its lambda nvcc outlined the whole tile, with S on the stack.)
+// from row0 on (positions count from the sequence's start; sequence b with sq queries and sk keys, query head h) ->
+// logits / U, in place. Call it only where per_score_mods(m): without a per-score modifier S is already in its
+// units. One branch per tile picks the variant <soft-cap, bias kind, bias element type>, so the element loop has no
+// branch on the modifiers. (Written out, not through with_mod_kind's lambda: through it nvcc outlined the whole tile,
+// with S on the stack.)
 template <class Element, bool kCap, class TensorS, class TensorC>
-CUTLASS_DEVICE void apply_score_mods_cap(TensorS& s_mn, TensorC const& c_mn, RowMods const& r, int row0, int key0) {
-    if (r.bias_type == 2) {
-        detail::score_mods_tile<kCap, 2, float>(s_mn, c_mn, r, row0, key0, false);
-    } else if (r.bias_type == 1) {
+CUTLASS_DEVICE void apply_score_mods_cap(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m,
+                                         FwdModUnits const& u, int b, int h, int sq, int sk, int row0, int key0) {
+    if (m.bias_type == 2) {
+        detail::score_mods_tile<kCap, 2, float>(s_mn, c_mn, m, u, nullptr, 0, sq, sk, row0, key0, false);
+    } else if (m.bias_type == 1) {
         // (b, h, 0, 0) and the row stride in bytes: every row starts 2-element aligned, or pairs load apart
-        const int64_t pair_bytes = r.bias_fp32 ? 8 : 4;
-        const bool pair_ok =
-            reinterpret_cast<uintptr_t>(r.bias) % pair_bytes == 0 && r.bias_row_bytes % pair_bytes == 0;
-        if (r.bias_fp32)
-            detail::score_mods_tile<kCap, 1, float>(s_mn, c_mn, r, row0, key0, pair_ok);
+        const int64_t elem = m.bias_fp32 ? 4 : 2;
+        char const* bias = static_cast<char const*>(m.bias) +
+                           (int64_t(b) * m.bias_batch_stride + int64_t(h) * m.bias_head_stride) * elem;
+        const int64_t row_bytes = m.bias_row_stride * elem;
+        const int64_t pair_bytes = 2 * elem;
+        const bool pair_ok = ((reinterpret_cast<uintptr_t>(bias) | uintptr_t(row_bytes)) & uintptr_t(pair_bytes - 1)) == 0;
+        if (m.bias_fp32)
+            detail::score_mods_tile<kCap, 1, float>(s_mn, c_mn, m, u, bias, row_bytes, sq, sk, row0, key0, pair_ok);
         else
-            detail::score_mods_tile<kCap, 1, Element>(s_mn, c_mn, r, row0, key0, pair_ok);
+            detail::score_mods_tile<kCap, 1, Element>(s_mn, c_mn, m, u, bias, row_bytes, sq, sk, row0, key0, pair_ok);
     } else {
-        detail::score_mods_tile<kCap, 0, float>(s_mn, c_mn, r, row0, key0, false);
+        detail::score_mods_tile<kCap, 0, float>(s_mn, c_mn, m, u, nullptr, 0, sq, sk, row0, key0, false);
     }
 }
 
 template <class Element, class TensorS, class TensorC>
-CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, RowMods const& r, int row0, int key0) {
-    if (r.softcap > 0.f)
-        apply_score_mods_cap<Element, true>(s_mn, c_mn, r, row0, key0);
+CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m, FwdModUnits const& u,
+                                     int b, int h, int sq, int sk, int row0, int key0) {
+    if (m.softcap > 0.f)
+        apply_score_mods_cap<Element, true>(s_mn, c_mn, m, u, b, h, sq, sk, row0, key0);
     else
-        apply_score_mods_cap<Element, false>(s_mn, c_mn, r, row0, key0);
+        apply_score_mods_cap<Element, false>(s_mn, c_mn, m, u, b, h, sq, sk, row0, key0);
 }
 
 // ---- the backward: Sᵀ tiles (keys x queries; cS gives each element's (key, query) tile coordinate) ----------------
 
 namespace detail {
 
+// One tile of apply_score_mods_t for the variant <soft-cap, bias kind, BiasT>: the logit of score_mod.h (soft-cap with
+// approx_tanh, as the forward) with ALiBi's |i + s_k − s_q − j| made in fp32 from one value per tile and each
+// element's compile-time offset in the thread's fragment (one FADD and the FFMA, no integer-to-float conversion per
+// element). Every element gets its logit, also outside the sequence, where its P is 0 anyway (a key past s_k:
+// recompute_pt masks it, the tile not being full; a row past s_q: LSE = +inf); only the bias is read inside it alone.
 template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
                                       Dcap& dcap) {
     const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
-    constexpr int kLogitBias = kBias == 2 ? 2 : 0;
     constexpr int N = decltype(cute::size(cS))::value;
+    const int k00 = int(cute::get<0>(cS(0))), q00 = int(cute::get<1>(cS(0)));
+    [[maybe_unused]] const float dist0 = float((r0 + q00) + (r.seqlen_k - r.seqlen_q) - (n0 + k00));
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N; i += 2) {
         float d[2] = {1.f, 1.f};
         CUTLASS_PRAGMA_UNROLL
         for (int e = 0; e < 2; ++e) {
-            const int key = n0 + int(cute::get<0>(cS(i + e)));
-            const int row = r0 + int(cute::get<1>(cS(i + e)));
-            // Outside the sequence the raw q·k stays: its P is 0 anyway (key: masked; row: LSE = +inf)
-            if (row < r.seqlen_q && key < r.seqlen_k) {
-                float l = modified_logit_t<kCap, kLogitBias>(r, acc_S(i + e), row, key, unused16,
-                                                             kCap ? &d[e] : nullptr);
-                if constexpr (kBias == 1)
+            const int kk = int(cute::get<0>(cS(i + e)));
+            const int qq = int(cute::get<1>(cS(i + e)));
+            float l = modified_logit_t<kCap, 0, decltype(unused16), /*kApproxTanh=*/true>(
+                r, acc_S(i + e), 0, 0, unused16, kCap ? &d[e] : nullptr);
+            if constexpr (kBias == 2) l = fmaf(-r.slope, fabsf(dist0 + float((qq - q00) - (kk - k00))), l);
+            if constexpr (kBias == 1) {
+                const int key = n0 + kk, row = r0 + qq;
+                if (row < r.seqlen_q && key < r.seqlen_k)
                     l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
-                acc_S(i + e) = l;
             }
+            acc_S(i + e) = l;
         }
         if constexpr (kCap) {
             const __half2 h = __floats2half2_rn(d[0], d[1]);
@@ -187,9 +241,9 @@ CUTLASS_DEVICE void apply_score_mods_t_cap(TensorS& acc_S, TensorC const& cS, Ro
 }
 
 // The backward's half of a tile's modifiers, on Sᵀ (raw q·k, in place -> logits) before recompute_pt, which then
-// runs in logit units (scale_log2 = log2 e). dcap (kSFrag / 2 words) receives the soft-cap's derivative 1 − tanh²
-// of each element as packed fp16 pairs (in [0, 1]; 11 bits, below the 16-bit dS's own rounding), left untouched
-// without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then). The variants are
+// runs in logit units (scale_log2 = log2 e); called only where per_score_mods (else Sᵀ stays q·k, with the plain
+// scale). dcap (kSFrag / 2 words) receives the soft-cap's derivative 1 − tanh² of each element as packed fp16 pairs
+// (in [0, 1]; 11 bits, below the 16-bit dS's own rounding), left untouched without a soft-cap. Returns whether a soft-cap is set (finish_ds_t multiplies by dcap then). The variants are
 // written out as in the forward (dispatched through a lambda, the tile may be outlined with S on the stack).
 template <class Element, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
