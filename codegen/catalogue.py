@@ -31,14 +31,22 @@ class Tile:
     params: tuple[tuple[str, int], ...]  # the family's tile parameters (block_m, block_n, warps, ...) in file order
     # Optional narrowing of the family's dtypes / modes for this tile (None: all of the family's), so that a dtype
     # with tiles of its own (the Hopper forward's fp8) lists them beside the others.
+    # `masks` likewise narrows the family's mask classes, so that a bucket may use one tile unmasked and another
+    # masked.
     dtypes: tuple[str, ...] | None = None
     modes: tuple[str, ...] | None = None
+    masks: tuple[str, ...] | None = None
+    # A tuning candidate (catalogue `candidate = true`): an alternative to the tile that serves the same instances,
+    # left out of every instance set (the profiles, the JIT) except a profile that asks for candidates (profiles.toml
+    # `candidates = true`), which builds it one library at a time (codegen/profiles.py, select).
+    candidate: bool = False
 
     def get(self, key: str) -> int:
         return dict(self.params)[key]
 
-    def serves(self, dtype: str, mode: str) -> bool:
-        return (self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
+    def serves(self, dtype: str, mode: str, mask: str | None = None) -> bool:
+        return ((self.dtypes is None or dtype in self.dtypes) and (self.modes is None or mode in self.modes)
+                and (mask is None or self.masks is None or mask in self.masks))
 
 
 @dataclass(frozen=True)
@@ -164,13 +172,17 @@ def _require(table: dict, key: str, where: str):
     return table[key]
 
 
-_TILE_NARROWING = ("dtypes", "modes")
+_TILE_NARROWING = ("dtypes", "modes", "masks")
 
 
 def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
     hdim_q = int(_require(raw, "hdim_q", where))
     hdim_v = int(_require(raw, "hdim_v", where))
-    params = tuple((k, int(v)) for k, v in raw.items() if k not in ("hdim_q", "hdim_v", *_TILE_NARROWING))
+    candidate = raw.get("candidate", False)
+    if not isinstance(candidate, bool):
+        raise CatalogueError(f"{where}.candidate: must be true or false")
+    params = tuple((k, int(v)) for k, v in raw.items()
+                   if k not in ("hdim_q", "hdim_v", "candidate", *_TILE_NARROWING))
     narrowed = {}
     for key in _TILE_NARROWING:
         if key in raw:
@@ -179,7 +191,7 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
             if not isinstance(values, list) or not values or not set(values) <= set(served):
                 raise CatalogueError(f"{where}.{key}: must be a non-empty list of the family's {key} {served}")
             narrowed[key] = tuple(values)
-    return Tile(hdim_q, hdim_v, params, **narrowed)
+    return Tile(hdim_q, hdim_v, params, candidate=candidate, **narrowed)
 
 
 def _freeze(value):

@@ -19,6 +19,10 @@ PROFILE_KEYS = ("dtype", "hdim", "mode", "mask", "family")
 # profile keeps of them), a list of such tables (it keeps what any of them keeps), or false (none). Without it the
 # profile keeps the modifier instances of every plain one.
 MODS_KEY = "mods"
+# A profile with `candidates = true` also enumerates the catalogue's tuning candidates (tiles marked `candidate`), each
+# an alternative to the tile that serves the same instances: for sweeps, one candidate per library (select refuses
+# a selection holding a candidate and another instance of the same family and signature).
+CANDIDATES_KEY = "candidates"
 
 # The public API names that compile.py accepts. *_v3 builds the same library from the arch-specialised
 # families only (catalogue `v3 = true`), as aiter's fwd_v3/bwd_v3 builds keep only its hand-tuned kernels.
@@ -34,7 +38,7 @@ def load_profiles() -> dict[str, dict]:
     with open(PROFILES_FILE, "rb") as f:
         profiles = tomllib.load(f)
     for name, body in profiles.items():
-        unknown = set(body) - set(PROFILE_KEYS) - {"description", MODS_KEY}
+        unknown = set(body) - set(PROFILE_KEYS) - {"description", MODS_KEY, CANDIDATES_KEY}
         if unknown:
             raise SelectionError(f"profiles.toml: profile '{name}' has unknown keys {sorted(unknown)}")
         mods = body.get(MODS_KEY, {})
@@ -43,6 +47,8 @@ def load_profiles() -> dict[str, dict]:
                                                      for t in tables)):
             raise SelectionError(f"profiles.toml: profile '{name}': `{MODS_KEY}` must be false, a table of "
                                  f"{', '.join(PROFILE_KEYS)} or a list of such tables")
+        if not isinstance(body.get(CANDIDATES_KEY, False), bool):
+            raise SelectionError(f"profiles.toml: profile '{name}': `{CANDIDATES_KEY}` must be true or false")
     return profiles
 
 
@@ -50,6 +56,7 @@ def load_profiles() -> dict[str, dict]:
 class Selection:
     specs: list[KernelSpec]
     rejected: list[tuple[str, list[str]]] = field(default_factory=list)  # (name, reasons) dropped by rules
+    candidates: frozenset[str] = frozenset()  # the names of specs made from candidate tiles (catalogue `candidate`)
 
 
 def _variant_choices(fam: catalogue_mod.Family) -> list[tuple[tuple[tuple[str, str], ...], int]]:
@@ -65,9 +72,9 @@ def _variant_choices(fam: catalogue_mod.Family) -> list[tuple[tuple[tuple[str, s
 VARIANT_SCALE = 100
 
 
-def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selection:
+def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates: bool = False) -> Selection:
     """Every spec the catalogue describes for this API and arch (the backend's catalogue: by default the one the
-    arch belongs to), split into valid and rejected-by-rules."""
+    arch belongs to), split into valid and rejected-by-rules; with candidates, the tiles marked `candidate` too."""
     backend = backend or backend_of_arch(arch)
     if api not in APIS:
         raise SelectionError(f"unknown api '{api}' (choose from {', '.join(APIS)})")
@@ -76,6 +83,7 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
     arch_record = cat.arch(arch)
     selection = Selection(specs=[])
     seen: dict[str, str] = {}
+    candidate_names: set[str] = set()
     families = [fam for lib_api in catalogue_mod.APIS if catalogue_mod.LIBRARY_OF_API[lib_api] == base_api
                 for fam in cat.families_for(lib_api, arch)]
     for fam in families:
@@ -86,7 +94,9 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
         mods_choices = (False, True) if fam.has_mod_instances else (False,)
         for tile, dtype, mode, mask, (variant, rank), mods in itertools.product(
                 fam.tiles, fam.dtypes, fam.modes, fam.masks, _variant_choices(fam), mods_choices):
-            if not tile.serves(dtype, mode):  # a tile narrowed to some dtypes / modes (catalogue)
+            if not tile.serves(dtype, mode, mask):  # a tile narrowed to some dtypes / modes / masks (catalogue)
+                continue
+            if tile.candidate and not candidates:
                 continue
             spec = KernelSpec(
                 signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask, mods),
@@ -106,6 +116,9 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None) -> Selectio
                     "tiles of one family and head dim must differ in their block sizes")
             seen[spec.name] = fam.name
             selection.specs.append(spec)
+            if tile.candidate:
+                candidate_names.add(spec.name)
+    selection.candidates = frozenset(candidate_names)
     return selection
 
 
@@ -137,7 +150,7 @@ def select(api: str, arch: str, profile: str = "default", name_filter: str | Non
     if profile not in profiles:
         raise SelectionError(f"unknown profile '{profile}' (choose from {', '.join(profiles)})")
     backend = backend or backend_of_arch(arch)
-    selection = enumerate_specs(api, arch, backend)
+    selection = enumerate_specs(api, arch, backend, candidates=profiles[profile].get(CANDIDATES_KEY, False))
     if not selection.specs and not selection.rejected:
         raise SelectionError(f"the {backend} catalogue has no kernel family for api '{api}' on {arch} yet")
     specs = [s for s in selection.specs if _profile_admits(profiles[profile], s)]
@@ -147,5 +160,14 @@ def select(api: str, arch: str, profile: str = "default", name_filter: str | Non
     if not specs:
         what = f"profile '{profile}'" + (f" with filter '{name_filter}'" if name_filter else "")
         raise SelectionError(f"{what} selects no {api} instance for {arch}; try `--list` to see the names")
+    # A candidate tile is an alternative, not an addition: the runtime could not tell it from the instance of the
+    # same family and signature beside it, so a library holds one of them.
+    for spec in specs:
+        if spec.name in selection.candidates:
+            rivals = sorted(s.name for s in specs if s is not spec and s.algorithm.family == spec.algorithm.family
+                            and s.signature == spec.signature)
+            if rivals:
+                raise SelectionError(f"{spec.name} is a candidate tile of the same instance as {', '.join(rivals)}: "
+                                     "build one of them per library (narrow with --filter)")
     specs.sort(key=lambda s: s.name)
-    return Selection(specs, selection.rejected)
+    return Selection(specs, selection.rejected, selection.candidates & {s.name for s in specs})

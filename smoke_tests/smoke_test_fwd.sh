@@ -34,6 +34,7 @@ environment:
   MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, group, odd, mods, hmods, dropout, fp8
   MHA_FP8         1: run the fp8 section, 0: skip it, only: run nothing else (default: run it when nvidia-smi
                   reports compute capability 9.0)
+  MHA_FP8_HDIMS   the fp8 section's head-dim buckets (default: "128 256"; e.g. 128 for a library of d128 fp8 tiles)
 USAGE
 }
 
@@ -174,7 +175,7 @@ done
 # fp8 (hopper family, batch mode; -prec=fp8 is e4m3 q/k/v with bf16 o): per-tensor descales (-qscale=pt) and unscaled
 # full-range data (-qscale=n -init=ufq), odd lengths, every mask kind, GQA / MQA, no keys, head dims below the bucket.
 if want fp8 && { [ "$FP8" = 1 ] || [ "$FP8" = only ]; }; then
-for hdim in 128 256; do
+for hdim in ${MHA_FP8_HDIMS:-128 256}; do
 for perm in 0 1; do
     p=(-prec=fp8 -mode=0 -d="$hdim" -iperm="$perm" -operm="$perm" -lse=1)
     run "${p[@]}" -qscale=pt -init=nf -b=2 -h=3 -s=100 -s_k=51

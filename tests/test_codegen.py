@@ -168,9 +168,51 @@ class TestProfiles:
             {(256, 64)}
         assert not any(s.signature.dtype.startswith("fp8") for s in profiles.enumerate_specs("bwd", "sm_90a").specs)
         assert not any(s.signature.dtype.startswith("fp8") for s in profiles.enumerate_specs("fwd", "sm_80").specs)
-        default = {s.name for s in profiles.select("fwd", "sm_90a", "default").specs if "fp8" in s.name}
-        assert default == {f"fwd_d{d}_fp8bf16_batch_{m}_sm90a_hopper_b128x128" for d in (128, 256)
-                           for m in ("mask", "nmask")}
+        # the default profile: one fp8bf16 instance per bucket and mask class, none of them a candidate tile
+        default = [s for s in profiles.select("fwd", "sm_90a", "default").specs if "fp8" in s.name]
+        assert sorted((s.signature.dtype, s.signature.hdim_q, s.signature.mask) for s in default) == [
+            ("fp8bf16", d, m) for d in (128, 256) for m in ("mask", "nmask")]
+        chosen = {(t.hdim_q, t.get("block_m"), t.get("block_n")) for t in
+                  catalogue.load("cuda").family("fwd", "hopper").tiles if t.dtypes == ("fp8bf16", "fp8fp16")
+                  and not t.candidate}
+        assert {(s.signature.hdim_q, *(dict(s.algorithm.tile)[k] for k in ("block_m", "block_n")))
+                for s in default} == chosen
+
+    def test_candidate_tiles_are_alternatives_built_one_per_library(self):
+        """Tiles marked `candidate` (the fp8 d128 sweep) stay out of the profiles and the JIT; the `candidates`
+        profile lists them, and a selection that holds a candidate beside another tile of its instance is refused."""
+        fp8_d128 = "fwd_d128_fp8bf16_batch"
+        every = profiles.enumerate_specs("fwd", "sm_90a", candidates=True)
+        block_ns = {dict(s.algorithm.tile)["block_n"] for s in every.specs if s.name.startswith(fp8_d128)}
+        assert len(block_ns) >= 2 and all(n % 32 == 0 and n <= 256 for n in block_ns)
+        assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch")) for n in every.candidates)
+        assert not profiles.enumerate_specs("fwd", "sm_90a").candidates
+        for profile in ("minimal", "default", "all"):
+            sel = profiles.select("fwd", "sm_90a", profile)
+            assert not sel.candidates and not {s.name for s in sel.specs} & every.candidates
+        with pytest.raises(profiles.SelectionError, match="is a candidate tile of the same instance as"):
+            profiles.select("fwd", "sm_90a", "candidates", fp8_d128)
+        for n in block_ns:  # one library per tile, with whatever else it needs
+            sel = profiles.select("fwd", "sm_90a", "candidates",
+                                  f"{fp8_d128}_*_b128x{n},fwd_d128_bf16_batch_nmask_sm90a_hopper")
+            assert sorted(s.signature.mask for s in sel.specs if s.signature.dtype == "fp8bf16") == ["mask", "nmask"]
+            assert len(sel.specs) == 3
+        # the JIT derives one fp8 instance per call, never a candidate
+        from mhakit import jit
+        for masked in (False, True):
+            entry = jit.derive_entry("fwd", "sm_90a", "fp8bf16", 128, 128, "batch", masked)
+            assert len(entry.instance_names) == 1 and not set(entry.instance_names) & every.candidates
+
+    def test_tile_masks_and_candidate_keys(self):
+        from codegen.catalogue import CatalogueError, _parse_tile
+        fam = {"dtypes": ["fp16", "bf16"], "modes": ["batch"], "masks": ["nmask", "mask"]}
+        tile = _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "masks": ["mask"], "candidate": True}, "t", fam)
+        assert tile.params == (("block_m", 64),) and tile.candidate
+        assert tile.serves("fp16", "batch", "mask") and not tile.serves("fp16", "batch", "nmask")
+        with pytest.raises(CatalogueError, match="masks: must be a non-empty list of the family's masks"):
+            _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "masks": ["causal"]}, "t", fam)
+        with pytest.raises(CatalogueError, match="candidate: must be true or false"):
+            _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "candidate": 1}, "t", fam)
 
     def test_tile_narrowing_must_name_the_familys_values(self, tmp_path):
         from codegen.catalogue import CatalogueError, _parse_tile

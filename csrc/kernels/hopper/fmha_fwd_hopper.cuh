@@ -29,7 +29,9 @@
 //
 // Tiles: kBlockM = 64 * (number of consumer warpgroups) in {128, 192}; kBlockN a multiple of 16 <= 256.
 // Measured on H200 (bf16/fp16, 16k tokens, .scratch/hopper): hdim 64: 192x128 (128x128 is ~10% better only for
-// causal s <= 1k); hdim 128: 128x128; hdim 256: 128x64. 128x176 (hdim 128) and 128x80 (hdim 256) were 25-35% slower.
+// causal s <= 1k); hdim 128: 128x128; hdim 256: 128x64. 128x176 (hdim 128) and 128x80 (hdim 256) were 25-35% slower,
+// but measured before fmha_hopper_kernel.hpp enabled CuTe's extended wgmma shapes: their Q·Kᵀ then ran as wgmmas of
+// N = 16 (so did the 112 / 80 keys of the 192 buckets' notes in the catalogue); worth measuring again.
 //
 // Build: nvcc -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -O3
 //        -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUTLASS/examples -I<repo>/csrc -I<repo>/csrc/include

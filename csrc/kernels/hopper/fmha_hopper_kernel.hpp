@@ -23,6 +23,15 @@
 // through the (by then idle) K/V ring, the Q buffer of a warpgroup being half the size of its 16-bit O.
 #pragma once
 
+// CuTe picks each product's wgmma as the widest N that divides the tile, from {8, 16, 32, 64, 96, 128, 192, 256}
+// unless this macro admits every multiple of 8 (its "extended" shapes): without it a key tile of 160 or 224 (the fp8
+// candidates) would run Q·Kᵀ as 5 or 7 wgmmas of N = 32 per k-step, each re-reading Q. The tiles of the default
+// set select the same instruction either way. It must precede the first CuTe header of the translation unit; the
+// static_assert on the instruction shapes below catches a unit that included one earlier.
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+
 #include <cstdint>
 
 #include "cute/tensor.hpp"
@@ -96,6 +105,10 @@ struct HopperFwdKernelBody {
     using TileShapePV = typename MainloopV::TileShapePV;  // (64, kHdimV, kBlockN)
     using TiledMmaQK = typename Mainloop::TiledMmaQK;
     using TiledMmaPV = typename MainloopV::TiledMmaPV;
+    // One wgmma per k-step spans the whole key tile (Q·Kᵀ) and the whole V head dim (P·V).
+    static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN &&
+                      size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHdimV,
+                  "a wgmma narrower than the tile: CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED came after a CuTe header");
     using SmemLayoutQ = typename Mainloop::SmemLayoutQ;
     using SmemLayoutK = typename Mainloop::SmemLayoutK;
     // V tiles live in the ring slots of K tiles: one V stage's layout, with the slot size as the stage stride (the
