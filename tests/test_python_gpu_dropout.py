@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 cp = pytest.importorskip("cupy")
 
 from test_python_gpu import kernel_cache  # noqa: E402,F401  (autouse: MHAKIT_CACHE_DIR for the module)
-from test_python_gpu_mods import close, dev, host  # noqa: E402
+from test_python_gpu_mods import check_grads, close, dev, host  # noqa: E402
 
 MASKS = {"none": (dict(), (0, -1, -1)), "causal": (dict(causal=True), (2, -1, 0)),
          "window": (dict(mask="t:8,4"), (1, 8, 4))}
@@ -64,8 +64,7 @@ def test_forward_and_backward_batch(extra, mask, d, dtype):
     ref = reference.attention_bwd(qf, kf, vf, dof, mask_type=mt, window_left=wl, window_right=wr,
                                   o=host(o, dtype), dropout_p=p, randval=rv_ref, **r_kw)
     tol = reference.tolerances_bwd(dtype, d, d)
-    for name, out, r in (("dQ", dq, ref[0]), ("dK", dk, ref[1]), ("dV", dv, ref[2])):
-        close(host(out, dtype), r, tol, name)
+    check_grads(dq, dk, dv, {}, ref, dtype, tol)
     # the deterministic backward regenerates the same bytes too
     dq2, dk2, dv2 = mhakit.mha_bwd(do, q, k, v, o, lse, layout="bhsd", dtype=dtype, deterministic=True, **m_kw,
                                    **d_kw)
@@ -98,9 +97,7 @@ def test_group_mode():
     close(host(o, dtype), o_ref, reference.tolerances(dtype), "O")
     close(cp.asnumpy(lse), lse_ref, reference.tolerances(dtype), "LSE")
     ref = reference.attention_varlen_bwd(qf, kf, vf, dof, cq, ck, o=host(o, dtype), **r_kw)
-    tol = reference.tolerances_bwd(dtype, d, d)
-    for name, out, r in (("dQ", dq, ref[0]), ("dK", dk, ref[1]), ("dV", dv, ref[2])):
-        close(host(out, dtype), r, tol, name)
+    check_grads(dq, dk, dv, {}, ref, dtype, reference.tolerances_bwd(dtype, d, d))
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

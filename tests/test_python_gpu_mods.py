@@ -41,6 +41,17 @@ def close(out, ref, tol, what):
     assert res.ok, f"{what}: {res}"
 
 
+def check_grads(dq, dk, dv, grads, ref, dtype: str, tol):
+    """dQ, dK, dV and the modifier gradients a call asked for (grads: "dbias" / "dsink") against
+    reference.attention_bwd(..., return_mod_grads=True)'s (dq, dk, dv, dbias, dsink)."""
+    for name, out, r in (("dQ", dq, ref[0]), ("dK", dk, ref[1]), ("dV", dv, ref[2])):
+        close(host(out, dtype), r, tol, name)
+    if "dbias" in grads:
+        close(host(grads["dbias"], dtype), ref[3], tol, "dbias")
+    if "dsink" in grads:
+        close(cp.asnumpy(grads["dsink"]), ref[4], tol, "dsink")
+
+
 def make_mods(rng, kind: str, b: int, h: int, sq: int, sk: int, dtype: str):
     """(device kwargs, reference kwargs) for one modifier set; kind is '+'-joined: cap, alibi ([h]), alibi_bh
     ([b, h]), bias32 ([1, h, sq, sk] fp32), bias16 ([b, h, sq, sk] of the data type), bias16_b ([b, 1, sq, sk]),
@@ -110,13 +121,7 @@ def test_forward_and_backward_batch(kind, mask, d, dtype):
     dq, dk, dv = mhakit.mha_bwd(do, q, k, v, o, lse, layout="bhsd", dtype=dtype, **m_kw, **d_kw, **grads)
     ref = reference.attention_bwd(qf, kf, vf, dof, mask_type=mt, window_left=wl, window_right=wr,
                                   o=host(o, dtype), return_mod_grads=True, **r_kw)
-    tol = reference.tolerances_bwd(dtype, d, d)
-    for name, out, r in (("dQ", dq, ref[0]), ("dK", dk, ref[1]), ("dV", dv, ref[2])):
-        close(host(out, dtype), r, tol, name)
-    if "dbias" in grads:
-        close(host(grads["dbias"], dtype), ref[3], tol, "dbias")
-    if "dsink" in grads:
-        close(cp.asnumpy(grads["dsink"]), ref[4], tol, "dsink")
+    check_grads(dq, dk, dv, grads, ref, dtype, reference.tolerances_bwd(dtype, d, d))
 
 
 @pytest.mark.parametrize("kind", ["cap", "alibi_bh", "bias32", "sink", "cap+bias32+sink"])
