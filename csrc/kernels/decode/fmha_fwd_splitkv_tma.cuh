@@ -195,6 +195,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
     uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + S::kBarriers);
     uint64_t* empty_bar = full_bar + kStages;
 
+    // The combine kernel (a programmatic dependent, launched only when the call is split) may be scheduled as soon as
+    // every CTA of this grid has started: it waits for this grid's results before reading them.
+    trigger_dependents();
+
     const SplitkvWork work = splitkv_work(p, kBlockM);
     const int split = work.split, hk = work.hk, b = work.b, group = work.group;
     const int rows_total = work.rows_total, row0 = work.row0, rows = work.rows;
@@ -463,7 +467,7 @@ struct SplitkvTmaKernel {
             default: err = launch<1, true>(p, tma_k, tma_v, stream); break;
         }
         if (err != cudaSuccess || p.num_splits == 1) return err;
-        return detail::combine_splits<kDtype>(p, stream);
+        return detail::combine_splits<kDtype>(p, stream, /*dependent=*/true);
     }
 };
 

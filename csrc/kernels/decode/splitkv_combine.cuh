@@ -2,6 +2,9 @@
 // fp32 (o_acc, lse_acc, dense [split][batch][head][row](+[col]), see mha_fwd.h); the row's LSE is the log-sum-exp of
 // the splits' LSEs, and O the sum of their O weighted by exp(lse_split - lse). Splits that saw no key carry
 // LSE = -inf and weigh 0; a row that no split saw gets O = 0, LSE = -inf. One warp per output row.
+// Behind decode_tma's split kernel (sm_90a) the combine is launched as a programmatic dependent (dependent_launch.h):
+// its CTAs start while the split kernel's last CTAs run and wait for its results before reading them, so that a call
+// pays no launch gap between the two.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +12,7 @@
 #include <stdint.h>
 
 #include "../../include/mha_common.h"
+#include "../common/dependent_launch.h"
 #include "../common/splitkv_params.h"
 #include "../generic/generic_ptx.cuh"
 
@@ -29,9 +33,11 @@ __device__ __forceinline__ uint16_t to_elem(float v) {
 
 constexpr int kCombineWarps = 4;
 
-template <mhakit_dtype kDtype>
+// kDependent: launched as a programmatic dependent of the split kernel (reads its partials after wait_for_primary).
+template <mhakit_dtype kDtype, bool kDependent>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const SplitkvParams p) {
     __shared__ float s_weight[kCombineWarps][MHAKIT_MAX_SPLITS];
+    if constexpr (kDependent) wait_for_primary();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t rows = int64_t(p.batch) * p.nhead_q * p.seqlen_q;
     const int64_t id = int64_t(blockIdx.x) * kCombineWarps + warp;
@@ -104,13 +110,16 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Split
 
 #endif  // __CUDACC__
 
+// dependent: launch as a programmatic dependent of the split kernel just launched (sm_90a instances only: the split
+// kernel triggers its dependents, see dependent_launch.h).
 template <mhakit_dtype kDtype>
-inline cudaError_t combine_splits(const SplitkvParams& p, cudaStream_t stream) {
+inline cudaError_t combine_splits(const SplitkvParams& p, cudaStream_t stream, bool dependent = false) {
 #if defined(__CUDACC__)
     const int64_t rows = int64_t(p.batch) * p.nhead_q * p.seqlen_q;
     if (rows == 0) return cudaSuccess;
-    const int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
-    combine_kernel<kDtype><<<dim3(unsigned(blocks)), kCombineWarps * 32, 0, stream>>>(p);
+    const dim3 grid(unsigned((rows + kCombineWarps - 1) / kCombineWarps)), block(kCombineWarps * 32);
+    if (dependent) return launch_dependent(combine_kernel<kDtype, true>, grid, block, 0, stream, p);
+    combine_kernel<kDtype, false><<<grid, block, 0, stream>>>(p);
     return cudaGetLastError();
 #else
     return cudaErrorNotSupported;
