@@ -57,11 +57,13 @@ constexpr int kBoxCols = 64;     // 16-bit elements per TMA box row: 128 bytes, 
 constexpr int kRowBytes = 128;   // bytes of one row of a box in shared memory
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads)
 
-template <mhakit_dtype kDtype, int kHdimQ_, int kHdimV_, int kRowTiles, int kWarps_, int kStages_>
+template <mhakit_dtype kDtype, int kHdimQ_, int kHdimV_, int kRowTiles, int kWarps_, int kStages_, int kPrefetch_>
 struct TmaConfig {
     // The decode family's config of the same tile: padded Q rows, WarpView, 16 keys per consumer warp.
     using Base = SplitkvConfig<kDtype, kHdimQ_, kHdimV_, kRowTiles, kWarps_, 16, kStages_>;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_, kWarps = kWarps_, kStages = kStages_;
+    static constexpr int kPrefetch = kPrefetch_;  // blocks the producer prefetches into L2 ahead of its loads
+    static_assert(kPrefetch >= 0 && kPrefetch <= 32, "a prefetch distance within one block-table window");
     static constexpr int kConsumers = kWarps * 32;
     static constexpr int kThreads = kConsumers + 32;  // + the producer warp
     static constexpr int kBlockN = Base::kBlockN;
@@ -232,6 +234,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
         const uint32_t tx_bytes = uint32_t(boxes_k + boxes_v) * kBoxBytes;
         constexpr uint64_t kEvictFirst = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);  // each byte read once
         int lane_page = 0;  // paged: the page of block (i & ~31) + lane
+        int lane_page_ahead = 0;  // paged, prefetching: the page of block ((i + kPrefetch) & ~31) + lane
         for (int i = 0; i < n_blocks; ++i) {
             const int n0 = (keys.blk_begin + i) * kBlockN;
             if (paged && (i & 31) == 0) {
@@ -239,6 +242,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
                 lane_page = j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
             }
             const int page = paged ? __shfl_sync(0xffffffffu, lane_page, i & 31) : 0;
+            if constexpr (Cfg::kPrefetch > 0) {
+                // L2 prefetch of block i + kPrefetch (a whole block past the ring's first fill), so that its bytes
+                // are on their way kPrefetch loads before the slot for it frees.
+                const int ahead = i + Cfg::kPrefetch;
+                if (paged && (i == 0 || (ahead & 31) == 0)) {
+                    const int j = (ahead & ~31) + lane;
+                    lane_page_ahead =
+                        j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
+                }
+                const int page_ahead = paged ? __shfl_sync(0xffffffffu, lane_page_ahead, ahead & 31) : 0;
+                const int a0 = (keys.blk_begin + ahead) * kBlockN;
+                if (lane == 0 && ahead >= kStages && ahead < n_blocks && keys.sk - a0 >= kBlockN) {
+                    const int row = paged ? kc.in_page(a0) : a0;
+                    const int outer = paged ? page_ahead : cache_b;
+                    for (int x = 0; x < boxes_k; ++x)
+                        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_k, x * kBoxCols, row, hk, outer);
+                    for (int x = 0; x < boxes_v; ++x)
+                        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_v, x * kBoxCols, row, hk, outer);
+                }
+            }
             const int st = i % kStages, use = i / kStages;
             if (use > 0) Barrier::wait(&empty_bar[st], (use - 1) & 1);
             unsigned char* slot = smem + st * Cfg::kSlotBytes;
@@ -385,10 +408,11 @@ inline CUresult encode_cache(CUtensorMap* map, mhakit_dtype dtype, const void* b
 
 }  // namespace tma_detail
 
-template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages>
+template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages,
+          int kPrefetch>
 struct SplitkvTmaKernel {
     static_assert(kBlockM % 16 == 0 && kBlockN == 16 * kWarps, "tile: 16-row tiles, 16 keys per consumer warp");
-    using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages>;
+    using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages, kPrefetch>;
     template <int kMT, bool kRowSplit>
     using Smem = typename Cfg::template Smem<kMT, kRowSplit>;
     static_assert(Smem<kBlockM / 16, false>::kDynamic <= 232448 && Smem<1, true>::kDynamic <= 232448,
