@@ -12,7 +12,9 @@
 // More rows, the row split: warp w owns rows [16w, 16w + 16) of a chunk of warps x 16 rows and walks every key of a
 // block (stage_own_rows at the end); the ring has one slot fewer there (its Q tile is larger). Results go out as the
 // decode family writes them (write_result: O / LSE, or the fp32 partials for splitkv_combine.cuh). The split
-// heuristic, the append kernel and the combine kernel are the decode family's.
+// heuristic, the append kernel and the combine kernel are the decode family's; the combine runs as a programmatic
+// dependent of this kernel (common/dependent_launch.h: every CTA triggers its dependents at its start, the combine
+// waits for this grid's results before reading them), so that a split call has no launch gap between the two.
 //
 // Warps: consumers 0 .. warps - 1, the producer warp last. Ring: `stages` slots, each a K block and a V block of
 // block_n rows, stored as 64-column boxes (128 bytes a row) with TMA's 128-byte swizzle (16-byte chunk c of row r at
@@ -29,6 +31,10 @@
 // hold NaN there), and signalled through the same full barrier by one plain arrival. Paged caches: a page holds whole
 // blocks (page_block_size a multiple of block_n: the run-time guard), so a block is one box per 64 columns; the
 // producer reads the block table 32 blocks at a time (a lane per block) and passes each page on by a shuffle.
+// L2 prefetch (the tile's prefetch = P > 0): before it waits for block i's slot, the producer prefetches whole block
+// i + P into L2 (one cp.async.bulk.prefetch.tensor per box; blocks of the first ring fill are loaded at once and not
+// prefetched), so that P more blocks per CTA are on their way than the ring holds; paged, the prefetched blocks'
+// pages come from a second 32-block window of the block table.
 //
 // What the instance refuses (supports(), then the decode family serves the call): pages that do not hold whole
 // blocks, strides TMA cannot take. The static guards (catalogue): 16-byte aligned tensors, head dims multiples of 8.
