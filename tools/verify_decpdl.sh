@@ -26,8 +26,9 @@
 #   (d) bench/bench_decode.py --sq 1,4,16 (issue 10's rows): head with --page 64 against cuDNN and FA2
 #       (--show-kernel), base / p1 / p2 against cuDNN (contiguous; p1 / p2 also paged: it checks their paged output
 #       against the contiguous one);
-#   (e) CUDA-graph capture of a split call on head (torch.cuda.graph around mha_fwd_kvcache(..., out=): the
-#       dependent combine inside a graph), replayed on new inputs and compared with a direct call;
+#   (e) CUDA-graph capture of split calls on head (torch.cuda.graph around mha_fwd_kvcache(..., out=): the
+#       dependent combine, and with appended rows the dependent split kernel, inside a graph), replayed on new
+#       inputs and compared with direct calls;
 #   (f) the split count on head for the one-wave s_q = 1 rows (b=1 32/8 32k, b=16 32/8 8k, b=8 64/8 64k):
 #       num_splits 8, 16, 29 (the old heuristic's at b=1) and 64 beside the heuristic's 32 / 2 / 4 of row (d);
 # then a table of TB/s per row and library (table.md). The Python GPU tests of the kv-cache paths are not run: they
@@ -146,28 +147,33 @@ use_library(sys.argv[1])
 b, hq, hk, sk, d = 2, 32, 8, 20000, 128
 q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
 kc, vc = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-lens = torch.tensor([sk, 7777], dtype=torch.int32, device="cuda")
-out = torch.empty_like(q)
+kn, vn = (torch.randn(b, 3, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+lens = torch.tensor([sk - 3, 7777], dtype=torch.int32, device="cuda")
+calls = {"6 splits": dict(num_splits=6), "3 appended rows, heuristic splits": dict(k=kn, v=vn, causal=True)}
+outs = {name: torch.empty_like(q) for name in calls}
 side = torch.cuda.Stream()
 side.wait_stream(torch.cuda.current_stream())
 with torch.cuda.stream(side):  # warm-up outside the capture (the split accumulators' scratch grows here)
-    mhakit.mha_fwd_kvcache(q, kc, vc, lens, num_splits=6, out=out)
+    for name, kw in calls.items():
+        mhakit.mha_fwd_kvcache(q, kc, vc, lens, out=outs[name], **kw)
 torch.cuda.current_stream().wait_stream(side)
 graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(graph):
-    mhakit.mha_fwd_kvcache(q, kc, vc, lens, num_splits=6, out=out)
+    for name, kw in calls.items():
+        mhakit.mha_fwd_kvcache(q, kc, vc, lens, out=outs[name], **kw)
 ok = True
 for _ in range(3):
-    for t in (q, kc, vc):
+    for t in (q, kc, vc, kn, vn):
         t.copy_(torch.randn_like(t))
     graph.replay()
     torch.cuda.synchronize()
-    want = mhakit.mha_fwd_kvcache(q, kc, vc, lens, num_splits=6)
-    ok &= torch.equal(out, want)
-print("graph replay equals the direct call:", ok)
+    for name, kw in calls.items():
+        same = torch.equal(outs[name], mhakit.mha_fwd_kvcache(q, kc, vc, lens, **kw))
+        print(f"{name}: graph replay equals the direct call: {same}")
+        ok &= same
 sys.exit(0 if ok else 1)
 PY
-    note "graph capture (6 splits, dependent combine): rc=$? $(tail -1 "$logs/graph.log")"
+    note "graph capture (dependent combine; dependent split kernel after an append): rc=$? $(grep -c ': True' "$logs/graph.log") of 6 replays equal"
     for n in 8 16 29 64; do
         python3 bench/bench_decode.py --lib "$libs/head/libmha_fwd.so" --rows 1,16,8 --sq 1 --page 0 --peers "" \
             --num-splits "$n" --json "$logs/splits_$n.json" >"$logs/splits_$n.md" 2>&1

@@ -204,8 +204,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
     uint64_t* empty_bar = full_bar + kStages;
 
     // The combine kernel (a programmatic dependent, launched only when the call is split) may be scheduled as soon as
-    // every CTA of this grid has started: it waits for this grid's results before reading them.
+    // every CTA of this grid has started: it waits for this grid's results before reading them. This grid is itself
+    // a programmatic dependent of the append kernel when the call appends rows: nothing global is read before the
+    // append's writes are visible (a no-op otherwise).
     trigger_dependents();
+    wait_for_primary();
 
     const SplitkvWork work = splitkv_work(p, kBlockM);
     const int split = work.split, hk = work.hk, b = work.b, group = work.group;
@@ -468,22 +471,27 @@ struct SplitkvTmaKernel {
         return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, kBlockN, smem_bytes(p), smem_per_sm);
     }
 
+    // after_append: launched as a programmatic dependent of the append kernel just launched.
     template <int kMT, bool kRowSplit>
     static cudaError_t launch(const SplitkvParams& p, const CUtensorMap& tma_k, const CUtensorMap& tma_v,
-                              cudaStream_t stream) {
+                              bool after_append, cudaStream_t stream) {
         auto kernel = tma_detail::splitkv_tma_kernel<Cfg, kMT, kRowSplit>;
         constexpr int smem = Smem<kMT, kRowSplit>::kDynamic;
         static std::atomic<uint64_t> opted_in{0};
         if (cudaError_t err = opt_in_dynamic_smem(kernel, smem, opted_in); err != cudaSuccess) return err;
         const long long ctas = row_chunks(p) * p.num_splits * p.nhead_k;
-        kernel<<<dim3(unsigned(ctas), 1, p.batch), Cfg::kThreads, smem, stream>>>(tma_k, tma_v, p);
+        const dim3 grid(unsigned(ctas), 1, p.batch);
+        if (after_append) return launch_dependent(kernel, grid, dim3(Cfg::kThreads), smem, stream, tma_k, tma_v, p);
+        kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_k, tma_v, p);
         return cudaGetLastError();
     }
 
-    // Append (new k/v), attend (num_splits parts), combine (when split). No allocation, no synchronisation.
+    // Append (new k/v), attend (num_splits parts), combine (when split), each kernel after the first a programmatic
+    // dependent of the one before. No allocation, no synchronisation.
     static cudaError_t run(const SplitkvParams& p, cudaStream_t stream) {
         if (cudaError_t err = detail::append_kv(p, stream); err != cudaSuccess) return err;
         if (p.batch <= 0 || p.seqlen_q <= 0) return cudaSuccess;
+        const bool after_append = p.seqlen_new > 0;  // append_kv launched a kernel
         alignas(64) CUtensorMap tma_k, tma_v;
         if (tma_detail::encode_cache<kBlockN>(&tma_k, kDtype, p.k_cache, p.hdim_q, p.k_row_stride, p.k_head_stride,
                                               p.k_batch_stride, p) != CUDA_SUCCESS ||
@@ -492,9 +500,9 @@ struct SplitkvTmaKernel {
             return cudaErrorInvalidValue;  // supports() admitted only what TMA takes: not expected
         cudaError_t err;
         switch (shape(p)) {
-            case Shape::kOneTile: err = launch<1, false>(p, tma_k, tma_v, stream); break;
-            case Shape::kKeySplit: err = launch<kBlockM / 16, false>(p, tma_k, tma_v, stream); break;
-            default: err = launch<1, true>(p, tma_k, tma_v, stream); break;
+            case Shape::kOneTile: err = launch<1, false>(p, tma_k, tma_v, after_append, stream); break;
+            case Shape::kKeySplit: err = launch<kBlockM / 16, false>(p, tma_k, tma_v, after_append, stream); break;
+            default: err = launch<1, true>(p, tma_k, tma_v, after_append, stream); break;
         }
         if (err != cudaSuccess || p.num_splits == 1) return err;
         return detail::combine_splits<kDtype>(p, stream, /*dependent=*/true);
