@@ -179,8 +179,9 @@ class TestProfiles:
                 for s in default} == chosen
 
     def test_candidate_tiles_are_alternatives_built_one_per_library(self):
-        """Tiles marked `candidate` (the fp8 d128 sweep, decode_tma's L2 prefetch) stay out of the profiles and the JIT; the `candidates`
-        profile lists them, and a selection that holds a candidate beside another tile of its instance is refused."""
+        """Tiles marked `candidate` (the fp8 d128 sweep, decode_tma's L2 prefetch) stay out of the profiles and the
+        JIT; the `candidates` profile lists them, and a selection that holds a candidate beside another tile of its
+        instance is refused."""
         fp8_d128 = "fwd_d128_fp8bf16_batch"
         every = profiles.enumerate_specs("fwd", "sm_90a", candidates=True)
         block_ns = {dict(s.algorithm.tile)["block_n"] for s in every.specs if s.name.startswith(fp8_d128)}
