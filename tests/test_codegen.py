@@ -202,7 +202,7 @@ class TestProfiles:
             assert len(sel.specs) == 3
         # decode_tma's L2-prefetch candidates (tools/verify_decpdl.sh): the chosen tile has no prefetch token
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
-        assert {n for n in every.candidates if n.startswith("splitkv")} == {tma + "p1", tma + "p2"}
+        assert {n for n in every.candidates if n.startswith("splitkv")} == {tma + "p2"}
         assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
         sel = profiles.select("fwd", "sm_90a", "candidates", tma + "p2")
         assert [s.name for s in sel.specs] == [tma + "p2"] and dict(sel.specs[0].algorithm.tile)["prefetch"] == 2

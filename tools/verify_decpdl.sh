@@ -4,14 +4,14 @@
 #   bash tools/verify_decpdl.sh build   # the 2-core machine, before the device call (-j 1 by default: ~6 min)
 #   bash tools/verify_decpdl.sh run     # the H200, from those prebuilt libraries, no compiling (~3 min)
 #
-# Libraries (build/decpdl/<variant>/libmha_fwd.so; carry build/decpdl, about 17 MB, to the device machine):
+# Libraries (build/decpdl/<variant>/libmha_fwd.so; carry build/decpdl, about 18.5 MB, to the device machine):
 #   base  main at the branch's start (3d0fdc4, from `git archive`): the bf16 d128 decode_tma instance only, for a
 #         same-run comparison (no PDL, the old split heuristic)
 #   head  this branch: every split-KV instance (decode and decode_tma, fp16 / bf16, d64 / d128 / d256): the combine
 #         as a programmatic dependent (PDL), the split heuristic's time model; the smoke grid runs on it; with
 #         benchmark_mha_fwd, which the other variants' host-validated runs use too (LD_LIBRARY_PATH before its
 #         $ORIGIN runpath)
-#   p1 p2 this branch with the catalogue's decode_tma d128 bf16 candidates: 1 or 2 key blocks of L2 prefetch
+#   p2    this branch with the catalogue's decode_tma d128 bf16 candidate: 2 key blocks of L2 prefetch
 # Objects go to $MHAKIT_DECPDL_OBJ (default /tmp/mhakit_decpdl_obj); MHAKIT_DECPDL_JOBS is the build's -j (default 1).
 #
 # run (logs under $OUT, else ./verify_decpdl_logs), correctness first, everything at once (nothing is timed):
@@ -21,11 +21,11 @@
 #       heuristic's 32-way split of b=1 32/8 s_k=32k (the dependent combine); and on p2 a paged case whose block
 #       table spans several 32-block windows (the prefetch's own window);
 #   (c) five host-validated decode_tma runs (d128 bf16: paged 64 / 256, ragged lengths, appended rows, the row
-#       split, cache_batch_idx, a 64k paged cache) on head, p1 and p2;
+#       split, cache_batch_idx, a 64k paged cache) on head and p2;
 # then the timing, one library at a time:
 #   (d) bench/bench_decode.py --sq 1,4,16 (issue 10's rows): head with --page 64 against cuDNN and FA2
-#       (--show-kernel), base / p1 / p2 against cuDNN (contiguous; p1 / p2 also paged: it checks their paged output
-#       against the contiguous one);
+#       (--show-kernel), base / p2 against cuDNN (contiguous; p2 also paged: it checks its paged output against
+#       the contiguous one);
 #   (e) CUDA-graph capture of split calls on head (torch.cuda.graph around mha_fwd_kvcache(..., out=): the
 #       dependent combine, and with appended rows the dependent split kernel, inside a graph), replayed on new
 #       inputs and compared with direct calls;
@@ -65,11 +65,10 @@ build)
     done <<EOF
 base $src_base all $tma
 head $repo all splitkv --benchmark
-p1 $repo candidates ${tma}p1
 p2 $repo candidates ${tma}p2
 EOF
     note "built in $(elapsed "$start"): $(du -sh --exclude=build_logs "$libs" | cut -f1) under $libs"
-    for name in base head p1 p2; do
+    for name in base head p2; do
         [ -f "$libs/$name/libmha_fwd.so" ] || note "MISSING: $libs/$name/libmha_fwd.so"
     done
     [ -x "$libs/head/benchmark_mha_fwd" ] || note "MISSING: $libs/head/benchmark_mha_fwd"
@@ -82,7 +81,7 @@ run)
     export MHAKIT_CACHE_DIR=${MHAKIT_CACHE_DIR:-$(mktemp -d)}  # the C call path's extension only (host C compiler)
     nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$logs/gpu.txt"
     start=$(date +%s)
-    for name in base head p1 p2; do
+    for name in base head p2; do
         [ -f "$libs/$name/libmha_fwd.so" ] || note "$name: no prebuilt library in $libs/$name (run the build step)"
     done
     head=$libs/head/benchmark_mha_fwd
@@ -108,7 +107,7 @@ run)
     memcheck memcheck_b1.log head -b=1 -h=32 -h_k=8 -s=1 -s_k=32768 -num_splits=0 -lse=1 &
     memcheck memcheck_p2_paged.log p2 -b=2 -h=32 -h_k=8 -s=1 -s_k=5000,2113 \
         -page_block_size=64 -num_splits=2 -lse=1 &
-    for name in head p1 p2; do
+    for name in head p2; do
         (for a in "${tma_runs[@]}"; do
             # shellcheck disable=SC2086
             LD_LIBRARY_PATH="$libs/$name${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$head" -prec=bf16 -d=128 -v=1 -kname=1 -warmup=1 -repeat=2 $a 2>&1
@@ -120,7 +119,7 @@ run)
     for f in memcheck_paged memcheck_rowsplit memcheck_b1 memcheck_p2_paged; do
         note "$f: $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$logs/$f.log") $(tail -1 "$logs/$f.log"), $(grep -o 'valid:[yn]' "$logs/$f.log" | head -1), $(grep -o 'splitkv_[a-z0-9_]*' "$logs/$f.log" | head -1)"
     done
-    for name in head p1 p2; do
+    for name in head p2; do
         note "tma checks $name: $(grep -c 'valid:y' "$logs/tma_$name.log") of ${#tma_runs[@]} valid, rc $(grep -o 'rc=[0-9]*' "$logs/tma_$name.log" | sort | uniq -c | tr '\n' ' ')"
     done
     note "correctness in $(elapsed "$start")"
@@ -135,7 +134,6 @@ run)
     }
     bench head "$libs/head/libmha_fwd.so" --page 64 --show-kernel
     bench base "$libs/base/libmha_fwd.so" --page 0 --peers cudnn
-    bench p1 "$libs/p1/libmha_fwd.so" --page 64 --peers cudnn
     bench p2 "$libs/p2/libmha_fwd.so" --page 64 --peers cudnn
     python3 - "$libs/head/libmha_fwd.so" >"$logs/graph.log" 2>&1 <<'PY'
 import sys
@@ -184,7 +182,7 @@ logs = sys.argv[1]
 def load(name):
     path = os.path.join(logs, name)
     return json.load(open(path))["rows"] if os.path.exists(path) else []
-variants = {v: load(f"bench_{v}.json") for v in ("base", "head", "p1", "p2")}
+variants = {v: load(f"bench_{v}.json") for v in ("base", "head", "p2")}
 key = lambda r: (r["sq"], r["b"], r["hq"], r["hk"], r["sk"])
 def cell(rows, k, field="mhakit_tbs"):
     for r in rows:
@@ -194,13 +192,13 @@ def cell(rows, k, field="mhakit_tbs"):
             return ("-" if v is None else f"{v:.2f}") + (" FAIL" if bad and field == "mhakit_tbs" else "")
     return "-"
 keys = sorted({key(r) for rows in variants.values() for r in rows})
-print("| s_q | b | h_q/h_k | s_k | base | head | head paged | p1 | p1 paged | p2 | p2 paged | cuDNN | FA2 |")
-print("|---" * 13 + "|")
+print("| s_q | b | h_q/h_k | s_k | base | head | head paged | p2 | p2 paged | cuDNN | FA2 |")
+print("|---" * 11 + "|")
 for k in keys:
     sq, b, hq, hk, sk = k
     h = variants["head"]
     print(f"| {sq} | {b} | {hq}/{hk} | {sk} | {cell(variants['base'], k)} | {cell(h, k)} | "
-          f"{cell(h, k, 'mhakit_paged_tbs')} | {cell(variants['p1'], k)} | {cell(variants['p1'], k, 'mhakit_paged_tbs')} | "
+          f"{cell(h, k, 'mhakit_paged_tbs')} | "
           f"{cell(variants['p2'], k)} | {cell(variants['p2'], k, 'mhakit_paged_tbs')} | {cell(h, k, 'cudnn_tbs')} | "
           f"{cell(h, k, 'fa2_tbs')} |")
 print()
