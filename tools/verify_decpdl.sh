@@ -15,7 +15,7 @@
 # Objects go to $MHAKIT_DECPDL_OBJ (default /tmp/mhakit_decpdl_obj); MHAKIT_DECPDL_JOBS is the build's -j (default 1).
 #
 # run (logs under $OUT, else ./verify_decpdl_logs), correctness first, everything at once (nothing is timed):
-#   (a) the decode smoke grid on head (smoke_tests/smoke_test_decode.sh -j 8, every run validated on the host);
+#   (a) the decode smoke grid on head (smoke_tests/smoke_test_decode.sh -j 10, every run validated on the host);
 #   (b) compute-sanitizer memcheck on head: a paged split case (64-token pages, 5 forced splits, s_q = 4 causal with
 #       appended rows), a contiguous one (the row split: 128 packed rows, 3 splits, cache_batch_idx-free) and the
 #       heuristic's 32-way split of b=1 32/8 s_k=32k (the dependent combine); and on p2 a paged case whose block
@@ -30,7 +30,7 @@
 #       dependent combine, and with appended rows the dependent split kernel, inside a graph), replayed on new
 #       inputs and compared with direct calls;
 #   (f) the split count on head for the one-wave s_q = 1 rows (b=1 32/8 32k, b=16 32/8 8k, b=8 64/8 64k):
-#       num_splits 8, 16, 29 (the old heuristic's at b=1) and 64 beside the heuristic's 32 / 2 / 4 of row (d);
+#       num_splits 8, 29 (the old heuristic's at b=1) and 64 beside the heuristic's 32 / 2 / 4 of row (d);
 # then a table of TB/s per row and library (table.md). The Python GPU tests of the kv-cache paths are not run: they
 # build their libraries through the JIT (MHAKIT_CACHE_DIR), i.e. they would compile on the device machine.
 set -uo pipefail
@@ -100,7 +100,7 @@ run)
         echo "rc=$?" >>"$logs/$log"
     }
     # ---- correctness, all at once (nothing timed) ----
-    (BENCH=$head bash smoke_tests/smoke_test_decode.sh -k -j 8 >"$logs/smoke.log" 2>&1; echo "rc=$?" >>"$logs/smoke.log") &
+    (BENCH=$head bash smoke_tests/smoke_test_decode.sh -k -j 10 >"$logs/smoke.log" 2>&1; echo "rc=$?" >>"$logs/smoke.log") &
     memcheck memcheck_paged.log head -b=2 -h=32 -h_k=8 -s=4 -s_k=3000,777 -page_block_size=64 -num_splits=5 \
         -mask=b -s_knew=2 -lse=1 &
     memcheck memcheck_rowsplit.log head -b=2 -h=64 -h_k=8 -s=16 -s_k=2100,65 -mask=b -num_splits=3 -lse=1 &
@@ -172,7 +172,7 @@ for _ in range(3):
 sys.exit(0 if ok else 1)
 PY
     note "graph capture (dependent combine; dependent split kernel after an append): rc=$? $(grep -c ': True' "$logs/graph.log") of 6 replays equal"
-    for n in 8 16 29 64; do
+    for n in 8 29 64; do
         python3 bench/bench_decode.py --lib "$libs/head/libmha_fwd.so" --rows 1,16,8 --sq 1 --page 0 --peers "" \
             --num-splits "$n" --json "$logs/splits_$n.json" >"$logs/splits_$n.md" 2>&1
     done
@@ -202,11 +202,11 @@ for k in keys:
           f"{cell(variants['p2'], k)} | {cell(variants['p2'], k, 'mhakit_paged_tbs')} | {cell(h, k, 'cudnn_tbs')} | "
           f"{cell(h, k, 'fa2_tbs')} |")
 print()
-print("| s_q = 1 row on head | heuristic (row above) | 8 splits | 16 | 29 | 64 |")
-print("|---|---|---|---|---|---|")
+print("| s_q = 1 row on head | heuristic (row above) | 8 splits | 29 | 64 |")
+print("|---|---|---|---|---|")
 for k in [(1, 1, 32, 8, 32768), (1, 16, 32, 8, 8192), (1, 8, 64, 8, 65536)]:
     print(f"| b={k[1]} {k[2]}/{k[3]} s_k={k[4]} | {cell(variants['head'], k)} | "
-          + " | ".join(cell(load(f"splits_{n}.json"), k) for n in (8, 16, 29, 64)) + " |")
+          + " | ".join(cell(load(f"splits_{n}.json"), k) for n in (8, 29, 64)) + " |")
 PY
     note "run in $(elapsed "$start"); table in $logs/table.md (kernel names in bench_head.md)"
     ;;
