@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Decode at s_q = 1 towards the peers' bandwidth (branch decpdl, issue 10), in two parts:
 #
-#   bash tools/verify_decpdl.sh build   # the 2-core machine, before the device call (-j 1 by default: ~6 min)
+#   bash tools/verify_decpdl.sh build   # the 2-core machine, before the device call (-j 1 by default: ~5 min)
 #   bash tools/verify_decpdl.sh run     # the H200, from those prebuilt libraries, no compiling (~3 min)
 #
 # Libraries (build/decpdl/<variant>/libmha_fwd.so; carry build/decpdl, about 18.5 MB, to the device machine):
 #   base  main at the branch's start (3d0fdc4, from `git archive`): the bf16 d128 decode_tma instance only, for a
-#         same-run comparison (no PDL, the old split heuristic)
+#         same-run comparison (no PDL, the old split heuristic and combine)
 #   head  this branch: every split-KV instance (decode and decode_tma, fp16 / bf16, d64 / d128 / d256): the combine
 #         as a programmatic dependent (PDL), the split heuristic's time model; the smoke grid runs on it; with
 #         benchmark_mha_fwd, which the other variants' host-validated runs use too (LD_LIBRARY_PATH before its
