@@ -16,6 +16,7 @@ against the first peer that runs (CK's rule, bf16 1e-2/1e-2).
 
     python3 bench/bench_decode.py                       # every row
     python3 bench/bench_decode.py --rows 1,16 --sq 1 --json decode.json
+    python3 bench/bench_decode.py --lib build/x/libmha_fwd.so --peers ""   # a prebuilt library, no peers
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--sq", default="1,4,16", help="comma list of query lengths (default 1,4,16)")
     p.add_argument("--page", type=int, default=64, help="page size of the paged runs (0: none; default 64)")
     p.add_argument("--num-splits", type=int, default=0, help="mhakit's num_splits (default 0: its heuristic)")
+    p.add_argument("--lib", metavar="LIBMHA_FWD.so",
+                   help="a prebuilt libmha_fwd.so that serves mhakit's calls (default: the JIT's library, built on "
+                        "first use); it must hold the split-KV instances the rows need")
     p.add_argument("--cache-layout", default="bshd", choices=["bshd", "bhsd"],
                    help="memory order of the cache (and of each page): bshd (FlashAttention's kv-cache, default) or "
                         "bhsd (each head's keys contiguous); the calls see [b, s, h, d] views either way")
@@ -66,6 +70,8 @@ def parse_args(argv=None):
     want = None if args.rows is None else {int(x) for x in args.rows.split(",") if x}
     args.row_list = [r for r in ROWS if want is None or r[0] in want]
     args.peer_list = [x for x in args.peers.split(",") if x]
+    if args.lib is not None and not Path(args.lib).is_file():
+        p.error(f"--lib: no file {args.lib}")
     for x in args.peer_list:
         if x not in PEERS:
             p.error(f"--peers: unknown {x!r}; use cudnn and/or fa2")
@@ -130,6 +136,19 @@ def first_call(opts, fn) -> None:
         mhakit.api.LOG_LEVEL = level
         sys.stdout.flush()
         ctypes.CDLL(None).fflush(None)  # the library's printf, before the rows that follow
+
+
+def use_library(path: str) -> str:
+    """Serve mhakit's forward and split-KV calls (both call paths resolve them through jit.library) from the library
+    at `path` instead of the JIT's; returns its resolved path."""
+    from mhakit import _capi, jit
+    lib = _capi.load_library(path)
+    jit_library = jit.library
+
+    def library(api, *args, **kwargs):
+        return lib if api in ("fwd", "splitkv") else jit_library(api, *args, **kwargs)
+    jit.library = library
+    return str(lib.path)
 
 
 def run_row(opts, b, hq, hk, sk, sq, gen) -> dict:
@@ -210,16 +229,18 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_decode: no CUDA device visible to torch", file=sys.stderr)
         return 2
+    lib_path = use_library(opts.lib) if opts.lib else None
     gen = torch.Generator(device="cuda").manual_seed(0)
     copy_tbs = copy_bandwidth()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cache_layout": opts.cache_layout,
+           "cache_layout": opts.cache_layout, "lib": lib_path, "num_splits": opts.num_splits,
            "cudnn": torch.backends.cudnn.version(), "copy_tbs": copy_tbs, "warmup": opts.warmup,
            "repeat": opts.repeat, "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None
                                                                                  else sys.argv[1:]))}
     print(f"# {env['device']}, torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}); device copy "
           f"{copy_tbs:.2f} TB/s; {opts.dtype} d{opts.hdim}, cache {opts.cache_layout}; median of {opts.repeat} "
-          "launches; K+V bytes read per second", flush=True)
+          f"launches; K+V bytes read per second; library {lib_path or 'JIT'}, num_splits {opts.num_splits}",
+          flush=True)
     rows = []
     for sq in opts.sq_list:
         for b, hq, hk, sk in opts.row_list:

@@ -53,6 +53,8 @@ class Algorithm:
         token = "b" + "x".join(str(v) for k, v in self.tile if k in BLOCK_TOKEN_KEYS)
         if "warps" in values:
             token += f"w{values['warps']}"
+        if values.get("prefetch"):  # decode_tma: blocks prefetched into L2 ahead of the loads (none: no token)
+            token += f"p{values['prefetch']}"
         return token
 
 

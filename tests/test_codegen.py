@@ -179,13 +179,16 @@ class TestProfiles:
                 for s in default} == chosen
 
     def test_candidate_tiles_are_alternatives_built_one_per_library(self):
-        """Tiles marked `candidate` (the fp8 d128 sweep) stay out of the profiles and the JIT; the `candidates`
-        profile lists them, and a selection that holds a candidate beside another tile of its instance is refused."""
+        """Tiles marked `candidate` (the fp8 d128 sweep, decode_tma's L2 prefetch) stay out of the profiles and the
+        JIT; the `candidates` profile lists them, and a selection that holds a candidate beside another tile of its
+        instance is refused."""
         fp8_d128 = "fwd_d128_fp8bf16_batch"
         every = profiles.enumerate_specs("fwd", "sm_90a", candidates=True)
         block_ns = {dict(s.algorithm.tile)["block_n"] for s in every.specs if s.name.startswith(fp8_d128)}
         assert len(block_ns) >= 2 and all(n % 32 == 0 and n <= 256 for n in block_ns)
-        assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch")) for n in every.candidates)
+        assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
+                                                      "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4p"))
+                                        for n in every.candidates)
         assert not profiles.enumerate_specs("fwd", "sm_90a").candidates
         for profile in ("minimal", "default", "all"):
             sel = profiles.select("fwd", "sm_90a", profile)
@@ -197,6 +200,12 @@ class TestProfiles:
                                   f"{fp8_d128}_*_b128x{n},fwd_d128_bf16_batch_nmask_sm90a_hopper")
             assert sorted(s.signature.mask for s in sel.specs if s.signature.dtype == "fp8bf16") == ["mask", "nmask"]
             assert len(sel.specs) == 3
+        # decode_tma's L2-prefetch candidates (tools/verify_decpdl.sh): the chosen tile has no prefetch token
+        tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
+        assert {n for n in every.candidates if n.startswith("splitkv")} == {tma + "p2"}
+        assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
+        sel = profiles.select("fwd", "sm_90a", "candidates", tma + "p2")
+        assert [s.name for s in sel.specs] == [tma + "p2"] and dict(sel.specs[0].algorithm.tile)["prefetch"] == 2
         # the JIT derives one fp8 instance per call, never a candidate
         from mhakit import jit
         for masked in (False, True):

@@ -1,7 +1,9 @@
 """The decode family's split heuristic (csrc/kernels/decode/split_heuristic.h, host C++ only), compiled with the
-system C++ compiler and asked about grids of every size: it never splits a grid whose waves are already 85 % busy,
-never cuts more parts than key blocks or MHAKIT_MAX_SPLITS, leaves no part empty, and keeps the waves busier when it
-splits (grids of a few waves included: 512 CTAs in 396 slots are cut in 3)."""
+system C++ compiler and asked about grids of every size on 132 SMs with two (decode_tma d128) and three (decode
+d128) CTAs per SM: it never splits a grid whose waves are already 85 % busy, never cuts more parts than key blocks or
+MHAKIT_MAX_SPLITS, leaves no part empty, and where it splits the call is shorter in its time model (waves x (blocks
+per part + 2)) than unsplit; issue 10's rows get the counts the model was made for (512 CTAs in 396 slots: 3, as
+measured; 8 CTAs of 512 blocks in 264 slots: 32 parts of 16 blocks, one wave)."""
 from __future__ import annotations
 
 import shutil
@@ -17,10 +19,12 @@ PROGRAM = r'''
 #include <initializer_list>
 #include "kernels/decode/split_heuristic.h"
 int main() {
-    const int sms = 132, per_sm = 3;
-    for (long long ctas : {1LL, 8LL, 32LL, 128LL, 300LL, 317LL, 512LL, 4096LL})
-        for (int blocks : {0, 1, 2, 7, 64, 128, 512, 1024, 100000})
-            std::printf("%lld %d %d\n", ctas, blocks, mhakit::decode::choose_num_splits(ctas, blocks, sms, per_sm));
+    const int sms = 132;
+    for (int per_sm : {2, 3})
+        for (long long ctas : {1LL, 8LL, 32LL, 64LL, 128LL, 300LL, 317LL, 512LL, 4096LL})
+            for (int blocks : {0, 1, 2, 7, 32, 64, 128, 512, 1024, 100000})
+                std::printf("%d %lld %d %d\n", per_sm, ctas, blocks,
+                            mhakit::decode::choose_num_splits(ctas, blocks, sms, per_sm));
     std::printf("nosm %d\n", mhakit::decode::choose_num_splits(8, 512, 0, 3));
     return 0;
 }
@@ -45,11 +49,11 @@ def answers(tmp_path_factory):
 def test_split_counts_are_bounded_and_leave_no_part_empty(answers):
     rows, nosm = answers
     assert nosm == 1  # no SM count: no split
-    for ctas, blocks, splits in rows:
-        assert 1 <= splits <= max(1, min(blocks, 128)), (ctas, blocks, splits)
+    for per_sm, ctas, blocks, splits in rows:
+        assert 1 <= splits <= max(1, min(blocks, 128)), (per_sm, ctas, blocks, splits)
         if splits > 1:
             per = -(-blocks // splits)
-            assert -(-blocks // per) == splits, (ctas, blocks, splits)  # every part gets a block
+            assert -(-blocks // per) == splits, (per_sm, ctas, blocks, splits)  # every part gets a block
 
 
 def busy(ctas, splits, slots):
@@ -57,15 +61,24 @@ def busy(ctas, splits, slots):
     return ctas * splits / slots / -(-ctas * splits // slots)
 
 
-def test_busy_grids_are_not_split_and_others_fill_their_waves(answers):
+def model_time(ctas, blocks, splits, slots):
+    """The heuristic's time model: waves x (blocks per part + the fixed cost of a CTA, 2 blocks)."""
+    return -(-ctas * splits // slots) * (-(-blocks // splits) + 2)
+
+
+def test_busy_grids_are_not_split_and_splits_shorten_the_call(answers):
     rows, _ = answers
-    slots = 132 * 3
-    for ctas, blocks, splits in rows:
+    for per_sm, ctas, blocks, splits in rows:
+        slots = 132 * per_sm
         if busy(ctas, 1, slots) >= 0.85 or blocks <= 1:
-            assert splits == 1, (ctas, blocks, splits)
-        elif ctas * min(blocks, 128) >= 2 * slots:  # parts enough to fill a wave: the waves end up 80 % busy
-            assert busy(ctas, splits, slots) >= 0.8, (ctas, blocks, splits)
-            assert busy(ctas, splits, slots) > busy(ctas, 1, slots), (ctas, blocks, splits)
-    table = {(c, b): s for c, b, s in rows}
-    assert table[(512, 64)] == 3      # 1.3 waves unsplit; measured 3.35 -> 3.84 TB/s with 3 splits on the H200
-    assert table[(4096, 64)] == 1     # 10.3 waves: 94 % busy already
+            assert splits == 1, (per_sm, ctas, blocks, splits)
+        elif splits > 1:
+            assert model_time(ctas, blocks, splits, slots) < model_time(ctas, blocks, 1, slots), \
+                (per_sm, ctas, blocks, splits)
+    table = {(p, c, b): s for p, c, b, s in rows}
+    assert table[(3, 512, 64)] == 3      # decode, b=64 32/8 s_k=4096: measured 3.35 -> 3.84 TB/s with 3 splits
+    assert table[(3, 4096, 64)] == 1     # 10.3 waves: 94 % busy already
+    assert table[(2, 8, 512)] == 32      # decode_tma, b=1 32/8 s_k=32k: 256 CTAs of 16 blocks (was 29 x 18)
+    assert table[(2, 128, 128)] == 2     # b=16 32/8 s_k=8192: one wave of 256 CTAs
+    assert table[(2, 64, 1024)] == 4     # b=8 64/8 s_k=64k
+    assert table[(2, 512, 64)] == 1      # b=64 32/8 s_k=4096: 1.94 waves, 97 % busy

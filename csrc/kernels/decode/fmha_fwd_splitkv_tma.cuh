@@ -12,7 +12,9 @@
 // More rows, the row split: warp w owns rows [16w, 16w + 16) of a chunk of warps x 16 rows and walks every key of a
 // block (stage_own_rows at the end); the ring has one slot fewer there (its Q tile is larger). Results go out as the
 // decode family writes them (write_result: O / LSE, or the fp32 partials for splitkv_combine.cuh). The split
-// heuristic, the append kernel and the combine kernel are the decode family's.
+// heuristic, the append kernel and the combine kernel are the decode family's; the combine runs as a programmatic
+// dependent of this kernel (common/dependent_launch.h: every CTA triggers its dependents at its start, the combine
+// waits for this grid's results before reading them), so that a split call has no launch gap between the two.
 //
 // Warps: consumers 0 .. warps - 1, the producer warp last. Ring: `stages` slots, each a K block and a V block of
 // block_n rows, stored as 64-column boxes (128 bytes a row) with TMA's 128-byte swizzle (16-byte chunk c of row r at
@@ -29,6 +31,10 @@
 // hold NaN there), and signalled through the same full barrier by one plain arrival. Paged caches: a page holds whole
 // blocks (page_block_size a multiple of block_n: the run-time guard), so a block is one box per 64 columns; the
 // producer reads the block table 32 blocks at a time (a lane per block) and passes each page on by a shuffle.
+// L2 prefetch (the tile's prefetch = P > 0): before it waits for block i's slot, the producer prefetches whole block
+// i + P into L2 (one cp.async.bulk.prefetch.tensor per box; blocks of the first ring fill are loaded at once and not
+// prefetched), so that P more blocks per CTA are on their way than the ring holds; paged, the prefetched blocks'
+// pages come from a second 32-block window of the block table.
 //
 // What the instance refuses (supports(), then the decode family serves the call): pages that do not hold whole
 // blocks, strides TMA cannot take. The static guards (catalogue): 16-byte aligned tensors, head dims multiples of 8.
@@ -57,11 +63,13 @@ constexpr int kBoxCols = 64;     // 16-bit elements per TMA box row: 128 bytes, 
 constexpr int kRowBytes = 128;   // bytes of one row of a box in shared memory
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads)
 
-template <mhakit_dtype kDtype, int kHdimQ_, int kHdimV_, int kRowTiles, int kWarps_, int kStages_>
+template <mhakit_dtype kDtype, int kHdimQ_, int kHdimV_, int kRowTiles, int kWarps_, int kStages_, int kPrefetch_>
 struct TmaConfig {
     // The decode family's config of the same tile: padded Q rows, WarpView, 16 keys per consumer warp.
     using Base = SplitkvConfig<kDtype, kHdimQ_, kHdimV_, kRowTiles, kWarps_, 16, kStages_>;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_, kWarps = kWarps_, kStages = kStages_;
+    static constexpr int kPrefetch = kPrefetch_;  // blocks the producer prefetches into L2 ahead of its loads
+    static_assert(kPrefetch >= 0 && kPrefetch <= 32, "a prefetch distance within one block-table window");
     static constexpr int kConsumers = kWarps * 32;
     static constexpr int kThreads = kConsumers + 32;  // + the producer warp
     static constexpr int kBlockN = Base::kBlockN;
@@ -195,6 +203,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
     uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + S::kBarriers);
     uint64_t* empty_bar = full_bar + kStages;
 
+    // The combine kernel (a programmatic dependent, launched only when the call is split) may be scheduled as soon as
+    // every CTA of this grid has started: it waits for this grid's results before reading them. This grid is itself
+    // a programmatic dependent of the append kernel when the call appends rows: nothing global is read before the
+    // append's writes are visible (a no-op otherwise).
+    trigger_dependents();
+    wait_for_primary();
+
     const SplitkvWork work = splitkv_work(p, kBlockM);
     const int split = work.split, hk = work.hk, b = work.b, group = work.group;
     const int rows_total = work.rows_total, row0 = work.row0, rows = work.rows;
@@ -228,6 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
         const uint32_t tx_bytes = uint32_t(boxes_k + boxes_v) * kBoxBytes;
         constexpr uint64_t kEvictFirst = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);  // each byte read once
         int lane_page = 0;  // paged: the page of block (i & ~31) + lane
+        int lane_page_ahead = 0;  // paged, prefetching: the page of block ((i + kPrefetch) & ~31) + lane
         for (int i = 0; i < n_blocks; ++i) {
             const int n0 = (keys.blk_begin + i) * kBlockN;
             if (paged && (i & 31) == 0) {
@@ -235,6 +251,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
                 lane_page = j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
             }
             const int page = paged ? __shfl_sync(0xffffffffu, lane_page, i & 31) : 0;
+            if constexpr (Cfg::kPrefetch > 0) {
+                // L2 prefetch of block i + kPrefetch (a whole block past the ring's first fill), so that its bytes
+                // are on their way kPrefetch loads before the slot for it frees.
+                const int ahead = i + Cfg::kPrefetch;
+                if (paged && (i == 0 || (ahead & 31) == 0)) {
+                    const int j = (ahead & ~31) + lane;
+                    lane_page_ahead =
+                        j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
+                }
+                const int page_ahead = paged ? __shfl_sync(0xffffffffu, lane_page_ahead, ahead & 31) : 0;
+                const int a0 = (keys.blk_begin + ahead) * kBlockN;
+                if (lane == 0 && ahead >= kStages && ahead < n_blocks && keys.sk - a0 >= kBlockN) {
+                    const int row = paged ? kc.in_page(a0) : a0;
+                    const int outer = paged ? page_ahead : cache_b;
+                    for (int x = 0; x < boxes_k; ++x)
+                        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_k, x * kBoxCols, row, hk, outer);
+                    for (int x = 0; x < boxes_v; ++x)
+                        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_v, x * kBoxCols, row, hk, outer);
+                }
+            }
             const int st = i % kStages, use = i / kStages;
             if (use > 0) Barrier::wait(&empty_bar[st], (use - 1) & 1);
             unsigned char* slot = smem + st * Cfg::kSlotBytes;
@@ -381,10 +417,11 @@ inline CUresult encode_cache(CUtensorMap* map, mhakit_dtype dtype, const void* b
 
 }  // namespace tma_detail
 
-template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages>
+template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages,
+          int kPrefetch>
 struct SplitkvTmaKernel {
     static_assert(kBlockM % 16 == 0 && kBlockN == 16 * kWarps, "tile: 16-row tiles, 16 keys per consumer warp");
-    using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages>;
+    using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages, kPrefetch>;
     template <int kMT, bool kRowSplit>
     using Smem = typename Cfg::template Smem<kMT, kRowSplit>;
     static_assert(Smem<kBlockM / 16, false>::kDynamic <= 232448 && Smem<1, true>::kDynamic <= 232448,
@@ -434,22 +471,27 @@ struct SplitkvTmaKernel {
         return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, kBlockN, smem_bytes(p), smem_per_sm);
     }
 
+    // after_append: launched as a programmatic dependent of the append kernel just launched.
     template <int kMT, bool kRowSplit>
     static cudaError_t launch(const SplitkvParams& p, const CUtensorMap& tma_k, const CUtensorMap& tma_v,
-                              cudaStream_t stream) {
+                              bool after_append, cudaStream_t stream) {
         auto kernel = tma_detail::splitkv_tma_kernel<Cfg, kMT, kRowSplit>;
         constexpr int smem = Smem<kMT, kRowSplit>::kDynamic;
         static std::atomic<uint64_t> opted_in{0};
         if (cudaError_t err = opt_in_dynamic_smem(kernel, smem, opted_in); err != cudaSuccess) return err;
         const long long ctas = row_chunks(p) * p.num_splits * p.nhead_k;
-        kernel<<<dim3(unsigned(ctas), 1, p.batch), Cfg::kThreads, smem, stream>>>(tma_k, tma_v, p);
+        const dim3 grid(unsigned(ctas), 1, p.batch);
+        if (after_append) return launch_dependent(kernel, grid, dim3(Cfg::kThreads), smem, stream, tma_k, tma_v, p);
+        kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_k, tma_v, p);
         return cudaGetLastError();
     }
 
-    // Append (new k/v), attend (num_splits parts), combine (when split). No allocation, no synchronisation.
+    // Append (new k/v), attend (num_splits parts), combine (when split), each kernel after the first a programmatic
+    // dependent of the one before. No allocation, no synchronisation.
     static cudaError_t run(const SplitkvParams& p, cudaStream_t stream) {
         if (cudaError_t err = detail::append_kv(p, stream); err != cudaSuccess) return err;
         if (p.batch <= 0 || p.seqlen_q <= 0) return cudaSuccess;
+        const bool after_append = p.seqlen_new > 0;  // append_kv launched a kernel
         alignas(64) CUtensorMap tma_k, tma_v;
         if (tma_detail::encode_cache<kBlockN>(&tma_k, kDtype, p.k_cache, p.hdim_q, p.k_row_stride, p.k_head_stride,
                                               p.k_batch_stride, p) != CUDA_SUCCESS ||
@@ -458,12 +500,12 @@ struct SplitkvTmaKernel {
             return cudaErrorInvalidValue;  // supports() admitted only what TMA takes: not expected
         cudaError_t err;
         switch (shape(p)) {
-            case Shape::kOneTile: err = launch<1, false>(p, tma_k, tma_v, stream); break;
-            case Shape::kKeySplit: err = launch<kBlockM / 16, false>(p, tma_k, tma_v, stream); break;
-            default: err = launch<1, true>(p, tma_k, tma_v, stream); break;
+            case Shape::kOneTile: err = launch<1, false>(p, tma_k, tma_v, after_append, stream); break;
+            case Shape::kKeySplit: err = launch<kBlockM / 16, false>(p, tma_k, tma_v, after_append, stream); break;
+            default: err = launch<1, true>(p, tma_k, tma_v, after_append, stream); break;
         }
         if (err != cudaSuccess || p.num_splits == 1) return err;
-        return detail::combine_splits<kDtype>(p, stream);
+        return detail::combine_splits<kDtype>(p, stream, /*dependent=*/true);
     }
 };
 

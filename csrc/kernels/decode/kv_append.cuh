@@ -1,11 +1,14 @@
 // mhakit decode family — appending new keys and values into the cache before attending (flash_attn_with_kvcache's
 // k / v arguments): new row t of batch b goes to cache row seqlen_k[b] + t, through the same contiguous / paged row
 // map the attention kernel reads with. One CTA per (new row, kv head, batch); element-wise copies (a few rows per call).
+// decode_tma launches its split kernel as a programmatic dependent of this one (dependent_launch.h), which every CTA
+// here triggers at its start (a no-op where nothing depends on it, and below sm_90).
 #pragma once
 
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "../common/dependent_launch.h"
 #include "../common/splitkv_params.h"
 #include "cache_rows.cuh"
 
@@ -15,6 +18,7 @@ namespace mhakit::decode::detail {
 
 template <class Elem>  // 16-bit elements (a template so that every instance's copy of this header links as one)
 __global__ void __launch_bounds__(128) append_kv_kernel(const SplitkvParams p) {
+    trigger_dependents();
     const int t = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int j = cache_len(p, b) + t;
     Elem* k_dst = cache_rows<false, Elem>(p, b, hk).row(j);

@@ -2,13 +2,17 @@
 // (num_splits = 0). Pure host arithmetic over the GPU's SM count (read by the runtime, cached per device).
 //
 // Without splitting the grid has `ctas` CTAs, each walking `key_blocks` key blocks, in waves of the GPU's CTA slots
-// (SMs x CTAs resident per SM); a wave that is only partly full leaves its idle slots' share of the memory bandwidth
-// unused (the kernel is bound by the bytes it keeps in flight, so a third of the slots reads about a third of the
-// bandwidth). When the unsplit grid already keeps its waves 85 % busy, splitting only adds the combine pass. Otherwise
-// the split count is the smallest one whose waves are nearly as busy as the best count's, among the counts that leave
-// no part empty (parts of equal size), never more parts than key blocks or MHAKIT_MAX_SPLITS. The 85 % rule replaced
-// "never split a grid of 80 % of a wave or more", which left grids of 1-3 waves unsplit: on the H200 (b=64, 32/8,
-// s_k=4096, bf16 d128: 512 CTAs in 396 slots, 1.3 waves) one split read 3.35 TB/s and three splits 3.84.
+// (SMs x CTAs resident per SM). When the unsplit grid already keeps its waves 85 % busy, splitting only adds the
+// combine pass (the rule before this one kept that threshold). Otherwise the split count s is the one of the
+// least time in this model: the CTAs of a wave run side by side, each bound by the latency of the bytes it keeps in
+// flight, so a wave takes as long as its longest part, and the call waves(s) x (blocks per part + a fixed cost per
+// CTA: its start, the ring's fill and drain, the partial results, about kCtaBlocks blocks' time); ties go to fewer
+// parts. Only counts that leave no part empty are tried (parts of ceil(key_blocks / s) blocks), never more parts
+// than key blocks or MHAKIT_MAX_SPLITS. Measured on the H200 (bf16 d128, decode: three CTAs per SM): b=64 32/8 s_k=4096
+// (512 CTAs in 396 slots, 1.3 waves) reads 3.35 TB/s unsplit, 3.84 with three splits, which the model picks (4 waves
+// of 22 + 2 against 2 of 64 + 2). It replaced "the fewest splits within 90 % of the busiest waves", which cut b=1
+// 32/8 s_k=32k on decode_tma (8 CTAs, two per SM) 29 ways: 232 of 264 slots, parts of 18 blocks; the model takes 32
+// parts of 16 blocks (256 CTAs).
 #pragma once
 
 #include "../../include/mha_common.h"
@@ -16,28 +20,23 @@
 
 namespace mhakit::decode {
 
+constexpr int kCtaBlocks = 2;  // the fixed cost of a CTA, in key blocks (the model above; not measured apart)
+
 inline int choose_num_splits(long long ctas, int key_blocks, int num_sms, int ctas_per_sm) {
     if (ctas <= 0 || key_blocks <= 1 || num_sms <= 0) return 1;
     const long long slots = (long long)num_sms * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+    const long long waves1 = (ctas + slots - 1) / slots;
+    if (double(ctas) / double(waves1 * slots) >= 0.85) return 1;
     const int cap = key_blocks < MHAKIT_MAX_SPLITS ? key_blocks : MHAKIT_MAX_SPLITS;
-    // s parts of ceil(key_blocks / s) blocks each leave the last ones empty unless s is "even": the count the kernel
-    // really runs is key_blocks over that part size, rounded up.
-    auto even = [&](int s) {
+    int best = 1;
+    long long best_cost = waves1 * (key_blocks + kCtaBlocks);
+    for (int s = 2; s <= cap; ++s) {
         const int per = (key_blocks + s - 1) / s;
-        return (key_blocks + per - 1) / per;
-    };
-    auto efficiency = [&](int s) {
-        const double waves = double(ctas * s) / double(slots);
-        const double whole = double((ctas * s + slots - 1) / slots);
-        return waves / whole;
-    };
-    if (efficiency(1) >= 0.85) return 1;
-    double best = 0.0;
-    for (int s = 1; s <= cap; ++s)
-        if (efficiency(even(s)) > best) best = efficiency(even(s));
-    for (int s = 1; s <= cap; ++s)
-        if (efficiency(even(s)) >= 0.9 * best) return even(s);
-    return even(cap);
+        if ((key_blocks + per - 1) / per != s) continue;  // the last parts would be empty
+        const long long cost = (ctas * s + slots - 1) / slots * (per + kCtaBlocks);
+        if (cost < best_cost) best = s, best_cost = cost;
+    }
+    return best;
 }
 
 // The split count of a call whose kernel runs `ctas` CTAs of smem_bytes each over blocks of block_n keys, on a GPU
