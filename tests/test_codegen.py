@@ -200,7 +200,7 @@ class TestProfiles:
                                   f"{fp8_d128}_*_b128x{n},fwd_d128_bf16_batch_nmask_sm90a_hopper")
             assert sorted(s.signature.mask for s in sel.specs if s.signature.dtype == "fp8bf16") == ["mask", "nmask"]
             assert len(sel.specs) == 3
-        # decode_tma's L2-prefetch candidates (tools/verify_decpdl.sh): the chosen tile has no prefetch token
+        # decode_tma's L2-prefetch candidate: the chosen tile has no prefetch token
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
         assert {n for n in every.candidates if n.startswith("splitkv")} == {tma + "p2"}
         assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
