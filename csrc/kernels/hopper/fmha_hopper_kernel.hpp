@@ -83,12 +83,12 @@ struct HopperFwdKernelBody {
     static constexpr int kPlainStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
     // Modifier instances: the elementwise-bias ring (hopper_bias_stage.hpp) takes what shared memory leaves after Q
     // and the K/V ring, up to 2 stages; where not even one fits (d256), the K/V ring gives up one stage for it.
-    using BiasStageOf = BiasStage<kBlockN, kBlockM / 64, 1>;
+    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128>;
     static constexpr int kBiasFit = (kSmemLimit - 1024 - kQBytes - kPlainStages * kStageBytes) / BiasStageOf::kStageBytes;
     static constexpr int kStages = kMods && kBiasFit == 0 ? kPlainStages - 1 : kPlainStages;
     static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kStages * kStageBytes) / BiasStageOf::kStageBytes;
     static constexpr int kBiasStages = !kMods ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
-    using Bias = BiasStage<kBlockN, kBlockM / 64, kBiasStages>;
+    using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
     static_assert(kStages >= 2, "tile too large for shared memory");
     static_assert(!kMods || kBiasStages >= 1, "a modifier instance stages its bias");
 
@@ -261,9 +261,12 @@ struct HopperFwdKernelBody {
             if constexpr (kMods) {  // the bias warp: the staged elementwise bias of each key tile, if the call has one
                 if (warp_in_wg == 1 && per_score_mods(params.mods)) {
                     const BiasRows rows = bias_rows(params.mods, work.batch, work.head);
-                    if (rows.base != nullptr)
-                        Bias::load(storage.bias, rows, work.block * kBlockM, seq.sq, seq.sk, tiles.visit.begin,
-                                   tiles.visit.end);
+                    if (rows.base != nullptr) {
+                        for (int n = tiles.visit.begin; n < tiles.visit.end; ++n)
+                            Bias::load(storage.bias, rows, n - tiles.visit.begin, work.block * kBlockM, n * kBlockN,
+                                       seq.sq, seq.sk);
+                        Bias::finish();
+                    }
                 }
             }
         } else {
