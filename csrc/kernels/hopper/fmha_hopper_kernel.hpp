@@ -81,16 +81,19 @@ struct HopperFwdKernelBody {
     static constexpr int kVBytes = kBlockN * kHdimV * int(sizeof(Element));
     static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes) / kStageBytes;
     static constexpr int kPlainStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
-    // Modifier instances: the elementwise-bias ring (hopper_bias_stage.hpp) takes what shared memory leaves after Q
-    // and the K/V ring, up to 2 stages; where not even one fits (d256), the K/V ring gives up one stage for it.
+    // Modifier instances of two consumer warpgroups and head dims up to 128: the elementwise-bias ring
+    // (hopper_bias_stage.hpp) takes what shared memory leaves after Q and the K/V ring, up to 2 stages (d128: 1).
+    // Elsewhere the staged path cost the consumers spills where they had few or none (ptxas, the masked group
+    // instances: d64, three warpgroups of 160 registers, 80 / 92 -> 180 / 172 bytes; d256 0 / 0 -> 60 / 120, 40 / 60
+    // with the ring's state re-read per tile; (192, 128) 0 / 0 -> 44 / 100), so those keep the global loads.
+    static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128;
     using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128>;
-    static constexpr int kBiasFit = (kSmemLimit - 1024 - kQBytes - kPlainStages * kStageBytes) / BiasStageOf::kStageBytes;
-    static constexpr int kStages = kMods && kBiasFit == 0 ? kPlainStages - 1 : kPlainStages;
-    static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kStages * kStageBytes) / BiasStageOf::kStageBytes;
-    static constexpr int kBiasStages = !kMods ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
+    static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kPlainStages * kStageBytes) / BiasStageOf::kStageBytes;
+    static constexpr int kStages = kPlainStages;
+    static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
     using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
     static_assert(kStages >= 2, "tile too large for shared memory");
-    static_assert(!kMods || kBiasStages >= 1, "a modifier instance stages its bias");
+    static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside a K/V ring of kPlainStages");
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
@@ -168,7 +171,7 @@ struct HopperFwdKernelBody {
     struct SharedStorageMods : SharedStoragePlain {
         typename Bias::Storage bias;  // the elementwise-bias ring
     };
-    using SharedStorage = std::conditional_t<kMods, SharedStorageMods, SharedStoragePlain>;
+    using SharedStorage = std::conditional_t<(kBiasStages > 0), SharedStorageMods, SharedStoragePlain>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
     // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged in the K/V ring once every consumer is done with it.
@@ -246,7 +249,7 @@ struct HopperFwdKernelBody {
         }
         PipelineQ pipe_q(storage.pipe_q, pq, Shape<_1, _1, _1>{});
         PipelineKV pipe_kv(storage.pipe_kv, pkv, Shape<_1, _1, _1>{});
-        if constexpr (kMods) {
+        if constexpr (kBiasStages > 0) {
             if (warp_idx == 0 && lane_predicate) Bias::init(storage.bias);
         }
         __syncthreads();
@@ -258,7 +261,7 @@ struct HopperFwdKernelBody {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
             if (warp_in_wg == 0 && !tiles.visit.empty())
                 producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit);
-            if constexpr (kMods) {  // the bias warp: the staged elementwise bias of each key tile, if the call has one
+            if constexpr (kBiasStages > 0) {  // the bias warp: the staged elementwise bias of each key tile, if any
                 if (warp_in_wg == 1 && per_score_mods(params.mods)) {
                     const BiasRows rows = bias_rows(params.mods, work.batch, work.head);
                     if (rows.base != nullptr) {
@@ -348,14 +351,16 @@ struct HopperFwdKernelBody {
                                           SharedStorage& storage, FwdModUnits const& units, Work const& work,
                                           Sequence const& seq, int row0, int wg, int n, int t) {
         if (!per_score_mods(params.mods)) return;
-        if (bias_rows(params.mods, work.batch, work.head).base != nullptr) {
-            char const* slot = Bias::acquire(storage.bias, wg, t);
-            apply_score_mods_staged<Element, Bias::kPitch>(s_mn, c_mn, params.mods, units, slot);
-            Bias::release(storage.bias, wg, t);
-        } else {
-            apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk, row0,
-                                      n * kBlockN);
+        if constexpr (kBiasStages > 0) {
+            if (bias_rows(params.mods, work.batch, work.head).base != nullptr) {
+                char const* slot = Bias::acquire(storage.bias, wg, t);
+                apply_score_mods_staged<Element, Bias::kPitch>(s_mn, c_mn, params.mods, units, slot);
+                Bias::release(storage.bias, wg, t);
+                return;
+            }
         }
+        apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk, row0,
+                                  n * kBlockN);
     }
 
     // One consumer warpgroup (64 query rows): S = Q·Kᵀ, mask, online softmax and O += P·V per key tile, with the
