@@ -236,9 +236,11 @@ namespace detail {
 // element's compile-time offset in the thread's fragment (one FADD and the FFMA, no integer-to-float conversion per
 // element). Every element gets its logit, also outside the sequence, where its P is 0 anyway (a key past s_k:
 // recompute_pt masks it, the tile not being full; a row past s_q: LSE = +inf); only the bias is read inside it alone.
-template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC, class Dcap>
+// kBias = 3: a 16-bit bias staged in shared memory (tile: query rows kPitch bytes apart, zero outside the sequence;
+// a thread's pairs hold consecutive queries, so each element is its own 2-byte read).
+template <bool kCap, int kBias, class BiasT, int kPitch = 0, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
-                                      Dcap& dcap) {
+                                      Dcap& dcap, char const* tile = nullptr) {
     const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
     constexpr int N = decltype(cute::size(cS))::value;
     const int k00 = int(cute::get<0>(cS(0))), q00 = int(cute::get<1>(cS(0)));
@@ -258,6 +260,8 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
                 if (row < r.seqlen_q && key < r.seqlen_k)
                     l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
             }
+            if constexpr (kBias == 3)
+                l += float(BiasT::bitcast(*reinterpret_cast<uint16_t const*>(tile + qq * kPitch + kk * 2)));
             acc_S(i + e) = l;
         }
         if constexpr (kCap) {
@@ -300,46 +304,16 @@ CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMod
     return false;
 }
 
-namespace detail {
-
-// One tile of apply_score_mods_t_staged: the logit as score_mods_tile_t's (soft-cap, no ALiBi), plus the bias of
-// (query qq, key kk) from the staged tile (query rows kPitch bytes apart, 16-bit elements of BiasT; zero outside the
-// sequence). A thread's pairs hold consecutive queries, so each element is its own 2-byte read.
-template <bool kCap, int kPitch, class BiasT, class TensorS, class TensorC, class Dcap>
-CUTLASS_DEVICE void score_mods_tile_t_staged(TensorS& acc_S, TensorC const& cS, RowMods const& r, Dcap& dcap,
-                                             char const* tile) {
-    const auto unused16 = [](uint16_t) { return 0.f; };
-    constexpr int N = decltype(cute::size(cS))::value;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; i += 2) {
-        float d[2] = {1.f, 1.f};
-        CUTLASS_PRAGMA_UNROLL
-        for (int e = 0; e < 2; ++e) {
-            const int kk = int(cute::get<0>(cS(i + e)));
-            const int qq = int(cute::get<1>(cS(i + e)));
-            float l = modified_logit_t<kCap, 0, decltype(unused16), /*kApproxTanh=*/true>(
-                r, acc_S(i + e), 0, 0, unused16, kCap ? &d[e] : nullptr);
-            acc_S(i + e) = l + float(BiasT::bitcast(*reinterpret_cast<uint16_t const*>(tile + qq * kPitch + kk * 2)));
-        }
-        if constexpr (kCap) {
-            const __half2 h = __floats2half2_rn(d[0], d[1]);
-            dcap[i / 2] = reinterpret_cast<uint32_t const&>(h);
-        }
-    }
-}
-
-}  // namespace detail
-
 // apply_score_mods_t for an elementwise bias staged in shared memory by the backward's bias warp
 // (hopper_bias_stage.hpp): tile holds the bias of the query tile's rows (kPitch bytes apart) and the key block.
 template <class Element, int kPitch, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE bool apply_score_mods_t_staged(TensorS& acc_S, TensorC const& cS, RowMods const& r, Dcap& dcap,
                                               char const* tile) {
     if (r.softcap > 0.f) {
-        detail::score_mods_tile_t_staged<true, kPitch, Element>(acc_S, cS, r, dcap, tile);
+        detail::score_mods_tile_t<true, 3, Element, kPitch>(acc_S, cS, r, 0, 0, dcap, tile);
         return true;
     }
-    detail::score_mods_tile_t_staged<false, kPitch, Element>(acc_S, cS, r, dcap, tile);
+    detail::score_mods_tile_t<false, 3, Element, kPitch>(acc_S, cS, r, 0, 0, dcap, tile);
     return false;
 }
 
