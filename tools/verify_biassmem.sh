@@ -12,7 +12,8 @@
 #   generic ones (fwd 620 s, bwd 293 s), about 13 minutes without. Objects go to $MHAKIT_BIASSMEM_OBJ (default
 #   /tmp/mhakit_biassmem_obj); MHAKIT_BIASSMEM_JOBS: -j (default 2). Carry build/biassmem (about 15 MB) to the
 #   device machine.
-# run (logs under $OUT, else ./verify_biassmem_logs):
+# run (logs under $OUT, else ./verify_biassmem_logs; every run under a timeout: a ring that never completes a phase
+# hangs its kernel, and that must not eat the device time):
 #   (a) correctness, host-validated (-v=1): bias e / e:1 / e:2 at d128 in batch and group mode over every mask kind,
 #       GQA, odd s_q, s_k whose bias rows are 16-byte aligned (staged in shared memory: partial last key tiles of
 #       8, 40, 72 keys, long rows crossing the ring's phases) and not (s_k = 77, 130: the direct global loads), with
@@ -71,7 +72,7 @@ run)
         local run=$1 api=$2 exe=$bench extra=(-lse=1) out verdict=FAIL
         shift 2
         if [ "$api" = bwd ]; then exe=$bench_bwd extra=(); fi
-        out=$("$exe" -prec=bf16 -d=128 -v=1 -kname=1 -warmup=0 -repeat=1 "${extra[@]}" "$@" 2>&1)
+        out=$(timeout 60 "$exe" -prec=bf16 -d=128 -v=1 -kname=1 -warmup=0 -repeat=1 "${extra[@]}" "$@" 2>&1)
         if grep -q "valid:y" <<<"$out" && grep -q "mha_$api -> ${api}_d128_bf16_.*_mods_sm90a_hopper" <<<"$out" &&
             ! grep -q "mha_$api -> .*generic" <<<"$out"; then
             verdict=ok
@@ -126,7 +127,7 @@ run)
             exe=$bench
             if [ "${args%% *}" = bwd ]; then exe=$bench_bwd; args=${args#bwd }; fi
             # shellcheck disable=SC2086
-            compute-sanitizer --tool memcheck --error-exitcode 3 "$exe" -prec=bf16 -d=128 -v=1 -kname=1 \
+            timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$exe" -prec=bf16 -d=128 -v=1 -kname=1 \
                 -warmup=0 -repeat=1 $args >"$logs/memcheck_$m.log" 2>&1
             rc=$?
             note "memcheck $m ($args): rc=$rc, $(grep -E 'ERROR SUMMARY' "$logs/memcheck_$m.log" | tail -1), $(grep -o 'valid:[yn]' "$logs/memcheck_$m.log" | tail -1)"
@@ -140,7 +141,7 @@ run)
     timed() {  # API, then the benchmark's arguments: its time (ms) of one configuration; the log at log_of
         local api=$1 exe=$bench
         if [ "$api" = bwd ]; then exe=$bench_bwd; fi
-        "$exe" -prec=bf16 -d=128 -b=1 -h=16 -v=0 -kname=1 -warmup=10 -repeat=30 "${@:2}" >"$(log_of "$@")" 2>&1
+        timeout 60 "$exe" -prec=bf16 -d=128 -b=1 -h=16 -v=0 -kname=1 -warmup=10 -repeat=30 "${@:2}" >"$(log_of "$@")" 2>&1
         grep -Eo '[0-9]+\.[0-9]+ ms' "$(log_of "$@")" | tail -1 | cut -d' ' -f1
     }
     instance() { grep -o "mha_$1 -> [a-z0-9_]*" "$(log_of "$@")" | tail -1 | sed 's/.*-> //'; }
