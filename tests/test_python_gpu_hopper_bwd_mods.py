@@ -88,6 +88,16 @@ def test_head_dims(d, dv, kind, mask, launched):
     run_batch(kind, mask, "bf16", d, dv, 2, 4, 1, 150, 260, launched, f"bwd/{kind}/{mask}/{d}/{dv}")
 
 
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64), (256, 256), (192, 128)])
+@pytest.mark.parametrize("kind, mask", [("bias16", None), ("bias16_b", "b"), ("cap+bias16+sink", "t:40,17"),
+                                        ("bias16", "g:90,33")])
+def test_staged_bias(d, dv, kind, mask, launched):
+    """A 16-bit bias whose rows are 16-byte aligned (s_k = 264) comes through the bias warp's shared-memory ring
+    (hopper_bias_stage.hpp) where the instance has one (d64 / d128 / (192, 128); d256: global loads), with dbias:
+    partial query tiles and a last key block of 8 keys, GQA 4/2."""
+    run_batch(kind, mask, "bf16", d, dv, 2, 4, 2, 150, 264, launched, f"bwd/staged/{kind}/{mask}/{d}/{dv}")
+
+
 @pytest.mark.parametrize("kind", ["cap+alibi+sink", "bias16"])
 def test_fp16(kind, launched):
     run_batch(kind, "b", "fp16", 128, 128, 1, 2, 2, 129, 257, launched, f"bwd/fp16/{kind}")

@@ -88,6 +88,17 @@ def test_head_dims(d, dv, kind, mask, launched):
     run_batch(kind, mask, "bf16", d, dv, 2, 4, 1, 150, 260, launched, f"{kind}/{mask}/{d}/{dv}")
 
 
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64), (256, 256), (192, 128)])
+@pytest.mark.parametrize("kind, mask", [("bias16", None), ("bias16_b", "b"), ("cap+bias16+sink", "t:40,17"),
+                                        ("bias16", "g:90,33")])
+def test_staged_bias(d, dv, kind, mask, launched):
+    """A 16-bit bias whose rows are 16-byte aligned (s_k = 264: 528-byte rows) comes through the bias warp's
+    shared-memory ring where the instance has one (d128; the others, and the other tests' s_k = 333 / 260 / 257, read
+    it from global memory): partial query and key tiles (the last key tile of every width holds 8 or 72 keys), GQA
+    4/2."""
+    run_batch(kind, mask, "bf16", d, dv, 2, 4, 2, 150, 264, launched, f"staged/{kind}/{mask}/{d}/{dv}")
+
+
 @pytest.mark.parametrize("kind", ["cap+alibi+sink", "bias16"])
 def test_fp16(kind, launched):
     run_batch(kind, "b", "fp16", 128, 128, 1, 2, 2, 129, 257, launched, f"fp16/{kind}")
@@ -104,13 +115,16 @@ def test_rows_that_see_no_key_get_the_sink(kind, launched):
 
 @pytest.mark.parametrize("d, dv", [(128, 128), (64, 64)])
 @pytest.mark.parametrize("mask", [None, "b", "t:30,5"])
-@pytest.mark.parametrize("kind", ["cap", "alibi_bh", "bias32", "bias16", "sink", "cap+bias16+sink"])
-def test_group_mode(kind, mask, d, dv, launched):
+@pytest.mark.parametrize("kind, staged", [(k, False) for k in ["cap", "alibi_bh", "bias32", "bias16", "sink",
+                                                                "cap+bias16+sink"]] +
+                         [("bias16", True), ("cap+bias16+sink", True)])
+def test_group_mode(kind, mask, d, dv, staged, launched):
     """Varlen with empty sequences on either side and a sequence longer than one query block: per-sequence positions
     (ALiBi bottom-right per sequence, bias block [i, :, :s_q_i, :s_k_i]), LSE = sink where a sequence has no key."""
     dtype = "bf16"
-    rng = np.random.default_rng(zlib.crc32(f"group/{kind}/{mask}/{d}".encode()))
-    lq, lk = [37, 0, 190, 20, 5], [50, 20, 161, 0, 300]
+    rng = np.random.default_rng(zlib.crc32((f"group/{kind}/{mask}/{d}" + ("/staged" if staged else "")).encode()))
+    # staged: max s_k 296 makes the bias rows 16-byte aligned (the shared-memory ring), 300 does not (global loads)
+    lq, lk = [37, 0, 190, 20, 5], [50, 20, 161, 0, 296 if staged else 300]
     b, h, hk = len(lq), 4, 2
     cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)

@@ -67,6 +67,7 @@
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_bwd_hopper_common.hpp"
+#include "hopper_bias_stage.hpp"
 #include "hopper_epilogue.hpp"
 #include "hopper_score_mod.hpp"
 #include "hopper_softmax.hpp"
@@ -182,7 +183,16 @@ struct HopperBwdKernelBody {
     template <class T, int N, int Align>
     using SmemArray = std::conditional_t<(N > 0), cute::array_aligned<T, (N > 0 ? N : 1), Align>, cute::array<T, 0>>;
 
-    struct SharedStorage {
+    // Modifier instances: the elementwise-bias ring (hopper_bias_stage.hpp), kBlockM / 64 slots of 64 query rows x
+    // kBlockN keys per stage that both consumer warpgroups read, in what the shared memory above leaves (up to 2
+    // stages; none: the consumers read the bias from global memory).
+    using BiasStageOf = BiasStage<kBlockN, kBlockM / 64, 1, NumMmaThreads>;
+    static constexpr int kBiasFit =
+        (kSmemLimit - kFixedBytes - kStagesQ * kQBytes - kStagesDO * kDOBytes) / BiasStageOf::kStageBytes;
+    static constexpr int kBiasStages = !kMods ? 0 : kBiasFit < 2 ? kBiasFit : 2;
+    using Bias = BiasStage<kBlockN, kBlockM / 64, kBiasStages, NumMmaThreads>;
+
+    struct SharedStoragePlain {
         cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> smem_k;
         cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> smem_v;
         cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> smem_q;
@@ -196,11 +206,15 @@ struct HopperBwdKernelBody {
         alignas(16) typename PipelineDO::SharedStorage pipe_do;
         alignas(16) uint64_t bar_kv;
     };
+    struct SharedStorageMods : SharedStoragePlain {
+        typename Bias::Storage bias;
+    };
+    using SharedStorage = std::conditional_t<(kBiasStages > 0), SharedStorageMods, SharedStoragePlain>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
     // The epilogue stages dK, then dV, in the Q and dO stages, which lie back to back.
-    static_assert(offsetof(SharedStorage, smem_do) ==
-                  offsetof(SharedStorage, smem_q) + sizeof(SharedStorage::smem_q));
+    static_assert(offsetof(SharedStoragePlain, smem_do) ==
+                  offsetof(SharedStoragePlain, smem_q) + sizeof(SharedStoragePlain::smem_q));
     using Epilogue = BwdEpilogue<Element, kBlockN>;
     static_assert(Epilogue::template kStageElems<kHdim> <= cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutDO> &&
                   Epilogue::template kStageElems<kHdimV> <= cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutDO>);
@@ -284,6 +298,7 @@ struct HopperBwdKernelBody {
             cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
             cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
             cutlass::arch::ClusterTransactionBarrier::init(&st.bar_kv, 1);
+            if constexpr (kBiasStages > 0) Bias::init(st.bias);
         }
 
         const bool producer_warp = (wg_idx == 0 && warp_in_wg == 0);
@@ -318,6 +333,8 @@ struct HopperBwdKernelBody {
                 producer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters);
             } else if (warp_in_wg == 1) {
                 if constexpr (kDqViaSmem) dq_writer(params, st, geom, n_block, hk, b, range.begin, n_m, n_iters);
+            } else if (warp_in_wg == 2) {
+                if constexpr (kBiasStages > 0) bias_loader(params, st, seq, n_block, hk, b, range.begin, n_m, n_iters);
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
@@ -432,6 +449,31 @@ struct HopperBwdKernelBody {
                 ++h_in;
             }
         }
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
+    // Whether this CTA's query heads read a staged bias: a 16-bit one whose rows, batch block and head stride are all
+    // 16-byte aligned (so every head of the kv group is, and the bias warp and the consumers take the same tiles).
+    CUTLASS_DEVICE static bool bias_staged(ScoreMods const& m, int b) {
+        return per_score_mods(m) && bias_rows(m, b, 0).base != nullptr && ((m.bias_head_stride * 2) & 15) == 0;
+    }
+
+    // The bias warp (warp 2 of the producer warpgroup): the bias tile (the query tile's rows x this key block) of
+    // every iteration into the ring, in the producer's order (query heads of the kv group, their query tiles).
+    CUTLASS_DEVICE void bias_loader(Params const& params, SharedStorage& st, Sequence const& seq, int n_block, int hk,
+                                    int b, int m_begin, int n_m, int n_iters) {
+        if (!bias_staged(params.mods, b)) return;
+        int h_in = 0;
+        int m = m_begin;
+        for (int it = 0; it < n_iters; ++it) {
+            const BiasRows rows = bias_rows(params.mods, b, hk * params.group + h_in);
+            Bias::load(st.bias, rows, it, m * kBlockM, n_block * kBlockN, seq.sq, seq.sk);
+            if (++m == m_begin + n_m) {
+                m = m_begin;
+                ++h_in;
+            }
+        }
+        Bias::finish();
     }
 
     // ------------------------------------------------------------------------------------------------------------
@@ -596,8 +638,32 @@ struct HopperBwdKernelBody {
             [[maybe_unused]] uint32_t dcap[kMods ? kSFrag / 2 : 1];
             [[maybe_unused]] bool cap = false;
             if constexpr (kMods) {
-                if (logits)
-                    cap = apply_score_mods_t<Element>(acc_S, cS, row_mods(params.mods, b, h, seq.sq, sk), r0, n0, dcap);
+                if (logits) {
+                    const RowMods rm = row_mods(params.mods, b, h, seq.sq, sk);
+                    if constexpr (kBiasStages > 0) {
+                        if (bias_staged(params.mods, b)) {  // the bias warp's tile: the stage's slots back to back
+                            char const* tile = nullptr;
+                            CUTLASS_PRAGMA_UNROLL
+                            for (int k = 0; k < kBlockM / 64; ++k) {
+                                char const* slot = Bias::acquire(st.bias, k, it);
+                                if (k == 0) tile = slot;
+                            }
+                            // The thread's coordinates again from %tid.x read here (volatile): made once before the
+                            // loop, the shared-memory address would hold a register across it (and spill more).
+                            unsigned tid_now;
+                            asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
+                            Tensor cS_now = mma_sdp.get_thread_slice(int(tid_now) - 128).partition_C(
+                                make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+                            cap = apply_score_mods_t_staged<Element, Bias::kPitch>(acc_S, cS_now, rm, dcap, tile);
+                            CUTLASS_PRAGMA_UNROLL
+                            for (int k = 0; k < kBlockM / 64; ++k) Bias::release(st.bias, k, it);
+                        } else {
+                            cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
+                        }
+                    } else {
+                        cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
+                    }
+                }
             }
             recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
 

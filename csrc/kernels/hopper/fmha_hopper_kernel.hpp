@@ -47,6 +47,7 @@
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_hopper_mask.hpp"
+#include "hopper_bias_stage.hpp"
 #include "hopper_epilogue.hpp"
 #include "hopper_score_mod.hpp"
 #include "hopper_fp8.hpp"
@@ -79,8 +80,20 @@ struct HopperFwdKernelBody {
     static constexpr int kStageBytes = kBlockN * kHdim * int(sizeof(Element));  // a ring slot: one K or V tile
     static constexpr int kVBytes = kBlockN * kHdimV * int(sizeof(Element));
     static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes) / kStageBytes;
-    static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
+    static constexpr int kPlainStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
+    // Modifier instances of two consumer warpgroups and head dims up to 128: the elementwise-bias ring
+    // (hopper_bias_stage.hpp) takes what shared memory leaves after Q and the K/V ring, up to 2 stages (d128: 1).
+    // Elsewhere the staged path cost the consumers spills where they had few or none (ptxas, the masked group
+    // instances: d64, three warpgroups of 160 registers, 80 / 92 -> 180 / 172 bytes; d256 0 / 0 -> 60 / 120, 40 / 60
+    // with the ring's state re-read per tile; (192, 128) 0 / 0 -> 44 / 100), so those keep the global loads.
+    static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128;
+    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128>;
+    static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kPlainStages * kStageBytes) / BiasStageOf::kStageBytes;
+    static constexpr int kStages = kPlainStages;
+    static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
+    using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
     static_assert(kStages >= 2, "tile too large for shared memory");
+    static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside a K/V ring of kPlainStages");
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
@@ -150,11 +163,15 @@ struct HopperFwdKernelBody {
             cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> smem_v;
         };
     };
-    struct SharedStorage {
+    struct SharedStoragePlain {
         MainloopStorage mainloop;
         alignas(16) typename PipelineKV::SharedStorage pipe_kv;
         alignas(16) typename PipelineQ::SharedStorage pipe_q;
     };
+    struct SharedStorageMods : SharedStoragePlain {
+        typename Bias::Storage bias;  // the elementwise-bias ring
+    };
+    using SharedStorage = std::conditional_t<(kBiasStages > 0), SharedStorageMods, SharedStoragePlain>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
     // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged in the K/V ring once every consumer is done with it.
@@ -232,6 +249,9 @@ struct HopperFwdKernelBody {
         }
         PipelineQ pipe_q(storage.pipe_q, pq, Shape<_1, _1, _1>{});
         PipelineKV pipe_kv(storage.pipe_kv, pkv, Shape<_1, _1, _1>{});
+        if constexpr (kBiasStages > 0) {
+            if (warp_idx == 0 && lane_predicate) Bias::init(storage.bias);
+        }
         __syncthreads();
 
         const Mask mask(seq.mask, seq.sq, seq.sk);
@@ -241,6 +261,17 @@ struct HopperFwdKernelBody {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
             if (warp_in_wg == 0 && !tiles.visit.empty())
                 producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit);
+            if constexpr (kBiasStages > 0) {  // the bias warp: the staged elementwise bias of each key tile, if any
+                if (warp_in_wg == 1 && per_score_mods(params.mods)) {
+                    const BiasRows rows = bias_rows(params.mods, work.batch, work.head);
+                    if (rows.base != nullptr) {
+                        for (int n = tiles.visit.begin; n < tiles.visit.end; ++n)
+                            Bias::load(storage.bias, rows, n - tiles.visit.begin, work.block * kBlockM, n * kBlockN,
+                                       seq.sq, seq.sk);
+                        Bias::finish();
+                    }
+                }
+            }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
             consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, tiles, wg_idx - 1);
@@ -309,6 +340,27 @@ struct HopperFwdKernelBody {
             step_k();
             load_v.template step<true>(kv_it, st_v, wkv, lane_predicate, kv_count);
         }
+    }
+
+    // The modifiers' terms (S / U) of key tile n (the t-th visited) on warpgroup wg's S, where the call has per-score
+    // ones: a 16-bit elementwise bias with aligned rows from the bias warp's shared-memory ring (the same test as the
+    // bias warp's, hopper_bias_stage.hpp), any other from global memory. A member, not a lambda of consumer(): as a
+    // lambda nvcc outlined it, with S on the stack.
+    template <class TensorS, class TensorC>
+    CUTLASS_DEVICE static void score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
+                                          SharedStorage& storage, FwdModUnits const& units, Work const& work,
+                                          Sequence const& seq, int row0, int wg, int n, int t) {
+        if (!per_score_mods(params.mods)) return;
+        if constexpr (kBiasStages > 0) {
+            if (bias_rows(params.mods, work.batch, work.head).base != nullptr) {
+                char const* slot = Bias::acquire(storage.bias, wg, t);
+                apply_score_mods_staged<Element, Bias::kPitch>(s_mn, c_mn, params.mods, units, slot);
+                Bias::release(storage.bias, wg, t);
+                return;
+            }
+        }
+        apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk, row0,
+                                  n * kBlockN);
     }
 
     // One consumer warpgroup (64 query rows): S = Q·Kᵀ, mask, online softmax and O += P·V per key tile, with the
@@ -403,13 +455,6 @@ struct HopperFwdKernelBody {
             cute::gemm(mma_pv, tOrP, tOrV(_, _, _, v.index()), acc_o);
             warpgroup_commit_batch();
         };
-        auto mods_tile = [&](int n) {  // the modifiers' terms (S / U), where the call has per-score ones
-            if constexpr (kMods) {
-                if (per_score_mods(params.mods))
-                    apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk,
-                                              row0, n * kBlockN);
-            }
-        };
         auto mask_tile = [&](int n) {  // tiles not seen whole by every row of the block
             if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
         };
@@ -440,7 +485,7 @@ struct HopperFwdKernelBody {
             warpgroup_fence_operand(acc_s);
             pipe_kv.consumer_release(rkv);
             ++rkv;  // -> V0
-            mods_tile(tiles.visit.begin);
+            if constexpr (kMods) score_mods(s_mn, c_mn, params, storage, units, work, seq, row0, wg, tiles.visit.begin, 0);
             mask_tile(tiles.visit.begin);
             softmax.template update<true>(s_mn, scale_log2);
             pack_p();  // P: the A operand (registers) of P·V
@@ -458,7 +503,8 @@ struct HopperFwdKernelBody {
                 warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
                 warpgroup_fence_operand(acc_s);
                 pipe_kv.consumer_release(rkv);
-                mods_tile(n);
+                if constexpr (kMods)
+                    score_mods(s_mn, c_mn, params, storage, units, work, seq, row0, wg, n, n - tiles.visit.begin);
                 mask_tile(n);
                 softmax.template update<false>(s_mn, scale_log2);
 

@@ -6,11 +6,12 @@
 // the end, on the transposed Sᵀ tile): the logits before Pᵀ is recomputed, then dbias and the soft-cap's derivative
 // on dSᵀ.
 //
-// Elementwise bias values are read from global memory by the consumer threads, in the loop that applies them: a quad
-// of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8 rows, so a warp's load of one
-// pair per thread reads 8 rows x 16 (16-bit bias) or 32 (fp32) contiguous bytes, and the loads of a tile are
-// independent of each other. Staging bias tiles in shared memory by the producer warp (TMA, alongside K) would take
-// those loads and their latency off the consumers; not done yet (docs/PERFORMANCE.md).
+// Elementwise bias values: a quad of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8
+// rows, so a warp's read of one pair per thread covers 8 rows x 16 (16-bit bias) or 32 (fp32) contiguous bytes. A
+// 16-bit bias with 16-byte aligned rows comes from the shared-memory ring that the producer warpgroup's bias warp fills
+// (hopper_bias_stage.hpp; apply_score_mods_staged, one 4-byte shared load per pair, no predicates: the slot is
+// zero-filled outside the sequence); any other bias is read from global memory by the consumer threads, in the loop
+// that applies it (apply_score_mods).
 #pragma once
 
 #include <cstdint>
@@ -183,6 +184,49 @@ CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, ScoreMo
         apply_score_mods_cap<Element, false>(s_mn, c_mn, m, u, b, h, sq, sk, row0, key0);
 }
 
+namespace detail {
+
+// One tile of apply_score_mods_staged: S -> tanh(S·arg) with a soft-cap, then + bias/U with the bias pair of each
+// (row, key pair) read from the warpgroup's shared-memory slot (64 rows x kPitch bytes, 16-bit elements of BiasT).
+template <bool kCap, int kPitch, class BiasT, class TensorS, class TensorC>
+CUTLASS_DEVICE void score_mods_tile_staged(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m,
+                                           FwdModUnits const& u, char const* slot) {
+    constexpr int R = decltype(cute::size<0>(s_mn))::value;
+    constexpr int C = decltype(cute::size<1>(s_mn))::value;
+    static_assert(C % 2 == 0, "a thread holds its keys in pairs");
+    [[maybe_unused]] const float arg = m.softcap_arg;
+    const float inv_unit = __fdividef(1.f, u.unit);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < R; ++i) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < C; j += 2) {
+            const int row = int(cute::get<0>(c_mn(i, j))), col = int(cute::get<1>(c_mn(i, j)));
+            float b0, b1;
+            load_bias_pair(reinterpret_cast<BiasT const*>(slot + row * kPitch) + col, b0, b1);
+            float v0 = s_mn(i, j), v1 = s_mn(i, j + 1);
+            if constexpr (kCap) {
+                v0 = approx_tanh(v0 * arg);
+                v1 = approx_tanh(v1 * arg);
+            }
+            s_mn(i, j) = fmaf(b0, inv_unit, v0);
+            s_mn(i, j + 1) = fmaf(b1, inv_unit, v1);
+        }
+    }
+}
+
+}  // namespace detail
+
+// apply_score_mods for an elementwise bias staged in shared memory (hopper_bias_stage.hpp): slot holds the 64 x
+// kBlockN bias tile of this warpgroup's rows and this key tile, rows kPitch bytes apart, zeros outside the sequence.
+template <class Element, int kPitch, class TensorS, class TensorC>
+CUTLASS_DEVICE void apply_score_mods_staged(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m,
+                                            FwdModUnits const& u, char const* slot) {
+    if (m.softcap > 0.f)
+        detail::score_mods_tile_staged<true, kPitch, Element>(s_mn, c_mn, m, u, slot);
+    else
+        detail::score_mods_tile_staged<false, kPitch, Element>(s_mn, c_mn, m, u, slot);
+}
+
 // ---- the backward: Sᵀ tiles (keys x queries; cS gives each element's (key, query) tile coordinate) ----------------
 
 namespace detail {
@@ -192,9 +236,11 @@ namespace detail {
 // element's compile-time offset in the thread's fragment (one FADD and the FFMA, no integer-to-float conversion per
 // element). Every element gets its logit, also outside the sequence, where its P is 0 anyway (a key past s_k:
 // recompute_pt masks it, the tile not being full; a row past s_q: LSE = +inf); only the bias is read inside it alone.
-template <bool kCap, int kBias, class BiasT, class TensorS, class TensorC, class Dcap>
+// kBias = 3: a 16-bit bias staged in shared memory (tile: query rows kPitch bytes apart, zero outside the sequence;
+// a thread's pairs hold consecutive queries, so each element is its own 2-byte read).
+template <bool kCap, int kBias, class BiasT, int kPitch = 0, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
-                                      Dcap& dcap) {
+                                      Dcap& dcap, char const* tile = nullptr) {
     const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
     constexpr int N = decltype(cute::size(cS))::value;
     const int k00 = int(cute::get<0>(cS(0))), q00 = int(cute::get<1>(cS(0)));
@@ -214,6 +260,8 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
                 if (row < r.seqlen_q && key < r.seqlen_k)
                     l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
             }
+            if constexpr (kBias == 3)
+                l += float(BiasT::bitcast(*reinterpret_cast<uint16_t const*>(tile + qq * kPitch + kk * 2)));
             acc_S(i + e) = l;
         }
         if constexpr (kCap) {
@@ -253,6 +301,19 @@ CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMod
         return true;
     }
     apply_score_mods_t_cap<Element, false>(acc_S, cS, r, r0, n0, dcap);
+    return false;
+}
+
+// apply_score_mods_t for an elementwise bias staged in shared memory by the backward's bias warp
+// (hopper_bias_stage.hpp): tile holds the bias of the query tile's rows (kPitch bytes apart) and the key block.
+template <class Element, int kPitch, class TensorS, class TensorC, class Dcap>
+CUTLASS_DEVICE bool apply_score_mods_t_staged(TensorS& acc_S, TensorC const& cS, RowMods const& r, Dcap& dcap,
+                                              char const* tile) {
+    if (r.softcap > 0.f) {
+        detail::score_mods_tile_t<true, 3, Element, kPitch>(acc_S, cS, r, 0, 0, dcap, tile);
+        return true;
+    }
+    detail::score_mods_tile_t<false, 3, Element, kPitch>(acc_S, cS, r, 0, 0, dcap, tile);
     return false;
 }
 
