@@ -20,9 +20,9 @@
 // window are skipped, not just masked.
 // Layout: any element strides whose byte values are multiples of 16 (TMA), 16-byte aligned q/k/v/o pointers.
 // Score modifiers (kMods, the "_mods" instances; the runtime gives them exactly the calls that set a soft-cap, a bias /
-// ALiBi or a sink, and none with dropout: catalogue score_mods): soft-cap, elementwise bias (fp32 or 16-bit, any
-// strides, broadcast by zero strides), ALiBi ([h] or [b, h] slopes) and sinks, with the generic family's semantics
-// (kernels/common/score_mod.h; mha_fwd.h).
+// ALiBi, a sink or dropout: catalogue score_mods): soft-cap, elementwise bias (fp32 or 16-bit, any strides, broadcast
+// by zero strides), ALiBi ([h] or [b, h] slopes), sinks and dropout (the generic family's random bytes, the optional
+// randval store; hopper_dropout.hpp), with the generic family's semantics (kernels/common/score_mod.h; mha_fwd.h).
 // fp8 (kDtype FP8_BF16 / FP8_FP16: e4m3 q/k/v, bf16 / fp16 o; hopper_fp8.hpp): batch mode, seqlen_k >= 0; run()
 // first transposes V into p.workspace (workspace_bytes(p)), then launches the attention kernel; without keys it
 // only writes O = 0 and LSE = -inf.

@@ -14,7 +14,8 @@
 // (kernels/common/tile_scheduler.h). The collective's Fusion parameter is never called by this kernel.
 //
 // kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (S in units of U,
-// logit = U·S, the softmax with scale U: FwdModUnits), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
+// logit = U·S, the softmax with scale U: FwdModUnits), the sink in the final normalisation (hopper_score_mod.hpp),
+// dropout on P after the softmax's update and 1 / (1 − p) on O at the end (hopper_dropout.hpp). The plain kernel is the type
 // HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below: a plain instance compiles
 // to exactly the code (and the kernel symbol) it had before the modifiers came.
 // fp8 (Element = e4m3, ElementOut = bf16 / fp16; batch mode): Q·Kᵀ as is; V comes transposed (keys contiguous) from
@@ -47,6 +48,7 @@
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_hopper_mask.hpp"
+#include "hopper_dropout.hpp"
 #include "hopper_epilogue.hpp"
 #include "hopper_score_mod.hpp"
 #include "hopper_fp8.hpp"
@@ -413,6 +415,18 @@ struct HopperFwdKernelBody {
         auto mask_tile = [&](int n) {  // tiles not seen whole by every row of the block
             if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
         };
+        // Dropout (modifier instances): P of tile n -> P ∘ keep after the softmax's update (hopper_dropout.hpp); what
+        // it needs is made per tile from the kernel parameters, so that nothing stays live across the key loop.
+        auto drop_tile = [&](int n) {
+            if constexpr (kMods) {
+                Dropout const& d = params.mods.dropout;
+                if (d.on) {
+                    const int nhead_q = get<1, 0>(params.problem) * get<1, 1>(params.problem);
+                    drop_p(acc_s, c_mn, d, uint32_t(work.batch * nhead_q + work.head), row0, n * kBlockN,
+                           randval_base(d, kGroup, work.batch, work.head, seq.q0), seq.sq, seq.sk);
+                }
+            }
+        };
 
         if (!tiles.visit.empty()) {
             // Ping-pong: warpgroup w waits for its turn, issues its wgmmas, hands the turn to w + 1. The last
@@ -443,6 +457,7 @@ struct HopperFwdKernelBody {
             mods_tile(tiles.visit.begin);
             mask_tile(tiles.visit.begin);
             softmax.template update<true>(s_mn, scale_log2);
+            drop_tile(tiles.visit.begin);
             pack_p();  // P: the A operand (registers) of P·V
 
             // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
@@ -461,6 +476,7 @@ struct HopperFwdKernelBody {
                 mods_tile(n);
                 mask_tile(n);
                 softmax.template update<false>(s_mn, scale_log2);
+                drop_tile(n);  // under the P·V in flight
 
                 warpgroup_wait<0>();
                 warpgroup_fence_operand(acc_o);
@@ -479,6 +495,9 @@ struct HopperFwdKernelBody {
 
         // ---- normalise, LSE, O ----
         float lse[R];
+        if constexpr (kMods) {
+            if (params.mods.dropout.on) scale_kept(acc_o, params.mods.dropout);
+        }
         if constexpr (kMods)
             softmax.finalize(o_mn, scale, lse, sink_logit(params.mods, work.head));
         else
