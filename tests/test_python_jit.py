@@ -233,8 +233,8 @@ class TestDerive:
                          "fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        # 80 plain entries, 12 of the generic modifier instances alone (the masked ones of 64 / 128 / 256; dropout,
-        # and the calls Hopper's head-dim rule refuses), 22 with a Hopper modifier instance (bf16 64 / 128 / 256,
+        # 80 plain entries, 12 of the generic modifier instances alone (the masked ones of 64 / 128 / 256: the
+        # modifier calls Hopper's head-dim rule refuses, and fp16 ones), 22 with a Hopper modifier instance (bf16 64 / 128 / 256,
         # batch and group: with the generic modifier instance, or with a plain generic one for a sink alone), 4 fp8
         # ones (fp8bf16, 128 / 256, masked and not: hopper only, no generic fallback)
         assert len(default) == 118 and len({e.name for e in default}) == 118
@@ -534,7 +534,7 @@ class TestPrebuild:
         compiled = []
         monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
-        # four mha_fwd libraries, four with modifier instances (generic alone: dropout; hopper + generic; a sink:
+        # four mha_fwd libraries, four with modifier instances (generic alone: what Hopper refuses; hopper + generic; a sink:
         # hopper's modifier instance + a plain generic one, masked or not) and two split-KV ones (decode alone,
         # decode_tma + decode)
         assert len(paths) == 10 and builder.calls == 10 and compiled == [8]
