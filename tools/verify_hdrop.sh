@@ -51,7 +51,7 @@ build)
         t0=$(date +%s)
         (cd "$libs" && python3 "$repo/compile.py" --api "$api" --arch sm_90a --profile all --filter "$filter" \
             --benchmark -j "${MHAKIT_HDROP_JOBS:-2}" --build-dir "$obj") >"$libs/build_$api.log" 2>&1
-        note "build $api: rc=$? in $(elapsed "$t0"): $(grep -c '_sm90a_' <(python3 "$repo/compile.py" --api "$api" \
+        note "build $api: rc=$? in $(elapsed "$t0"): $(grep -cE '^(fwd|bwd|splitkv)_' <(python3 "$repo/compile.py" --api "$api" \
             --arch sm_90a --profile all --filter "$filter" --list 2>/dev/null)) instances; $(tail -1 "$libs/build_$api.log")"
     done
     note "built in $(elapsed "$start"): $(du -sh --exclude='*.log' "$libs" | cut -f1) in build/hdrop ($libs)"
