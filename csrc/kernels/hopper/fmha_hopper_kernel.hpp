@@ -422,8 +422,7 @@ struct HopperFwdKernelBody {
                 Dropout const& d = params.mods.dropout;
                 if (d.on) {
                     const int nhead_q = get<1, 0>(params.problem) * get<1, 1>(params.problem);
-                    drop_p(acc_s, c_mn, d, uint32_t(work.batch * nhead_q + work.head), row0, n * kBlockN,
-                           randval_base(d, kGroup, work.batch, work.head, seq.q0), seq.sq, seq.sk);
+                    drop_p(acc_s, c_mn, d, uint32_t(work.batch * nhead_q + work.head), row0, n * kBlockN);
                 }
             }
         };

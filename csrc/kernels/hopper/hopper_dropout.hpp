@@ -2,7 +2,8 @@
 // dropout.on). The random byte of each score is dropout.h's (Philox4x32-10 per 16 x 16 block and residue pair), so
 // these kernels draw exactly the generic family's and the host references' bytes; each warp of a warpgroup holds 16
 // rows of the 64-row accumulator in the m16n8 C layout, so dropout_lanes.cuh's lane-pair split of the Philox calls
-// (and its randval store) serves as it serves mma.sync.
+// serves as it serves mma.sync. The randval store (tests) is a kernel of its own (common/dropout_randval.cuh, launched
+// by the forward's run()): its store code in the key loop made the d256 modifier instance spill.
 //
 // The forward (FlashAttention's convention, as the generic family): the row sums and the LSE are of the undropped
 // softmax; P ∘ keep goes into P·V and O is scaled by 1 / (1 − p) once at the end (scale_kept), which is the same sum
@@ -65,29 +66,20 @@ CUTLASS_DEVICE int slab_col(TensorC const& c) { return cute::get<1>(c(0)) & ~15;
 }  // namespace detail
 
 // The forward's dropout of one key tile: P (acc_s, the 64 x kBlockN accumulator whose coordinates c_mn gives, after
-// the softmax's update) -> P ∘ keep, in place; with d.randval the tile's random bytes inside the sequence go there
-// (rv: the randval tensor's (b, h, 0, 0); tests). row0: the warpgroup's first query row, col0: the tile's first key,
+// the softmax's update) -> P ∘ keep, in place. row0: the warpgroup's first query row, col0: the tile's first key,
 // both counted from the sequence's start; bh = b·nhead_q + h.
 template <class TensorS, class TensorC>
-CUTLASS_DEVICE void drop_p(TensorS& acc_s, TensorC const& c_mn, Dropout const& d, uint32_t bh, int row0, int col0,
-                           uint8_t* rv, int seqlen_q, int seqlen_k) {
+CUTLASS_DEVICE void drop_p(TensorS& acc_s, TensorC const& c_mn, Dropout const& d, uint32_t bh, int row0, int col0) {
     constexpr int kFrag = decltype(cute::size(acc_s))::value;  // 64 x kBlockN over 128 threads
     static_assert(kFrag % 8 == 0, "whole 16 x 16 blocks per warp");
     constexpr int kNP = kFrag / 8;
     const int r = row0 + detail::slab_row(c_mn);
     uint2 rnd[1][kNP];
     dropout_bytes<false, 1, kNP>(rnd, drop_key(d), bh, r, col0);
-    if (rv != nullptr) store_randval<1, 2 * kNP>(rnd, rv, d.randval_row, r, col0, seqlen_q, seqlen_k);
     float* s = cute::raw_pointer_cast(acc_s.data());
     detail::for_fragment<false>(s, rnd, d.keep_max, [](float& x, uint32_t dropped) {
         x = __uint_as_float(__float_as_uint(x) & ~dropped);
     });
-}
-
-// The randval tensor's (b, h, 0, 0) for sequence b (group mode: its first packed row q0) and query head h, or null.
-CUTLASS_DEVICE uint8_t* randval_base(Dropout const& d, bool group, int b, int h, int q0) {
-    if (d.randval == nullptr) return nullptr;
-    return d.randval + int64_t(h) * d.randval_head + (group ? int64_t(q0) * d.randval_row : int64_t(b) * d.randval_batch);
 }
 
 // O (fp32 accumulator) *= 1 / (1 − p): the kept probabilities' scale, once for every key tile.
