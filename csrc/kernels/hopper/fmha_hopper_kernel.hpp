@@ -416,7 +416,10 @@ struct HopperFwdKernelBody {
             if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
         };
         // Dropout (modifier instances): P of tile n -> P ∘ keep after the softmax's update (hopper_dropout.hpp); what
-        // it needs is made per tile from the kernel parameters, so that nothing stays live across the key loop.
+        // it needs is made per tile from the kernel parameters, so that nothing stays live across the key loop. It
+        // runs under the previous tile's P·V, except with three consumer warpgroups (160 registers each), where it
+        // waits for that product to free P's operand registers first (under it the d64 instance spilled more).
+        constexpr bool kDropUnderPV = NumMmaWG < 3;
         auto drop_tile = [&](int n) {
             if constexpr (kMods) {
                 Dropout const& d = params.mods.dropout;
@@ -475,11 +478,12 @@ struct HopperFwdKernelBody {
                 mods_tile(n);
                 mask_tile(n);
                 softmax.template update<false>(s_mn, scale_log2);
-                drop_tile(n);  // under the P·V in flight
+                if constexpr (kDropUnderPV) drop_tile(n);  // under the P·V in flight
 
                 warpgroup_wait<0>();
                 warpgroup_fence_operand(acc_o);
                 pipe_kv.consumer_release(rv);
+                if constexpr (!kDropUnderPV) drop_tile(n);
                 softmax.rescale(o_mn);
                 pack_p();
                 ++rkv;  // -> V_n
