@@ -801,12 +801,12 @@ def _mha_fwd_py(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = Non
     ``bias=`` [b|1, h_q|1, s_q, s_k] float32 or q's dtype (exclusive with alibi_slopes), ``sink=`` float32 [h_q]
     logits added to the softmax denominator (gpt-oss).
 
-    Dropout (generic family; FlashAttention's semantics: kept probabilities scaled by 1/(1-p), the LSE of the
-    undropped softmax): ``dropout_p=p`` with ``seed=`` and ``offset=`` (ints, or both device arrays of one uint64:
-    read when the kernel runs, so a captured CUDA graph can be replayed with new values); the same values on
-    :func:`mha_bwd` regenerate the mask. ``randval=`` (uint8 [b, h_q, s_q, s_k]) receives the random bytes (kept
-    where byte <= floor((1 - p)·255); for tests: :func:`mhakit.reference.mha_fwd` takes them). Dropout calls take the
-    Python call path.
+    Dropout (the modifier instances, Hopper's or generic's; FlashAttention's semantics: kept probabilities scaled
+    by 1/(1-p), the LSE of the undropped softmax): ``dropout_p=p`` with ``seed=`` and ``offset=`` (ints, or both
+    device arrays of one uint64: read when the kernel runs, so a captured CUDA graph can be replayed with new
+    values); the same values on :func:`mha_bwd` regenerate the mask. ``randval=`` (uint8 [b, h_q, s_q, s_k])
+    receives the random bytes (kept where byte <= floor((1 - p)·255); for tests: :func:`mhakit.reference.mha_fwd`
+    takes them). Dropout calls take the Python call path.
 
     fp8 (Hopper, sm_90a; mha_fwd.h says what it computes): q, k, v float8_e4m3fn (DLPack kDLFloat8_e4m3fn, e.g.
     ``torch.float8_e4m3fn``) with ``descale_q=``, ``descale_k=``, ``descale_v=`` (float32 device arrays of one element:

@@ -30,6 +30,8 @@ environment:
   MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=0 -seed=7"
   MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
   MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, det, group, odd, mods, hmods, dropout
+  MHA_SMOKE_PRECS the 16-bit precisions (default: "fp16 bf16"; -q: fp16)
+  MHA_MODS_HDIMS  the head dims of the modifier and dropout sections (default: "59 64 128")
 USAGE
 }
 
@@ -39,7 +41,7 @@ SMOKE_EXE_DEFAULT=./benchmark_mha_bwd
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/smoke_common.sh" || exit 2
 smoke_setup "$@"
 
-PRECS="fp16 bf16"
+PRECS="${MHA_SMOKE_PRECS:-fp16 bf16}"
 PERMS="0 1"
 if [ "$QUICK" -eq 1 ]; then
     PRECS="fp16"
@@ -118,7 +120,7 @@ done
 want mods &&
 for prec in $PRECS; do
 for mode in 0 1; do
-for hdim in 59 64 128; do
+for hdim in ${MHA_MODS_HDIMS:-59 64 128}; do
     p=(-prec="$prec" -d="$hdim" -mode="$mode")
     run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -bias=e -dbias=1
     run "${p[@]}" -b=2 -h=2 -s=216 -s_k=153 -mask=2 -bias=e:2 -dbias=1
@@ -150,12 +152,13 @@ done
 done
 done
 
-# Dropout (generic family; the forward stores its random bytes, which must equal the host's Philox and feed the host
-# reference): masks, GQA, group mode, seed / offset in device memory, with a soft-cap and a bias, deterministic.
+# Dropout (on the Hopper "_mods" instances at 64 / 128 where the library has them, else on generic's; the forward
+# stores its random bytes, which must equal the host's Philox and feed the host reference): masks, GQA, group mode,
+# seed / offset in device memory, with a soft-cap and a bias, deterministic.
 want dropout &&
 for prec in $PRECS; do
 for mode in 0 1; do
-for hdim in 59 64 128; do
+for hdim in ${MHA_MODS_HDIMS:-59 64 128}; do
     p=(-prec="$prec" -d="$hdim" -mode="$mode")
     run "${p[@]}" -b=2 -h=4 -h_k=2 -s=259 -s_k=200 -p_drop=0.2 -drop_seed=7 -drop_offset=11
     run "${p[@]}" -b=1 -h=2 -s=216 -s_k=153 -mask=2 -p_drop=0.5 -drop_prefs=1 -drop_seed=123456789012 -drop_offset=5

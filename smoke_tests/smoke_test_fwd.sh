@@ -32,6 +32,8 @@ environment:
   MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=nf -seed=7"
   MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
   MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, group, odd, mods, hmods, dropout, fp8
+  MHA_SMOKE_PRECS the 16-bit precisions (default: "fp16 bf16"; -q: fp16)
+  MHA_MODS_HDIMS  the head dims of the modifier and dropout sections (default: "59 64 128")
   MHA_FP8         1: run the fp8 section, 0: skip it, only: run nothing else (default: run it when nvidia-smi
                   reports compute capability 9.0)
   MHA_FP8_HDIMS   the fp8 section's head-dim buckets (default: "128 256"; e.g. 128 for a library of d128 fp8 tiles)
@@ -44,7 +46,7 @@ SMOKE_EXE_DEFAULT=./benchmark_mha_fwd
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/smoke_common.sh" || exit 2
 smoke_setup "$@"
 
-PRECS="fp16 bf16"
+PRECS="${MHA_SMOKE_PRECS:-fp16 bf16}"
 LSES="0 1"
 if [ "$QUICK" -eq 1 ]; then
     PRECS="fp16"
@@ -124,7 +126,7 @@ done
 want mods &&
 for prec in $PRECS; do
 for mode in 1 0; do
-for hdim in 59 64 128; do
+for hdim in ${MHA_MODS_HDIMS:-59 64 128}; do
 for bias in e e:1 e:2 a a:1; do
     p=(-prec="$prec" -mode="$mode" -d="$hdim" -bias="$bias" -lse=1)
     run "${p[@]}" -b=2 -h=2 -h_k=1 -s=100 -s_k=77
@@ -157,13 +159,13 @@ done
 done
 done
 
-# Dropout (generic family): aiter's -p_drop with the random bytes stored (-s_randval=1: they must equal the host's
-# Philox and feed the host reference), masks, GQA, group mode, seed / offset in device memory (-drop_prefs=1), with
-# modifiers.
+# Dropout (on the Hopper "_mods" instances at 64 / 128 where the library has them, else on generic's): aiter's
+# -p_drop with the random bytes stored (-s_randval=1: they must equal the host's Philox and feed the host reference),
+# masks, GQA, group mode, seed / offset in device memory (-drop_prefs=1), with modifiers.
 want dropout &&
 for prec in $PRECS; do
 for mode in 1 0; do
-for hdim in 59 64 128; do
+for hdim in ${MHA_MODS_HDIMS:-59 64 128}; do
     p=(-prec="$prec" -mode="$mode" -d="$hdim" -lse=1 -s_randval=1)
     run "${p[@]}" -b=2 -h=2 -h_k=1 -s=100 -s_k=77 -p_drop=0.2 -drop_seed=7 -drop_offset=11
     run "${p[@]}" -b=2 -h=3 -s=200 -s_k=520 -mask=t:128,30 -p_drop=0.5 -drop_prefs=1 -drop_seed=123456789012

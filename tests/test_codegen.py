@@ -315,7 +315,8 @@ class TestRendering:
                       ("generic", True): "MHAKIT_MOD_SINK | MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | "
                                          "MHAKIT_MOD_DROPOUT",
                       ("hopper", False): "0",
-                      ("hopper", True): "MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | MHAKIT_MOD_SINK"}
+                      ("hopper", True): "MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | MHAKIT_MOD_SINK | "
+                                        "MHAKIT_MOD_DROPOUT"}
             plain = "MHAKIT_MOD_SINK" if s.algorithm.family == "generic" else "0"
             assert f"/*mod_kinds=*/{served[(s.algorithm.family, s.signature.mods)]}, /*plain_mod_kinds=*/{plain}," in row
         sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)

@@ -1,8 +1,8 @@
-"""Dropout through the Python API on the GPU (generic family's modifier instances): the stored random bytes equal the
-NumPy reference's Philox (dropout_randval), O / LSE and dQ / dK / dV match mhakit.reference given those bytes (with
-masks, GQA, soft-cap + sink, group mode, odd head dims), the dropout rate is checked statistically, and seed /
-offset given in device memory give the same results as host values. Kernels are built on first use into
-MHAKIT_TEST_CACHE_DIR."""
+"""Dropout through the Python API on the GPU (the modifier instances: Hopper's on sm_90a for head dims that are
+multiples of 8, else generic's; each call asserts its family): the stored random bytes equal the NumPy reference's
+Philox (dropout_randval), O / LSE and dQ / dK / dV match mhakit.reference given those bytes (with masks, GQA,
+soft-cap + sink, group mode, odd head dims), the dropout rate is checked statistically, and seed / offset given in
+device memory give the same results as host values. Kernels are built on first use into MHAKIT_TEST_CACHE_DIR."""
 from __future__ import annotations
 
 import zlib
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mhakit
-from mhakit import reference
+from mhakit import api, jit, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 
@@ -22,6 +22,23 @@ from test_python_gpu_mods import check_grads, close, dev, host  # noqa: E402
 
 MASKS = {"none": (dict(), (0, -1, -1)), "causal": (dict(causal=True), (2, -1, 0)),
          "window": (dict(mask="t:8,4"), (1, 8, 4))}
+
+
+@pytest.fixture
+def launched(monkeypatch, capfd):
+    """launched() -> the instance names of the calls since its last call ("[mhakit] mha_fwd -> <name>")."""
+    monkeypatch.setattr(api, "LOG_LEVEL", 1)
+
+    def names():
+        cp.cuda.runtime.deviceSynchronize()
+        return [line.split("-> ")[1].strip() for line in capfd.readouterr().out.splitlines() if "-> " in line]
+    return names
+
+
+def family(d: int) -> str:
+    """The family a dropout call of head dim d runs on: Hopper's "_mods" instances on sm_90a (head dims multiples of
+    8), else generic's."""
+    return "hopper" if jit.device_arch(0) == "sm_90a" and d % 8 == 0 else "generic"
 
 
 def visible_equal(out: np.ndarray, ref: np.ndarray, mt: int, wl: int, wr: int) -> None:
@@ -36,7 +53,7 @@ def visible_equal(out: np.ndarray, ref: np.ndarray, mt: int, wl: int, wr: int) -
 @pytest.mark.parametrize("d", [59, 128])
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("extra", ["", "cap+sink"])
-def test_forward_and_backward_batch(extra, mask, d, dtype):
+def test_forward_and_backward_batch(extra, mask, d, dtype, launched):
     rng = np.random.default_rng(zlib.crc32(f"{extra}/{mask}/{d}/{dtype}".encode()))
     b, h, hk, sq, sk, p = 2, 4, 2, 70, 93, 0.3
     seed, offset = int(rng.integers(1, 2**63)), int(rng.integers(0, 2**40))
@@ -70,9 +87,11 @@ def test_forward_and_backward_batch(extra, mask, d, dtype):
                                    **d_kw)
     for name, out, r in (("dQ", dq2, ref[0]), ("dK", dk2, ref[1]), ("dV", dv2, ref[2])):
         close(host(out, dtype), r, tol, f"deterministic {name}")
+    names = launched()
+    assert len(names) == 3 and all(f"_mods_sm90a_{family(d)}_" in n or "_sm90a_" not in n for n in names), names
 
 
-def test_group_mode():
+def test_group_mode(launched):
     dtype, d, p, seed, offset = "bf16", 64, 0.2, 1234, 77
     rng = np.random.default_rng(9)
     lq, lk = [37, 0, 90], [50, 20, 61]
@@ -98,6 +117,9 @@ def test_group_mode():
     close(cp.asnumpy(lse), lse_ref, reference.tolerances(dtype), "LSE")
     ref = reference.attention_varlen_bwd(qf, kf, vf, dof, cq, ck, o=host(o, dtype), **r_kw)
     check_grads(dq, dk, dv, {}, ref, dtype, reference.tolerances_bwd(dtype, d, d))
+    names = launched()
+    assert len(names) == 2 and all(f"_group_mask_mods_sm90a_{family(d)}_" in n or "_sm90a_" not in n
+                                   for n in names), names
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

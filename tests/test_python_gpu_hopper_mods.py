@@ -3,7 +3,8 @@
 data type, broadcast over batch or heads), attention sinks, alone and combined, with every mask kind, GQA, group mode
 (empty sequences on either side), rows that see no key (O = 0, LSE = sink), head dims 64 / 128 / 256 and (192, 128).
 Every call asserts the instance it ran on ("[mhakit] mha_fwd -> <name>", MHAKIT_LOG_LEVEL=1), so a call that fell
-back to the generic family fails here. Dropout is not a Hopper modifier: such a call must run on generic.
+back to the generic family fails here (dropout, which the Hopper "_mods" instances serve too, is tested in
+test_python_gpu_dropout.py).
 Kernels are built on first use into MHAKIT_TEST_CACHE_DIR (bench/gpu_check.sh prebuilds them with every core)."""
 from __future__ import annotations
 
@@ -152,12 +153,14 @@ def test_group_mode(kind, mask, d, dv, staged, launched):
         close(lh[:, q0:q1], lse_ref[0], tol, f"LSE of sequence {i}")
 
 
-def test_dropout_runs_on_generic(launched):
-    """Hopper has no dropout (catalogue score_mods): a soft-capped call with dropout runs on the generic "_mods"
-    instance, the same call without dropout on Hopper's."""
+def test_dropout_runs_on_hopper(launched):
+    """Dropout is a Hopper modifier (catalogue score_mods): a soft-capped call with dropout runs on the Hopper
+    "_mods" instance, as the same call without dropout; a head dim Hopper does not take on generic's."""
     rng = np.random.default_rng(3)
     q, _ = dev(rng.uniform(-1, 1, (1, 2, 64, 128)).astype(np.float32), "bf16")
     mhakit.mha_fwd(q, q, q, layout="bhsd", dtype="bf16", softcap=20.0, dropout_p=0.1, seed=1, offset=2)
     mhakit.mha_fwd(q, q, q, layout="bhsd", dtype="bf16", softcap=20.0)
-    assert launched() == ["fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4",
-                          hopper_name("bf16", 128, 128, "batch")]
+    q100, _ = dev(rng.uniform(-1, 1, (1, 2, 64, 100)).astype(np.float32), "bf16")  # 100: not a multiple of 8
+    mhakit.mha_fwd(q100, q100, q100, layout="bhsd", dtype="bf16", dropout_p=0.1, seed=1)
+    assert launched() == [hopper_name("bf16", 128, 128, "batch"), hopper_name("bf16", 128, 128, "batch"),
+                          "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4"]

@@ -154,13 +154,14 @@ class TestDerive:
 
     @pytest.mark.parametrize("api", ["fwd", "bwd"])
     def test_a_modifier_call_gets_the_modifier_instance_alone(self, api):
-        """Dropout calls need the "_mods" instance of the tightest generic bucket (hopper has no dropout, forward or
-        backward); plain calls never pull one in."""
+        """Modifier calls that no Hopper instance takes (an arch without the Hopper family, a head dim that is not a
+        multiple of 8) need the "_mods" instance of the tightest generic bucket alone; plain calls never pull one
+        in."""
         tile = {"fwd": {64: "b128x128w4", 128: "b128x64w4"}, "bwd": {64: "b64x128w8", 128: "b64x64w4"}}[api]
         for mods in (DROPOUT, DROPOUT | SOFTCAP):
-            e = entry(api=api, mods=mods, masked=True)
-            assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tile[128]}"], mods
-            assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-generic_d128"
+            e = entry(api=api, mods=mods, masked=True, arch="sm_80")
+            assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm80_generic_{tile[128]}"], mods
+            assert e.name == f"{api}_bf16_batch_mask_mods_sm80-generic_d128"
             # an unmasked one too: the masked modifier instance serves it (the default profile builds only those)
             assert entry(api=api, hq=59, hv=59, mods=mods, mode="group").instance_names == [
                 f"{api}_d64_bf16_group_mask_mods_sm90a_generic_{tile[64]}"]
@@ -172,11 +173,12 @@ class TestDerive:
             entry(api=api, mods=32)
 
     @pytest.mark.parametrize("api", ["fwd", "bwd"])
-    @pytest.mark.parametrize("mods", [SOFTCAP, BIAS, ALIBI, SOFTCAP | ALIBI | SINK, BIAS | SINK])
+    @pytest.mark.parametrize("mods", [SOFTCAP, BIAS, ALIBI, SOFTCAP | ALIBI | SINK, BIAS | SINK, DROPOUT,
+                                      DROPOUT | SOFTCAP | SINK])
     def test_a_hopper_modifier_call_gets_the_hopper_modifier_instance(self, mods, api):
-        """Soft-cap, bias / ALiBi and sinks run on the Hopper "_mods" instance, forward and backward (catalogue
-        score_mods), with the generic one as the fallback for the calls Hopper refuses at run time (unaligned, odd
-        head dims)."""
+        """Soft-cap, bias / ALiBi, sinks and dropout run on the Hopper "_mods" instance, forward and backward
+        (catalogue score_mods), with the generic one as the fallback for the calls Hopper refuses at run time
+        (unaligned, odd head dims)."""
         tiles = {"fwd": ("b128x128", "b128x64w4", "b128x96", "b64x64w4", "b128x128w4"),
                  "bwd": ("b64x128", "b64x64w4", "b64x64", "b32x64w8", "b64x128w8")}[api]
         for masked in (False, True):
@@ -231,8 +233,8 @@ class TestDerive:
                          "fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
-        # 80 plain entries, 12 of the generic modifier instances alone (the masked ones of 64 / 128 / 256; dropout,
-        # and the calls Hopper's head-dim rule refuses), 22 with a Hopper modifier instance (bf16 64 / 128 / 256,
+        # 80 plain entries, 12 of the generic modifier instances alone (the masked ones of 64 / 128 / 256: the
+        # modifier calls Hopper's head-dim rule refuses, and fp16 ones), 22 with a Hopper modifier instance (bf16 64 / 128 / 256,
         # batch and group: with the generic modifier instance, or with a plain generic one for a sink alone), 4 fp8
         # ones (fp8bf16, 128 / 256, masked and not: hopper only, no generic fallback)
         assert len(default) == 118 and len({e.name for e in default}) == 118
@@ -532,7 +534,7 @@ class TestPrebuild:
         compiled = []
         monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
-        # four mha_fwd libraries, four with modifier instances (generic alone: dropout; hopper + generic; a sink:
+        # four mha_fwd libraries, four with modifier instances (generic alone: what Hopper refuses; hopper + generic; a sink:
         # hopper's modifier instance + a plain generic one, masked or not) and two split-KV ones (decode alone,
         # decode_tma + decode)
         assert len(paths) == 10 and builder.calls == 10 and compiled == [8]

@@ -78,11 +78,14 @@ def test_forward_modifier_calls_run_on_the_hopper_modifier_instance(fwd_lib, ove
 
 
 @pytest.mark.compile
-def test_forward_dropout_runs_on_the_generic_modifier_instance(fwd_lib):
-    """Hopper has no dropout (catalogue score_mods): a dropout call, with or without other modifiers, goes to the
-    generic "_mods" instance."""
+def test_forward_dropout_runs_on_the_hopper_modifier_instance(fwd_lib):
+    """The Hopper forward serves dropout on its "_mods" instances (catalogue score_mods), with or without other
+    modifiers, every mask type; an odd head dim goes to the generic "_mods" instance."""
     for extra in ({}, dict(logits_soft_cap=30.0), dict(sink_ptr=FAKE)):
-        assert fwd_lib.kernel_name(valid_args(p_drop=0.1, **extra)) == \
+        for mask_type in (0, 2):
+            assert fwd_lib.kernel_name(valid_args(p_drop=0.1, mask_type=mask_type, **extra)) == \
+                "fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128", fwd_lib.last_error()
+        assert fwd_lib.kernel_name(valid_args(p_drop=0.1, hdim_q=59, hdim_v=59, **extra)) == \
             "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4", fwd_lib.last_error()
 
 
@@ -103,10 +106,14 @@ def test_backward_modifier_calls_run_on_the_hopper_modifier_instance(bwd_lib, ov
 
 
 @pytest.mark.compile
-def test_backward_dropout_runs_on_the_generic_modifier_instance(bwd_lib):
-    """The Hopper backward has no dropout: a dropout call, with or without other modifiers, goes to generic."""
+def test_backward_dropout_runs_on_the_hopper_modifier_instance(bwd_lib):
+    """The Hopper backward serves dropout on its "_mods" instances, with or without other modifiers, deterministic
+    or not; an odd head dim goes to generic's."""
     for extra in ({}, dict(logits_soft_cap=30.0), dict(sink_ptr=FAKE)):
-        assert bwd_lib.kernel_name(valid_bwd_args(p_drop=0.1, **extra)) == \
+        for deterministic in (0, 1):
+            assert bwd_lib.kernel_name(valid_bwd_args(p_drop=0.1, deterministic=deterministic, **extra)) == \
+                "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128", bwd_lib.last_error()
+        assert bwd_lib.kernel_name(valid_bwd_args(p_drop=0.1, hdim_q=59, hdim_v=59, **extra)) == \
             "bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4", bwd_lib.last_error()
 
 
@@ -138,7 +145,7 @@ def test_catalogue_states_which_families_serve_modifiers():
     served = {(api, name): (fam.plain_mods, fam.instance_mods) for (api, name), fam in cat.families.items()}
     for api in ("fwd", "bwd"):
         assert served[(api, "generic")] == (("sink",), ("softcap", "bias", "alibi", "dropout"))
-        assert served[(api, "hopper")] == ((), ("softcap", "bias", "alibi", "sink"))  # no dropout
+        assert served[(api, "hopper")] == ((), ("softcap", "bias", "alibi", "sink", "dropout"))
     assert not served[("splitkv", "decode")][0] and not served[("splitkv", "decode")][1]
     assert not any(f.plain_mods or f.instance_mods for f in catalogue.load("rocm").families.values())
 

@@ -13,7 +13,8 @@
 // O = (P ∘ keep / (1 − p_drop))·V, while the LSE stays that of the undropped softmax. drop_seed_ptr /
 // drop_offset_ptr (both or neither) give the seed and offset in device memory instead (uint64, read by the kernels
 // when they run: CUDA-graph friendly; aiter's drop_prefs). randval_ptr (optional, for tests) receives the random
-// bytes (uint8) of every score the kernels visit, (b, h, i, j) at b·batch_stride_randval + h·nhead_stride_randval +
+// bytes (uint8) of at least every score the kernels visit (the generic family: those; the Hopper family: every score
+// inside the sequences, i < s_q, j < s_k), (b, h, i, j) at b·batch_stride_randval + h·nhead_stride_randval +
 // i·stride_randval + j (group mode: h·nhead_stride_randval + (seqstart_q[b] + i)·stride_randval + j); others are
 // left as they were. The backward, given the same p_drop, seed and offset, regenerates the same bytes.
 //

@@ -1,7 +1,8 @@
 // Dropout's random numbers: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011),
 // keyed by the seed and counted from the offset, and which of its bytes belongs to which score. Shared by the
-// kernels (csrc/kernels/generic/generic_dropout.cuh) and the host references, so both draw the same bytes; the
-// NumPy reference (mhakit/reference.py, dropout_randval) mirrors it.
+// kernels (dropout_lanes.cuh: which thread of an mma fragment holds which byte, for the generic and the Hopper
+// families) and the host references, so all draw the same bytes; the NumPy reference (mhakit/reference.py,
+// dropout_randval) mirrors it.
 //
 // The random byte of score (b, h, i, j) (query row i, key j, counted from the sequence's start; h the query head):
 //   one Philox call per 16 x 16 block of scores and residue pair: I = i / 16, J = j / 16, a = (i / 2) % 4,

@@ -26,10 +26,11 @@
 // 1, 2, 3 (causal top-left / bottom-right, sliding windows, CK's generic (y, x)); query tiles that see no key of a
 // block are skipped, keys that no query sees get dK = dV = 0.
 // Score modifiers (kMods, the "_mods" instances; the runtime gives them exactly the calls that set a soft-cap, a bias /
-// ALiBi or a sink, none with dropout: catalogue score_mods; a masked one serves unmasked calls too): soft-cap,
-// elementwise bias (+ dbias: every element of the sequences' blocks written, zeros where no query sees the key),
-// ALiBi and sinks (+ d sink, a fixed-order sum: deterministic), with mha_bwd.h's semantics. Deterministic mode works
-// with them unchanged (each dbias element has one writer).
+// ALiBi, a sink or dropout: catalogue score_mods; a masked one serves unmasked calls too): soft-cap, elementwise bias
+// (+ dbias: every element of the sequences' blocks written, zeros where no query sees the key), ALiBi, sinks (+ d
+// sink, a fixed-order sum: deterministic) and dropout (the forward's random bytes regenerated per Sᵀ tile,
+// hopper_dropout.hpp), with mha_bwd.h's semantics. Deterministic mode works with them unchanged (each dbias element
+// has one writer).
 // Layout: q, k, v, o, do, dq, dk, dv 16-byte aligned with every row / head / batch stride a multiple of 8 elements
 // (16 bytes); lse any fp32 strides.
 //

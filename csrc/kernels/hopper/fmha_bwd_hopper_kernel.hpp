@@ -47,7 +47,9 @@
 // soft-cap and bias / ALiBi turn each Sᵀ tile into logits before Pᵀ is recomputed (in logit units; the forward's LSE
 // holds the sink), dbias receives dSᵀ (logit units), and dSᵀ is multiplied by the soft-cap's derivative, kept as
 // packed fp16 pairs between the two (hopper_score_mod.hpp). d sink comes from the workspace
-// (dsink_kernel, fmha_bwd_hopper_aux.hpp).
+// (dsink_kernel, fmha_bwd_hopper_aux.hpp). Dropout (hopper_dropout.hpp): the forward's random bytes of each Sᵀ tile,
+// drawn while its products run; dV takes Pᵀ ∘ keep (1 / (1 − p) in the epilogue's scale), dSᵀ = Pᵀ ∘ (dPᵀ ∘ keep /
+// (1 − p) − D).
 #pragma once
 
 #include <cstddef>
@@ -68,6 +70,7 @@
 
 #include "fmha_bwd_hopper_common.hpp"
 #include "hopper_bias_stage.hpp"
+#include "hopper_dropout.hpp"
 #include "hopper_epilogue.hpp"
 #include "hopper_score_mod.hpp"
 #include "hopper_softmax.hpp"
@@ -538,6 +541,9 @@ struct HopperBwdKernelBody {
         // units); without one (a sink alone) Sᵀ stays q·k with the plain scale, as in the plain kernel
         bool logits = false;
         if constexpr (kMods) logits = per_score_mods(params.mods);
+        // Dropout (modifier instances; hopper_dropout.hpp): the forward's random bytes of each Sᵀ tile, regenerated
+        bool dropping = false;
+        if constexpr (kMods) dropping = params.mods.dropout.on;
         const float scale_log2 = logits ? 1.4426950408889634f : params.scale_log2;
         // The block's first key. No-mask instances read it again per tile and for the epilogue (Scheduler::block_now)
         // instead of holding it through the loop: with the run-time reversal of deterministic mode n_block is a select that ptxas does not
@@ -630,6 +636,10 @@ struct HopperBwdKernelBody {
             warpgroup_arrive();
             gemm_zero_acc(mma_sdp, tdPrV, tdPrDO(_, _, _, rdo.index()), acc_dP);
             warpgroup_commit_batch();
+            [[maybe_unused]] uint2 rnd[1][kMods ? kSFrag / 8 : 1];  // drawn while the two products run
+            if constexpr (kMods) {
+                if (dropping) drop_bytes_t(rnd, cS, params.mods.dropout, uint32_t(b * params.nhead_q + h), n0, r0);
+            }
 
             // ---- Pᵀ ----
             warpgroup_wait<1>();
@@ -666,6 +676,9 @@ struct HopperBwdKernelBody {
                 }
             }
             recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
+            if constexpr (kMods) {
+                if (dropping) flag_dropped_t(acc_S, rnd, params.mods.dropout);  // dropped Pᵀ negated
+            }
 
             // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----
             auto a_layout = [&] {  // key split: the A-operand view of the accumulator registers; else plain C layout
@@ -678,7 +691,10 @@ struct HopperBwdKernelBody {
             Tensor rP = make_tensor<Element>(a_layout);
             Tensor rdS = make_tensor<Element>(a_layout);
             static_assert(decltype(size(rP))::value == kSFrag);
-            detail::pack_fragment<Element>(acc_S, rP);
+            if (dropping)
+                pack_kept<Element>(acc_S, rP);
+            else
+                detail::pack_fragment<Element>(acc_S, rP);
             if constexpr (kKeySplit) {
                 // dV += Pᵀ dO right away (registers x smem; only this warpgroup's keys): it runs under the dSᵀ math,
                 // and issuing it here keeps the softmax above ahead of the dPᵀ wait in the instruction stream.
@@ -705,7 +721,12 @@ struct HopperBwdKernelBody {
                 warpgroup_wait<0>();
             }
             warpgroup_fence_operand(acc_dP);
-            softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
+            [[maybe_unused]] float rp = 1.f;  // dropout: 1 / (1 − p)
+            if constexpr (kMods) rp = params.mods.dropout.rp;
+            if (dropping)
+                softmax_grad_dropout_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0], rp);
+            else
+                softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
             if constexpr (kMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
                 const ScoreMods& mods = params.mods;
                 const int64_t elem = mods.bias_fp32 ? 4 : 2;
@@ -835,8 +856,11 @@ struct HopperBwdKernelBody {
         const Epilogue epi{key0(), sk, st.smem_q.data(), tid, NumMmaThreads, kBarDS};
         epi.template store<kHdim>(params.dk + dk_seq + hk * params.dk_head, params.dk_row, params.hdim, params.scale,
                                   acc_dK, thr_dkv);
-        epi.template store<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, 1.f, acc_dV,
-                                   thr_dv);
+        // (dropout: the kept probabilities' 1 / (1 − p), once for every query tile)
+        float dv_scale = 1.f;
+        if constexpr (kMods) dv_scale = dropping ? params.mods.dropout.rp : 1.f;
+        epi.template store<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, dv_scale,
+                                   acc_dV, thr_dv);
     }
 };
 

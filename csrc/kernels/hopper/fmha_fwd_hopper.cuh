@@ -20,8 +20,10 @@
 // window are skipped, not just masked.
 // Layout: any element strides whose byte values are multiples of 16 (TMA), 16-byte aligned q/k/v/o pointers.
 // Score modifiers (kMods, the "_mods" instances; the runtime gives them exactly the calls that set a soft-cap, a bias /
-// ALiBi or a sink, and none with dropout: catalogue score_mods): soft-cap, elementwise bias (fp32 or 16-bit, any
-// strides, broadcast by zero strides), ALiBi ([h] or [b, h] slopes) and sinks, with the generic family's semantics
+// ALiBi, a sink or dropout: catalogue score_mods): soft-cap, elementwise bias (fp32 or 16-bit, any strides, broadcast
+// by zero strides), ALiBi ([h] or [b, h] slopes), sinks and dropout (the generic family's random bytes,
+// hopper_dropout.hpp; the optional randval store by a kernel of its own before the attention kernel, every score
+// inside the sequences: kernels/common/dropout_randval.cuh), with the generic family's semantics
 // (kernels/common/score_mod.h; mha_fwd.h).
 // fp8 (kDtype FP8_BF16 / FP8_FP16: e4m3 q/k/v, bf16 / fp16 o; hopper_fp8.hpp): batch mode, seqlen_k >= 0; run()
 // first transposes V into p.workspace (workspace_bytes(p)), then launches the attention kernel; without keys it
@@ -46,6 +48,7 @@
 
 #include "cutlass/device_kernel.h"
 
+#include "kernels/common/dropout_randval.cuh"
 #include "kernels/common/fwd_params.h"
 #include "kernels/common/mask.h"
 #include "mha_common.h"
@@ -196,6 +199,13 @@ struct FwdKernel {
                              static_cast<uint8_t*>(p.workspace), VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k),
                              p.seqlen_k, p.hdim_v, p.nhead_k};
             if (cudaError_t err = launch_transpose_v_fp8(t, p.batch, stream); err != cudaSuccess) return err;
+        }
+        if constexpr (kMods) {  // dropout's random bytes for tests (randval_ptr): a kernel of their own
+            if (p.mods.dropout.on && p.mods.dropout.randval != nullptr) {
+                const RandvalArgs r{p.mods.dropout, p.seqstart_q, p.seqstart_k, p.seqlen_q, p.seqlen_k, p.nhead_q};
+                if (cudaError_t err = launch_randval(r, p.max_seqlen_q, p.batch, stream); err != cudaSuccess)
+                    return err;
+            }
         }
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;

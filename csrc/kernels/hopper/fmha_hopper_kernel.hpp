@@ -14,7 +14,8 @@
 // (kernels/common/tile_scheduler.h). The collective's Fusion parameter is never called by this kernel.
 //
 // kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (S in units of U,
-// logit = U·S, the softmax with scale U: FwdModUnits), the sink in the final normalisation (hopper_score_mod.hpp). The plain kernel is the type
+// logit = U·S, the softmax with scale U: FwdModUnits), the sink in the final normalisation (hopper_score_mod.hpp),
+// dropout on P after the softmax's update and 1 / (1 − p) on O at the end (hopper_dropout.hpp). The plain kernel is the type
 // HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below: a plain instance compiles
 // to exactly the code (and the kernel symbol) it had before the modifiers came.
 // fp8 (Element = e4m3, ElementOut = bf16 / fp16; batch mode): Q·Kᵀ as is; V comes transposed (keys contiguous) from
@@ -48,6 +49,7 @@
 
 #include "fmha_hopper_mask.hpp"
 #include "hopper_bias_stage.hpp"
+#include "hopper_dropout.hpp"
 #include "hopper_epilogue.hpp"
 #include "hopper_score_mod.hpp"
 #include "hopper_fp8.hpp"
@@ -458,6 +460,20 @@ struct HopperFwdKernelBody {
         auto mask_tile = [&](int n) {  // tiles not seen whole by every row of the block
             if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
         };
+        // Dropout (modifier instances): P of tile n -> P ∘ keep after the softmax's update (hopper_dropout.hpp); what
+        // it needs is made per tile from the kernel parameters, so that nothing stays live across the key loop. It
+        // runs under the previous tile's P·V, except with three consumer warpgroups (160 registers each), where it
+        // waits for that product to free P's operand registers first (under it the d64 instance spilled more).
+        constexpr bool kDropUnderPV = NumMmaWG < 3;
+        auto drop_tile = [&](int n) {
+            if constexpr (kMods) {
+                Dropout const& d = params.mods.dropout;
+                if (d.on) {
+                    const int nhead_q = get<1, 0>(params.problem) * get<1, 1>(params.problem);
+                    drop_p(acc_s, c_mn, d, uint32_t(work.batch * nhead_q + work.head), row0, n * kBlockN);
+                }
+            }
+        };
 
         if (!tiles.visit.empty()) {
             // Ping-pong: warpgroup w waits for its turn, issues its wgmmas, hands the turn to w + 1. The last
@@ -488,6 +504,7 @@ struct HopperFwdKernelBody {
             if constexpr (kMods) score_mods(s_mn, c_mn, params, storage, units, work, seq, row0, wg, tiles.visit.begin, 0);
             mask_tile(tiles.visit.begin);
             softmax.template update<true>(s_mn, scale_log2);
+            drop_tile(tiles.visit.begin);
             pack_p();  // P: the A operand (registers) of P·V
 
             // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
@@ -507,10 +524,12 @@ struct HopperFwdKernelBody {
                     score_mods(s_mn, c_mn, params, storage, units, work, seq, row0, wg, n, n - tiles.visit.begin);
                 mask_tile(n);
                 softmax.template update<false>(s_mn, scale_log2);
+                if constexpr (kDropUnderPV) drop_tile(n);  // under the P·V in flight
 
                 warpgroup_wait<0>();
                 warpgroup_fence_operand(acc_o);
                 pipe_kv.consumer_release(rv);
+                if constexpr (!kDropUnderPV) drop_tile(n);
                 softmax.rescale(o_mn);
                 pack_p();
                 ++rkv;  // -> V_n
@@ -525,6 +544,9 @@ struct HopperFwdKernelBody {
 
         // ---- normalise, LSE, O ----
         float lse[R];
+        if constexpr (kMods) {
+            if (params.mods.dropout.on) scale_kept(acc_o, params.mods.dropout);
+        }
         if constexpr (kMods)
             softmax.finalize(o_mn, scale, lse, sink_logit(params.mods, work.head));
         else

@@ -45,8 +45,9 @@ struct BwdModParams<true> {
     int64_t dbias_row, dbias_head, dbias_batch;  // elements
 };
 
-// Whether the call has a modifier that changes each score (soft-cap, bias / ALiBi; Hopper has no dropout): without
-// one (a sink alone) both directions keep S = q·k and the plain softmax scale, and skip the modifier pass.
+// Whether the call has a modifier that changes each score before the softmax (soft-cap, bias / ALiBi; dropout acts on
+// P, hopper_dropout.hpp): without one (a sink or dropout alone) both directions keep S = q·k and the plain softmax
+// scale, and skip the modifier pass.
 CUTLASS_DEVICE bool per_score_mods(ScoreMods const& m) { return m.softcap > 0.f || m.bias_type != 0; }
 
 // The forward keeps S in units of U, logit = U·S (FwdModUnits): U = the soft-cap with one (S = tanh(scale·q·k / cap)),
