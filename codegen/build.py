@@ -27,7 +27,7 @@ from .ninja import Compile, Executable, NinjaFile
 from .profiles import APIS, Selection, SelectionError, select
 from .render import BUILD_NAME_ROOT
 from .render import _environment as render_environment
-from .render import render_all, render_dispatch, render_instance, write_if_changed
+from .render import render_all, render_dispatch, render_dispatch_file, render_instance, write_if_changed
 from .spec import KernelSpec
 from .toolchain import CSRC, Toolchain, ToolchainError, backend_of_arch, make_toolchain
 
@@ -65,6 +65,9 @@ class BuildRequest:
     specs: list[KernelSpec] | None = None  # build exactly these instances (profile and name_filter are then unused)
     toolchain: Toolchain | None = None     # a toolchain made by the caller (e.g. with a memoised version probe)
     capture_output: bool = False           # keep ninja's output off the terminal; a failure's BuildError carries it
+    # The JIT's prebuild: the instance tables of these further selections are compiled in the same ninja run (not
+    # linked), so that building each of those libraries afterwards only links.
+    also_dispatch: list[list[KernelSpec]] = field(default_factory=list)
 
 
 @dataclass
@@ -223,6 +226,13 @@ def _build_in(request: BuildRequest, selection: Selection, toolchain: Toolchain,
     for rel in RUNTIME_SOURCES[base_api]:
         compiles.append(Compile(CSRC / rel, obj_dir / "runtime" / (Path(rel).stem + ".o"), device=False))
     executables, unlinked = [], []
+    for specs in request.also_dispatch:
+        source = render_dispatch_file(base_api, request.arch, sorted(specs, key=lambda s: s.name), gen_dir,
+                                      toolchain.source_suffix)
+        obj = obj_dir / (source.stem + ".o")
+        if all(c.obj != obj for c in compiles):
+            compiles.append(Compile(source.relative_to(work_dir), obj, device=toolchain.backend == "cuda"))
+            unlinked.append(obj)
     if request.benchmark:
         bench_src = CSRC / BENCHMARKS[base_api]
         bench_obj = obj_dir / "benchmark" / (bench_src.stem + ".o")

@@ -72,9 +72,16 @@ def render_all(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path,
         rel = f"instances/{spec.name}{suffix}"
         write_if_changed(gen_dir / rel, _named(f"{gen_dir.name}/{rel}", render_instance(spec, env)))
         sources.append(gen_dir / rel)
+    return sources, render_dispatch_file(api, arch, specs, gen_dir, suffix, env)
+
+
+def render_dispatch_file(api: str, arch: str, specs: list[KernelSpec], gen_dir: Path, suffix: str = ".cu",
+                         env=None) -> Path:
+    """Render the dispatch table of `specs` into gen_dir, named by the selection's digest; returns its path."""
     rel = f"{api}_dispatch_{arch}_{_selection_digest(specs)}{suffix}"
-    write_if_changed(gen_dir / rel, _named(f"{gen_dir.name}/{rel}", render_dispatch(api, arch, specs, env)))
-    return sources, gen_dir / rel
+    text = render_dispatch(api, arch, specs, env or _environment())
+    write_if_changed(gen_dir / rel, _named(f"{gen_dir.name}/{rel}", text))
+    return gen_dir / rel
 
 
 def _selection_digest(specs: list[KernelSpec]) -> str:

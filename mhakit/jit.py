@@ -897,15 +897,16 @@ def default_arch() -> str:
 
 def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolchain, shared: Path,
                       jobs: Optional[int], log) -> None:
-    """prebuild's work: every instance object of `todo` in one parallel ninja run under `shared`, then each
-    library's dispatch table and link, installed into the cache."""
+    """prebuild's work: every instance object and every library's dispatch table of `todo` in one parallel ninja run
+    under `shared`, then each library's link, installed into the cache."""
     build = _codegen.submodule("build")
     start = time.monotonic()
     union = sorted({sp.name: sp for p in todo for sp in p.entry.specs}.values(), key=lambda sp: sp.name)
     log(f"[mhakit] compiling {len(union)} kernel instances with {toolchain.label} {toolchain.version} "
         f"(-j{jobs or os.cpu_count() or 1})")
     request = build.BuildRequest(api=api, arch=arch, specs=union, build_dir=shared / "build",
-                                 install_dir=shared / "all", jobs=jobs, capture_output=True, toolchain=toolchain)
+                                 install_dir=shared / "all", jobs=jobs, capture_output=True, toolchain=toolchain,
+                                 also_dispatch=[list(p.entry.specs) for p in todo])
     try:
         build.build(request, log=lambda *_: None)
     except build.BuildError as exc:

@@ -119,6 +119,26 @@ def test_build_directory_lock_makes_the_second_build_wait(tmp_path, monkeypatch)
     assert sum("waiting for another build in" in line for line in logs) == 1
 
 
+def test_prebuild_compiles_further_instance_tables_without_linking_them(tmp_path, monkeypatch):
+    """BuildRequest.also_dispatch (the JIT's prebuild): each further selection's dispatch table is a compile of the
+    same ninja run and a default target, but not an input of the library's link."""
+    texts = []
+    monkeypatch.setattr(build_mod, "_run_ninja", lambda ninja_file, *a, **k: texts.append(ninja_file.read_text()))
+    monkeypatch.setattr(build_mod, "_install", lambda src, dest: False)
+    specs = list(entry().specs)
+    request = build_mod.BuildRequest(api="fwd", arch="sm_90a", specs=specs, build_dir=tmp_path / "b",
+                                     install_dir=tmp_path, toolchain=fake_toolchain(),
+                                     also_dispatch=[specs[:1], specs[::-1], specs[1:]])
+    build_mod.build(request, log=lambda *_: None)
+    (text,) = texts
+    tables = [line.split(":")[0].removeprefix("build ") for line in text.splitlines()
+              if line.startswith("build ") and "_dispatch_" in line and "compile_device" in line]
+    assert len(tables) == 3, "the own table plus two further ones (specs[::-1] is the own selection again)"
+    link = next(line for line in text.splitlines() if "link_shared" in line and line.startswith("build "))
+    default = next(line for line in text.splitlines() if line.startswith("default "))
+    assert sum(t in link for t in tables) == 1 and all(t in default or t in link for t in tables)
+
+
 @pytest.mark.compile
 def test_compile_py_waits_for_a_build_in_the_same_directory(minimal_fwd_build, build_root):
     (work_dir,) = (build_root / "objects").glob("cuda-sm_90a-*")

@@ -532,8 +532,15 @@ class TestPrebuild:
         monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (fake_toolchain(arch), None))
         monkeypatch.setattr(jit, "_toolchain_identity", lambda root: ("13.0.88", "4.2.0"))
         compiled = []
-        monkeypatch.setattr(build_mod, "build", lambda request, log=None: compiled.append(len(request.specs)))
+        requests = []
+        monkeypatch.setattr(build_mod, "build", lambda request, log=None: (compiled.append(len(request.specs)),
+                                                                           requests.append(request)))
         paths = jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True)
+        # every library's instance table is compiled in the one ninja run, so that each library then only links
+        (request,) = requests
+        union = {sp.name for sp in request.specs}
+        assert len(request.also_dispatch) == 10 and all(t and {sp.name for sp in t} <= union
+                                                        for t in request.also_dispatch)
         # four mha_fwd libraries, four with modifier instances (generic alone: what Hopper refuses; hopper + generic; a sink:
         # hopper's modifier instance + a plain generic one, masked or not) and two split-KV ones (decode alone,
         # decode_tma + decode)
