@@ -39,11 +39,11 @@ lib_dir="$work/lib"
 
 if want tests; then
     # The Python tests' kernels, compiled up front with every core (on first use they would build one entry at a
-    # time): every library a call could need within the profile.
+    # time): every library a call could need within the profile, from the build step's objects where it ran.
     for api in fwd bwd; do
         start=$(date +%s)
         MHAKIT_CACHE_DIR="$work/jit_cache" python3 -m mhakit prebuild --api $api --profile "$profile" -j "$(nproc)" \
-            >"$logs/prebuild_$api.log" 2>&1
+            --build-dir "$work/objects" >"$logs/prebuild_$api.log" 2>&1
         note "JIT prebuild $profile $api: rc=$?, $(( $(date +%s) - start )) s"
     done
     MHAKIT_TEST_PROFILE=$profile MHAKIT_TEST_LIB_DIR="$lib_dir" MHAKIT_TEST_BUILD_DIR="$work" \

@@ -1,6 +1,7 @@
 """``python -m mhakit``: fill, inspect and clear the kernel cache.
 
     python -m mhakit prebuild --profile default [--api fwd|bwd|all] [--arch sm_90a] [-j 16] [--filter d128]
+                              [--build-dir build]   # reuse compile.py's objects
     python -m mhakit prebuild --profile minimal --list   # the instance names a profile (and --filter) selects
     python -m mhakit cache [--verbose]        # where the cache is and what it holds
     python -m mhakit clear                    # remove the cache's entries
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                           "mha_varlen_bwd) or all (default: fwd)")
     pre.add_argument("--filter", default=None, dest="name_filter", help="keep instances whose name matches (glob)")
     pre.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    pre.add_argument("--build-dir", default=None, type=Path,
+                     help="keep the objects in this directory and reuse those already there, e.g. compile.py's "
+                          "--build-dir (default: a temporary directory)")
     pre.add_argument("--list", action="store_true",
                      help="print the instance names the profile and --filter select, and stop (builds nothing)")
     info = sub.add_parser("cache", help="print the cache directory and its entries")
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _list_instances(args, apis)
             paths = [p for api in apis
                      for p in jit.prebuild(args.profile, args.arch, api=api, name_filter=args.name_filter,
-                                           jobs=args.jobs)]
+                                           jobs=args.jobs, build_dir=args.build_dir)]
         except (profiles.SelectionError, toolchain.ToolchainError, catalogue.CatalogueError, jit.NoCompilerError) as exc:
             print(f"python -m mhakit prebuild: error: {exc}", file=sys.stderr)
             return 2

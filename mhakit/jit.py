@@ -895,16 +895,16 @@ def default_arch() -> str:
     return _codegen.submodule("toolchain").detect_arch()
 
 
-def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolchain, shared: Path,
+def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolchain, objects: Path, shared: Path,
                       jobs: Optional[int], log) -> None:
     """prebuild's work: every instance object and every library's dispatch table of `todo` in one parallel ninja run
-    under `shared`, then each library's link, installed into the cache."""
+    in the build directory `objects`, then each library's link, installed into the cache (`shared`: scratch)."""
     build = _codegen.submodule("build")
     start = time.monotonic()
     union = sorted({sp.name: sp for p in todo for sp in p.entry.specs}.values(), key=lambda sp: sp.name)
     log(f"[mhakit] compiling {len(union)} kernel instances with {toolchain.label} {toolchain.version} "
         f"(-j{jobs or os.cpu_count() or 1})")
-    request = build.BuildRequest(api=api, arch=arch, specs=union, build_dir=shared / "build",
+    request = build.BuildRequest(api=api, arch=arch, specs=union, build_dir=objects,
                                  install_dir=shared / "all", jobs=jobs, capture_output=True, toolchain=toolchain,
                                  also_dispatch=[list(p.entry.specs) for p in todo])
     try:
@@ -913,19 +913,21 @@ def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolc
         raise JitError(f"prebuild failed: {exc}") from None
     log(f"[mhakit] compiled in {time.monotonic() - start:.1f} s; linking {len(todo)} libraries")
     for i, plan in enumerate(todo, 1):
-        cache.ensure(plan, jobs=jobs, build_dir=shared / "build", quiet=True, probe=False)
+        cache.ensure(plan, jobs=jobs, build_dir=objects, quiet=True, probe=False)
         log(f"[mhakit] [{i}/{len(todo)}] {plan.entry.name}")
     log(f"[mhakit] prebuild finished in {time.monotonic() - start:.1f} s")
 
 
 def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str = "fwd",
              name_filter: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[KernelCache] = None,
-             quiet: bool = False) -> list[Path]:
+             quiet: bool = False, build_dir: Optional[Path] = None) -> list[Path]:
     """Fill the cache with every library a call of `api` ("fwd": mha_fwd / mha_varlen_fwd / mha_fwd_kvcache, "bwd":
     mha_bwd / mha_varlen_bwd) could need within a build profile (see codegen/profiles.toml), so that deployment needs no
     compiler. Reuses the JIT path: the same entries, keys and atomic installs. All instance objects are compiled
-    first in one parallel ninja run; each library then only compiles its dispatch table and links. Returns the
-    library paths. Already cached entries are kept."""
+    first in one parallel ninja run, with every library's dispatch table; each library then only links. Returns the
+    library paths. Already cached entries are kept. `build_dir`: keep the objects there (compile.py's --build-dir
+    layout, so a prebuild after compile.py, or a second prebuild, recompiles nothing) instead of in a temporary
+    directory."""
     if api not in LOADERS or _library_api(api) != api:
         raise ValueError(f"api must be one of {sorted(a for a in LOADERS if _library_api(a) == a)}, got {api!r}")
     cache = cache or default_cache()
@@ -963,7 +965,8 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
                 if todo:
                     cache.sweep_tmp()
                     with cache._work_dir("prebuild") as shared:
-                        _prebuild_compile(cache, api, arch, todo, toolchain, shared, jobs, log)
+                        objects = Path(build_dir).resolve() if build_dir is not None else shared / "build"
+                        _prebuild_compile(cache, api, arch, todo, toolchain, objects, shared, jobs, log)
         except OSError as exc:
             raise cache._unwritable(exc, needed_for, prebuilding=True) from None
     paths = []

@@ -558,6 +558,20 @@ class TestPrebuild:
         assert cache.library_for("splitkv", "sm_90a", "bf16", 128, 128, "batch", True) in paths
         assert cache.library_for("fwd", "sm_90a", "bf16", 112, 64, "batch", False) in paths  # generic-only entry
 
+    def test_prebuild_keeps_its_objects_in_a_given_build_dir(self, tmp_path, monkeypatch):
+        """--build-dir: the one ninja run and every library's link use that directory (compile.py's objects are
+        reused), not a temporary one."""
+        builder = FakeBuilder()
+        cache = make_cache(tmp_path, builder)
+        monkeypatch.setattr(jit, "toolchain_for", lambda arch, root, refresh=False: (fake_toolchain(arch), None))
+        monkeypatch.setattr(jit, "_toolchain_identity", lambda root: ("13.0.88", "4.2.0"))
+        dirs = []
+        monkeypatch.setattr(build_mod, "build", lambda request, log=None: dirs.append(request.build_dir))
+        real_ensure = cache.ensure
+        monkeypatch.setattr(cache, "ensure", lambda plan, **kw: (dirs.append(kw["build_dir"]), real_ensure(plan, **kw))[1])
+        jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True, build_dir=tmp_path / "objects")
+        assert len(dirs) == 11 and set(dirs) == {(tmp_path / "objects").resolve()}
+
     def test_prebuild_errors(self, tmp_path, monkeypatch):
         cache = make_cache(tmp_path)
         with pytest.raises(profiles_mod.SelectionError, match="unknown profile 'huge'"):
