@@ -191,8 +191,8 @@ def test_gradients_into_caller_arrays():
 
 
 def test_both_families_run(monkeypatch, capfd):
-    """On sm_90a an aligned non-deterministic call reaches the Hopper backward; deterministic mode (which it refuses)
-    falls back to the generic instance of the same cached library."""
+    """On sm_90a an aligned call reaches the Hopper backward, deterministic or not; unaligned strides (which it
+    refuses) fall back to the generic instance of the same cached library."""
     if jit.device_arch(0) != "sm_90a":
         pytest.skip("the hopper family exists on sm_90a only")
     if not any(sp.algorithm.family == "hopper" for sp in jit._catalogue_specs("bwd", "sm_90a")):
@@ -202,9 +202,11 @@ def test_both_families_run(monkeypatch, capfd):
     (do, q, k, v, o, lse), _ = batch_problem(rng, "bf16", 1, 128, 128, 2, 2, 128, 128, "bshd", {"causal": True})
     mhakit.mha_bwd(do, q, k, v, o, lse, causal=True, dtype="bf16")
     mhakit.mha_bwd(do, q, k, v, o, lse, causal=True, dtype="bf16", deterministic=True)
+    (do, q, k, v, o, lse), _ = batch_problem(rng, "bf16", 1, 128, 128, 2, 2, 128, 128, "padded_odd", {"causal": True})
+    mhakit.mha_bwd(do, q, k, v, o, lse, causal=True, dtype="bf16")
     cp.cuda.runtime.deviceSynchronize()
     lines = [line for line in capfd.readouterr().out.splitlines() if "mha_bwd ->" in line]
-    assert len(lines) == 2 and "_hopper_" in lines[0] and "_generic_" in lines[1], lines
+    assert len(lines) == 3 and "_hopper_" in lines[0] and "_hopper_" in lines[1] and "_generic_" in lines[2], lines
 
 
 VARLEN_CASES = [
