@@ -82,7 +82,7 @@ struct HopperFwdKernelBody {
     static constexpr int kStageBytes = kBlockN * kHdim * int(sizeof(Element));  // a ring slot: one K or V tile
     static constexpr int kVBytes = kBlockN * kHdimV * int(sizeof(Element));
     static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes) / kStageBytes;
-    static constexpr int kPlainStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
+    static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
     // Modifier instances of two consumer warpgroups and head dims up to 128: the elementwise-bias ring
     // (hopper_bias_stage.hpp) takes what shared memory leaves after Q and the K/V ring, up to 2 stages (d128: 1).
     // Elsewhere the staged path cost the consumers spills where they had few or none (ptxas, the masked group
@@ -90,12 +90,11 @@ struct HopperFwdKernelBody {
     // with the ring's state re-read per tile; (192, 128) 0 / 0 -> 44 / 100), so those keep the global loads.
     static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128;
     using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128>;
-    static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kPlainStages * kStageBytes) / BiasStageOf::kStageBytes;
-    static constexpr int kStages = kPlainStages;
+    static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kStages * kStageBytes) / BiasStageOf::kStageBytes;
     static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
     using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
     static_assert(kStages >= 2, "tile too large for shared memory");
-    static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside a K/V ring of kPlainStages");
+    static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside the K/V ring");
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
