@@ -45,87 +45,47 @@ using mhakit::bench::usage_error;
 const char* const kProg = "benchmark_mha_fwd";
 
 void register_args(mhakit::bench::ArgParser& ap) {
-    using mhakit::bench::parse_bool;
-    using mhakit::bench::parse_float;
-    using mhakit::bench::parse_int;
-    ap.add("v", "1", "0: no validation, 1: CPU validation")
-        .add("mode", "0", "kernel mode. 0: batch, 1: group")
-        .add("b", "2", "batch size")
-        .add("h", "8", "num of head, for q")
-        .add("h_k", "-1", "num of head, for k/v, -1 means equal to h\nif not equal to h, then this is GQA/MQA case")
-        .add("s", "3328",
-             "seqlen_q. if group-mode, means the average value of seqlen_q\n"
-             "total_seqlen_q = seqlen_q * batch, and seqlen_q per batch may vary\n"
-             "also with \"-s=s0,s1,s2...\" comma separated int to set per batch seqlen (group-mode)")
-        .add("s_k", "-1", "seqlen_k, -1 means equal to s\nalso \"-s_k=k0,k1,...\" per batch (group-mode)")
-        .add("d", "128", "head dim for q, k")
-        .add("d_v", "-1", "head dim for v, -1 means equal to d")
-        .add("scale_s", "0", "scale factor of S. 0 means equal to 1/sqrt(hdim)")
+    ap.add("v", "1", "0: no validation, 1: CPU validation");
+    mhakit::bench::add_shape_args(ap);
+    ap.add("scale_s", "0", "scale factor of S. 0 means equal to 1/sqrt(hdim)")
         .add("iperm", "1", "permute input\nif true, will be b*h*s*d, else b*s*h*d")
         .add("operm", "1", "permute output")
         .add("prec", "fp16",
              "data type. fp16/bf16; fp8 (= fp8bf16: e4m3 q/k/v, bf16 o) or fp8fp16 (fp16 o): Hopper, batch mode")
         .add("qscale", "n",
              "fp8 quantization of q/k/v. n or 0: values as drawn (descale factors 1)\n"
-             "pt or 1: per-tensor, each tensor scaled to e4m3's range and its descale factor passed")
-        .add("mask", "0",
-             "0: no mask, 1: top-left(same as 't'), 2:bottom-right(same as 'b')\n"
-             "'t', top-left causal mask, 'b', bottom-r causal mask\n"
-             "'t:l,r', top-left sliding window attn(swa) with FA style left right size\n"
-             "'b:l,r', bottom-r sliding window attn(swa) with FA style left right size\n"
-             "'xt:window_size', xformer style masking from top-left, window_size negative is causal, positive is swa\n"
-             "'xb:window_size', xformer style masking from bottom-r, window_size negative is causal, positive is swa\n"
-             "'g:y,x', generic attention mask coordinate with y/x size (only debug purpose for now)")
-        .add("lse", "0", "0 not store lse, 1 store lse")
+             "pt or 1: per-tensor, each tensor scaled to e4m3's range and its descale factor passed");
+    mhakit::bench::add_mask_arg(ap);
+    ap.add("lse", "0", "0 not store lse, 1 store lse")
         .add("kname", "0", "if set to 1 will print kernel name")
         .add("init", "uf",
              "init method. ui or 0, uniform random int, ni, normalized random int\n"
              "uf or 1, uniform random float, nf, normalized random float, tf or 2, trig float\n"
-             "ufq, uf:q or 3, uniform random float over fp8 e4m3's full range [-448, 448)")
-        .add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed")
-        .add("num_splits", "1",
-             "split-KV: parts each (batch, kv head)'s keys are cut into; 0: the library's heuristic\n"
-             "anything but 1 (or a kv-cache argument below) runs mha_fwd_splitkv")
+             "ufq, uf:q or 3, uniform random float over fp8 e4m3's full range [-448, 448)");
+    mhakit::bench::add_seed_arg(ap);
+    ap.add("num_splits", "1",
+           "split-KV: parts each (batch, kv head)'s keys are cut into; 0: the library's heuristic\n"
+           "anything but 1 (or a kv-cache argument below) runs mha_fwd_splitkv")
         .add("page_block_size", "0", "paged kv-cache: rows per page (any size >= 1); 0: contiguous cache")
         .add("cache_batch_idx", "0", "1: a contiguous kv-cache with a shuffled batch index map (not with paging)")
-        .add("s_knew", "0", "new k/v rows per batch appended into the kv-cache before attending")
-        .add("warmup", "10", "number of iterations before benchmark the kernel")
-        .add("repeat", "10", "number of iterations to benchmark the kernel");
+        .add("s_knew", "0", "new k/v rows per batch appended into the kv-cache before attending");
+    mhakit::bench::add_timing_args(ap);
     mhakit::bench::add_score_mod_args(ap);
     mhakit::bench::add_dropout_args(ap, /*with_randval=*/true);
 
-    const auto int_is = [](int want) {
-        return [want](const std::string& s) {
-            int v;
-            return parse_int(s, &v) && v == want;
-        };
-    };
-    const auto int_negative = [](const std::string& s) {
-        int v;
-        return parse_int(s, &v) && v < 0;
-    };
-    const auto int_not_positive = [](const std::string& s) {
-        int v;
-        return parse_int(s, &v) && v <= 0;
-    };
-    const auto bool_is = [](bool want) {
-        return [want](const std::string& s) {
-            bool v;
-            return parse_bool(s, &v) && v == want;
-        };
-    };
-    const auto one_of = [](std::vector<std::string> ok) {
-        return [ok](const std::string& s) { return std::find(ok.begin(), ok.end(), s) != ok.end(); };
-    };
-    ap.add_unsupported("s_kpad", "-1", "-1", int_negative)
-        .add_unsupported("s_qpad", "-1", "-1", int_negative)
-        .add_unsupported("rotary_dim", "0", "0", int_not_positive)
-        .add_unsupported("rotary_interleaved", "1", "1", bool_is(true))
+    using mhakit::bench::bool_equal_to;
+    using mhakit::bench::int_at_most;
+    using mhakit::bench::int_equal_to;
+    using mhakit::bench::one_of;
+    ap.add_unsupported("s_kpad", "-1", "-1", int_at_most(-1))
+        .add_unsupported("s_qpad", "-1", "-1", int_at_most(-1))
+        .add_unsupported("rotary_dim", "0", "0", int_at_most(0))
+        .add_unsupported("rotary_interleaved", "1", "1", bool_equal_to(true))
         .add_unsupported("squant", "auto", "auto or 0", one_of({"auto", "0"}))
         .add_unsupported("vlayout", "r", "r", one_of({"r"}))
-        .add_unsupported("fwd_v3", "0", "0", bool_is(false))
-        .add_unsupported("is_v3_check", "0", "0", bool_is(false))
-        .add_unsupported("v3_bf16_cvt", "1", "1", int_is(1))
+        .add_unsupported("fwd_v3", "0", "0", bool_equal_to(false))
+        .add_unsupported("is_v3_check", "0", "0", bool_equal_to(false))
+        .add_unsupported("v3_bf16_cvt", "1", "1", int_equal_to(1))
         .add_unsupported("timer", "gpu", "gpu", one_of({"gpu"}));
 }
 
@@ -143,30 +103,17 @@ int run(int argc, char** argv) {
     if (pr > 0) return 0;
     if (pr < 0) usage_error(err);
 
-    int do_validation, mode, batch, nhead, nhead_k, hdim_q, hdim_v, kname, warmup, repeat;
+    bench::CommonArgs common;
+    if (!common.parse(ap, &err)) usage_error(err);
+    const int do_validation = common.do_validation, batch = common.batch, nhead = common.nhead,
+              nhead_k = common.nhead_k, hdim_q = common.hdim_q, hdim_v = common.hdim_v, kname = common.kname,
+              warmup = common.warmup, repeat = common.repeat;
+    const bool group = common.group;
     float scale_s;
     bool i_perm, o_perm, lse;
-    uint32_t seed;
-    if (!ap.get_int("v", &do_validation, &err) || !ap.get_int("mode", &mode, &err) || !ap.get_int("b", &batch, &err) ||
-        !ap.get_int("h", &nhead, &err) || !ap.get_int("h_k", &nhead_k, &err) || !ap.get_int("d", &hdim_q, &err) ||
-        !ap.get_int("d_v", &hdim_v, &err) || !ap.get_float("scale_s", &scale_s, &err) ||
-        !ap.get_bool("iperm", &i_perm, &err) || !ap.get_bool("operm", &o_perm, &err) || !ap.get_bool("lse", &lse, &err) ||
-        !ap.get_int("kname", &kname, &err) || !ap.get_uint32("seed", &seed, &err) ||
-        !ap.get_int("warmup", &warmup, &err) || !ap.get_int("repeat", &repeat, &err))
+    if (!ap.get_float("scale_s", &scale_s, &err) || !ap.get_bool("iperm", &i_perm, &err) ||
+        !ap.get_bool("operm", &o_perm, &err) || !ap.get_bool("lse", &lse, &err))
         usage_error(err);
-
-    if (do_validation == 2) usage_error("-v=2 (GPU validation) is not supported by mhakit yet; use -v=1 (CPU) or -v=0");
-    if (do_validation != 0 && do_validation != 1) usage_error("-v must be 0 or 1");
-    if (mode != 0 && mode != 1) usage_error("-mode must be 0 (batch) or 1 (group)");
-    const bool group = (mode == 1);
-    if (batch < 1) usage_error("-b must be >= 1");
-    if (nhead < 1) usage_error("-h must be >= 1");
-    if (nhead_k < 0) nhead_k = nhead;
-    if (nhead_k < 1 || nhead % nhead_k != 0)
-        usage_error("nhead:" + std::to_string(nhead) + " must be multiple of nhead_k:" + std::to_string(nhead_k));
-    if (hdim_v < 0) hdim_v = hdim_q;
-    if (hdim_q < 1 || hdim_v < 1) usage_error("-d and -d_v must be >= 1");
-    if (kname < 0 || warmup < 0 || repeat < 0) usage_error("-kname, -warmup and -repeat must be >= 0");
 
     const std::string prec = ap.str("prec");
     mhakit_dtype dtype;
@@ -193,11 +140,8 @@ int run(int argc, char** argv) {
     bench::DropoutInputs drop;
     if (!drop.parse(ap, /*with_randval=*/true, &err)) usage_error(err);
 
-    if (seed == 0) {
-        seed = std::random_device{}();
-        if (seed == 0) seed = 1;
-        std::fprintf(stderr, "%s: -seed=0, using random seed %u\n", kProg, seed);
-    }
+    common.draw_seed(kProg);
+    const uint32_t seed = common.seed;
 
     int num_splits, page_block_size, s_knew;
     bool cache_batch_idx;

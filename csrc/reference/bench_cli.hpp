@@ -4,6 +4,8 @@
 //   * ArgParser: "-key=value" arguments with defaults and help text; "-?" / "-help" / "--help" ask for help; unknown
 //     keys are errors; keys aiter knows but mhakit does not implement can be registered as "accepted only at their
 //     default" and are rejected by name otherwise;
+//   * the arguments both benchmarks share (add_shape_args, add_mask_arg, add_seed_arg, add_timing_args), the value
+//     tests of arguments accepted only at their default, and CommonArgs (the shared ones read and checked);
 //   * parse_mask: the mask strings 0, 1|t, 2|b, t:l,r, b:l,r, g:y,x, xt:w, xb:w -> mhakit_mask_type + window sizes;
 //   * decode_seqlens: -s / -s_k, including per-batch comma lists in group mode, generating missing lengths from the
 //     seed around the last given value (the total is kept: lengths move between sequences one unit at a time);
@@ -243,6 +245,117 @@ private:
             pos = nl + 1;
         }
         return out;
+    }
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// Arguments both benchmarks take, with aiter's names and meanings
+// ------------------------------------------------------------------------------------------------------------------
+
+// -mode, -b, -h, -h_k, -s, -s_k, -d, -d_v: the problem's shape.
+inline ArgParser& add_shape_args(ArgParser& ap) {
+    return ap.add("mode", "0", "kernel mode. 0: batch, 1: group")
+        .add("b", "2", "batch size")
+        .add("h", "8", "num of head, for q")
+        .add("h_k", "-1", "num of head, for k/v, -1 means equal to h\nif not equal to h, then this is GQA/MQA case")
+        .add("s", "3328",
+             "seqlen_q. if group-mode, means the average value of seqlen_q\n"
+             "total_seqlen_q = seqlen_q * batch, and seqlen_q per batch may vary\n"
+             "also with \"-s=s0,s1,s2...\" comma separated int to set per batch seqlen (group-mode)")
+        .add("s_k", "-1", "seqlen_k, -1 means equal to s\nalso \"-s_k=k0,k1,...\" per batch (group-mode)")
+        .add("d", "128", "head dim for q, k")
+        .add("d_v", "-1", "head dim for v, -1 means equal to d");
+}
+
+// -mask (parse_mask's strings).
+inline ArgParser& add_mask_arg(ArgParser& ap) {
+    return ap.add("mask", "0",
+                  "0: no mask, 1: top-left(same as 't'), 2:bottom-right(same as 'b')\n"
+                  "'t', top-left causal mask, 'b', bottom-r causal mask\n"
+                  "'t:l,r', top-left sliding window attn(swa) with FA style left right size\n"
+                  "'b:l,r', bottom-r sliding window attn(swa) with FA style left right size\n"
+                  "'xt:window_size', xformer style masking from top-left, window_size negative is causal, positive is "
+                  "swa\n"
+                  "'xb:window_size', xformer style masking from bottom-r, window_size negative is causal, positive is "
+                  "swa\n"
+                  "'g:y,x', generic attention mask coordinate with y/x size (only debug purpose for now)");
+}
+
+// -seed (of the inputs).
+inline ArgParser& add_seed_arg(ArgParser& ap) {
+    return ap.add("seed", "11939", "random seed used for initializing input tensors. 0 for non-deterministic seed");
+}
+
+// -warmup, -repeat.
+inline ArgParser& add_timing_args(ArgParser& ap) {
+    return ap.add("warmup", "10", "number of iterations before benchmark the kernel")
+        .add("repeat", "10", "number of iterations to benchmark the kernel");
+}
+
+// Value tests for ArgParser::add_unsupported (an argument aiter knows, accepted only at its default).
+using ValueTest = std::function<bool(const std::string&)>;
+inline ValueTest int_equal_to(int want) {
+    return [want](const std::string& s) {
+        int v;
+        return parse_int(s, &v) && v == want;
+    };
+}
+inline ValueTest int_at_most(int bound) {
+    return [bound](const std::string& s) {
+        int v;
+        return parse_int(s, &v) && v <= bound;
+    };
+}
+inline ValueTest bool_equal_to(bool want) {
+    return [want](const std::string& s) {
+        bool v;
+        return parse_bool(s, &v) && v == want;
+    };
+}
+inline ValueTest one_of(std::vector<std::string> ok) {
+    return [ok](const std::string& s) { return std::find(ok.begin(), ok.end(), s) != ok.end(); };
+}
+
+// The arguments of add_shape_args plus -v, -kname, -warmup, -repeat and -seed, read and checked (one sentence in
+// *err otherwise). h_k < 0 and d_v < 0 are resolved (to h and d); a seed of 0 draws one (said on stderr as `prog`).
+struct CommonArgs {
+    int do_validation = 0, mode = 0, batch = 0, nhead = 0, nhead_k = 0, hdim_q = 0, hdim_v = 0, kname = 0,
+        warmup = 0, repeat = 0;
+    uint32_t seed = 0;
+    bool group = false;
+
+    bool parse(ArgParser& ap, std::string* err) {
+        if (!ap.get_int("v", &do_validation, err) || !ap.get_int("mode", &mode, err) || !ap.get_int("b", &batch, err) ||
+            !ap.get_int("h", &nhead, err) || !ap.get_int("h_k", &nhead_k, err) || !ap.get_int("d", &hdim_q, err) ||
+            !ap.get_int("d_v", &hdim_v, err) || !ap.get_int("kname", &kname, err) ||
+            !ap.get_uint32("seed", &seed, err) || !ap.get_int("warmup", &warmup, err) ||
+            !ap.get_int("repeat", &repeat, err))
+            return false;
+        const auto fail = [err](const std::string& msg) {
+            *err = msg;
+            return false;
+        };
+        if (do_validation == 2) return fail("-v=2 (GPU validation) is not supported by mhakit yet; use -v=1 (CPU) or -v=0");
+        if (do_validation != 0 && do_validation != 1) return fail("-v must be 0 or 1");
+        if (mode != 0 && mode != 1) return fail("-mode must be 0 (batch) or 1 (group)");
+        group = (mode == 1);
+        if (batch < 1) return fail("-b must be >= 1");
+        if (nhead < 1) return fail("-h must be >= 1");
+        if (nhead_k < 0) nhead_k = nhead;
+        if (nhead_k < 1 || nhead % nhead_k != 0)
+            return fail("nhead:" + std::to_string(nhead) + " must be multiple of nhead_k:" + std::to_string(nhead_k));
+        if (hdim_v < 0) hdim_v = hdim_q;
+        if (hdim_q < 1 || hdim_v < 1) return fail("-d and -d_v must be >= 1");
+        if (kname < 0 || warmup < 0 || repeat < 0) return fail("-kname, -warmup and -repeat must be >= 0");
+        return true;
+    }
+
+    // A seed of 0 becomes a random one, said on stderr.
+    void draw_seed(const char* prog) {
+        if (seed != 0) return;
+        seed = std::random_device{}();
+        if (seed == 0) seed = 1;
+        std::fprintf(stderr, "%s: -seed=0, using random seed %u\n", prog, seed);
     }
 };
 
