@@ -70,6 +70,37 @@ float check_dropout(const DropArgs& d);
 // arithmetic (sums of lengths and window sizes) inside int32.
 int clamp_window(int w);
 
+// The fields FwdParams and BwdParams take from their argument structs alike: the q, k, v, o and LSE strides, the
+// group-mode offsets, the sizes (group mode: lengths come from seqstart, and the arguments' seqlen_q / seqlen_k are
+// the packed row counts), the scale and the mask.
+template <class Params, class Args>
+void set_shared_params(Params& p, const Args& a, float scale) {
+    p.q_row_stride = a.stride_q, p.q_head_stride = a.nhead_stride_q, p.q_batch_stride = a.batch_stride_q;
+    p.k_row_stride = a.stride_k, p.k_head_stride = a.nhead_stride_k, p.k_batch_stride = a.batch_stride_k;
+    p.v_row_stride = a.stride_v, p.v_head_stride = a.nhead_stride_v, p.v_batch_stride = a.batch_stride_v;
+    p.o_row_stride = a.stride_o, p.o_head_stride = a.nhead_stride_o, p.o_batch_stride = a.batch_stride_o;
+    p.lse_head_stride = a.nhead_stride_lse, p.lse_batch_stride = a.batch_stride_lse;
+    if (a.is_group_mode) {
+        p.seqstart_q = a.seqstart_q_ptr;
+        p.seqstart_k = a.seqstart_k_ptr;
+    }
+    p.batch = a.batch;
+    p.nhead_q = a.nhead_q;
+    p.nhead_k = a.nhead_k;
+    p.hdim_q = a.hdim_q;
+    p.hdim_v = a.hdim_v;
+    p.seqlen_q = a.is_group_mode ? 0 : a.seqlen_q;
+    p.seqlen_k = a.is_group_mode ? 0 : a.seqlen_k;
+    p.max_seqlen_q = a.is_group_mode ? a.max_seqlen_q : a.seqlen_q;
+    p.total_q = a.is_group_mode && a.seqlen_q > 0 ? a.seqlen_q : 0;
+    p.total_k = a.is_group_mode && a.seqlen_k > 0 ? a.seqlen_k : 0;
+    p.scale = scale;
+    p.scale_log2 = scale * 1.4426950408889634f;
+    p.mask_type = a.mask_type;
+    p.window_left = clamp_window(a.window_size_left);
+    p.window_right = clamp_window(a.window_size_right);
+}
+
 // Bytes per element of q, k, v (and, in the backward, of every tensor but the LSE) of a dtype; o is always 16-bit.
 inline int input_bytes(int dtype) { return is_fp8(dtype) ? 1 : 2; }
 constexpr int kOutputBytes = 2;

@@ -90,35 +90,12 @@ BwdParams to_params(const mhakit_bwd_args& a) {
     p.dq = a.dq_ptr, p.dk = a.dk_ptr, p.dv = a.dv_ptr;
     p.workspace = a.workspace_ptr;
     p.workspace_bytes = a.workspace_ptr ? a.workspace_bytes : 0;
-    p.q_row_stride = a.stride_q, p.q_head_stride = a.nhead_stride_q, p.q_batch_stride = a.batch_stride_q;
-    p.k_row_stride = a.stride_k, p.k_head_stride = a.nhead_stride_k, p.k_batch_stride = a.batch_stride_k;
-    p.v_row_stride = a.stride_v, p.v_head_stride = a.nhead_stride_v, p.v_batch_stride = a.batch_stride_v;
-    p.o_row_stride = a.stride_o, p.o_head_stride = a.nhead_stride_o, p.o_batch_stride = a.batch_stride_o;
+    set_shared_params(p, a, a.scale);
     p.do_row_stride = a.stride_do, p.do_head_stride = a.nhead_stride_do, p.do_batch_stride = a.batch_stride_do;
     p.dq_row_stride = a.stride_dq, p.dq_head_stride = a.nhead_stride_dq, p.dq_batch_stride = a.batch_stride_dq;
     p.dk_row_stride = a.stride_dk, p.dk_head_stride = a.nhead_stride_dk, p.dk_batch_stride = a.batch_stride_dk;
     p.dv_row_stride = a.stride_dv, p.dv_head_stride = a.nhead_stride_dv, p.dv_batch_stride = a.batch_stride_dv;
-    p.lse_head_stride = a.nhead_stride_lse, p.lse_batch_stride = a.batch_stride_lse;
-    if (a.is_group_mode) {
-        p.seqstart_q = a.seqstart_q_ptr;
-        p.seqstart_k = a.seqstart_k_ptr;
-    }
-    p.batch = a.batch;
-    p.nhead_q = a.nhead_q;
-    p.nhead_k = a.nhead_k;
-    p.hdim_q = a.hdim_q;
-    p.hdim_v = a.hdim_v;
-    p.seqlen_q = a.is_group_mode ? 0 : a.seqlen_q;
-    p.seqlen_k = a.is_group_mode ? 0 : a.seqlen_k;
-    p.max_seqlen_q = a.is_group_mode ? a.max_seqlen_q : a.seqlen_q;
     p.max_seqlen_k = a.is_group_mode ? a.max_seqlen_k : a.seqlen_k;
-    p.total_q = a.is_group_mode && a.seqlen_q > 0 ? a.seqlen_q : 0;
-    p.total_k = a.is_group_mode && a.seqlen_k > 0 ? a.seqlen_k : 0;
-    p.scale = a.scale;
-    p.scale_log2 = a.scale * 1.4426950408889634f;
-    p.mask_type = a.mask_type;
-    p.window_left = clamp_window(a.window_size_left);
-    p.window_right = clamp_window(a.window_size_right);
     p.deterministic = a.deterministic != 0;
     p.mods = score_mods_of(a, a.scale);
     p.dbias = a.bias_type == MHAKIT_BIAS_ELEMENTWISE ? a.dbias_ptr : nullptr;

@@ -94,30 +94,7 @@ FwdParams to_params(const mhakit_fwd_args& a) {
     p.v = a.v_ptr;
     p.o = a.o_ptr;
     p.lse = a.has_lse ? static_cast<float*>(a.lse_ptr) : nullptr;
-    p.q_row_stride = a.stride_q, p.q_head_stride = a.nhead_stride_q, p.q_batch_stride = a.batch_stride_q;
-    p.k_row_stride = a.stride_k, p.k_head_stride = a.nhead_stride_k, p.k_batch_stride = a.batch_stride_k;
-    p.v_row_stride = a.stride_v, p.v_head_stride = a.nhead_stride_v, p.v_batch_stride = a.batch_stride_v;
-    p.o_row_stride = a.stride_o, p.o_head_stride = a.nhead_stride_o, p.o_batch_stride = a.batch_stride_o;
-    p.lse_head_stride = a.nhead_stride_lse, p.lse_batch_stride = a.batch_stride_lse;
-    if (a.is_group_mode) {
-        p.seqstart_q = a.seqstart_q_ptr;
-        p.seqstart_k = a.seqstart_k_ptr;
-    }
-    p.batch = a.batch;
-    p.nhead_q = a.nhead_q;
-    p.nhead_k = a.nhead_k;
-    p.hdim_q = a.hdim_q;
-    p.hdim_v = a.hdim_v;
-    p.seqlen_q = a.is_group_mode ? 0 : a.seqlen_q;
-    p.seqlen_k = a.is_group_mode ? 0 : a.seqlen_k;
-    p.max_seqlen_q = a.is_group_mode ? a.max_seqlen_q : a.seqlen_q;
-    p.total_q = a.is_group_mode && a.seqlen_q > 0 ? a.seqlen_q : 0;
-    p.total_k = a.is_group_mode && a.seqlen_k > 0 ? a.seqlen_k : 0;
-    p.scale = a.scale_s;
-    p.scale_log2 = a.scale_s * 1.4426950408889634f;
-    p.mask_type = a.mask_type;
-    p.window_left = clamp_window(a.window_size_left);
-    p.window_right = clamp_window(a.window_size_right);
+    set_shared_params(p, a, a.scale_s);
     p.mods = score_mods_of(a, a.scale_s);
     if (p.mods.dropout.on && a.randval_ptr != nullptr) {
         p.mods.dropout.randval = static_cast<uint8_t*>(a.randval_ptr);
