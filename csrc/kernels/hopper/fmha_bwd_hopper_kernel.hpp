@@ -3,8 +3,10 @@
 //   * warpgroup 0, warp 0: TMA producer. K and V of the block once; then, for every query head of the kv group and
 //     every query tile that sees the block, Q (+ its LSE·log2e row) and dO (+ its D row) through two 2-stage
 //     mbarrier pipelines (tiles via TMA, the fp32 rows via 1-D bulk copies on the same barriers);
-//   * warpgroup 0, warp 1: dQ writer. Each consumer warpgroup leaves its fp32 dQ tile in shared memory; this warp
-//     adds it into the workspace accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32) per tile;
+//   * warpgroup 0, warp 1: dQ writer (key split). Each consumer warpgroup leaves its fp32 dQ tile in shared memory;
+//     this warp adds it into the workspace accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32) per
+//     tile. Query split, deterministic mode: the turn keeper (dq_turn_keeper), which waits for each dQ tile's turn
+//     and passes it on, so that the consumers, who add their dQ themselves, never wait on a turn's round trips;
 //   * warpgroups 1 and 2: consumers (tensor-core math, 240 registers each).
 //
 // Per query tile (BM query rows against BN keys) the consumers compute, all products on wgmma:
@@ -34,7 +36,8 @@
 // Deterministic mode (params.deterministic, a run-time choice): dK and dV are deterministic anyway (one CTA writes
 // each); each dQ tile is added to by the key blocks whose query range holds it, one run [lo, hi] of key blocks, in
 // the fixed order hi, hi - 1, .., lo: key block n waits until the tile's turn counter (workspace) reads hi - n, adds,
-// waits for its adds to complete and passes the turn on. Waiting only ever goes to higher key blocks; the grid runs
+// waits for its adds to complete and passes the turn on (the dQ writer warp, or at the query split the turn keeper
+// warp, for the consumers' adds). Waiting only ever goes to higher key blocks; the grid runs
 // the key blocks in reverse in this mode, so those were dispatched earlier and are running or done (no deadlock),
 // and under a causal or window mask the higher key blocks, which start at later query tiles, also reach a tile
 // first, so the turns cost little waiting.
@@ -244,6 +247,10 @@ struct HopperBwdKernelBody {
     static constexpr uint32_t kBarDS = 0;       // 256 consumers: dSᵀ (and Pᵀ) of both warpgroups in smem
     static constexpr uint32_t kBarDqFull = 1;   // + wg: 128 consumers arrive, writer warp syncs
     static constexpr uint32_t kBarDqEmpty = 3;  // + wg: writer warp arrives, 128 consumers sync
+    // Query split, deterministic mode (dq_turn_keeper): 256 consumers + the keeper warp on each
+    static constexpr uint32_t kBarDqTurn = 1;   // keeper arrives (the tile's turn has come), consumers sync
+    static constexpr uint32_t kBarDqAdded = 2;  // consumers arrive (their adds are issued), keeper syncs
+    static_assert(kDqViaSmem || (kBarDqTurn != kBarDS && kBarDqAdded != kBarDS));
 
     struct Params : BwdModParams<kMods> {  // kMods: the call's modifiers and dbias first; plain: nothing
         TmaQ tma_q;
@@ -335,7 +342,11 @@ struct HopperBwdKernelBody {
             if (warp_in_wg == 0) {
                 producer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters);
             } else if (warp_in_wg == 1) {
-                if constexpr (kDqViaSmem) dq_writer(params, st, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                if constexpr (kDqViaSmem) {
+                    dq_writer(params, st, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                } else {
+                    if (params.deterministic) dq_turn_keeper(params, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                }
             } else if (warp_in_wg == 2) {
                 if constexpr (kBiasStages > 0) bias_loader(params, st, seq, n_block, hk, b, range.begin, n_m, n_iters);
             }
@@ -526,6 +537,39 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
+    // Query split, deterministic mode: the dQ adds stay with the consumers (16-byte fp32 reductions straight from
+    // their registers: no shared memory is left for a dQ tile), the turns go to this warp (warp 1 of the producer
+    // warpgroup), so that no consumer thread waits for a turn to come round or for its adds to complete. Per tile:
+    // wait for this key block's turn (acquire), let the consumers add (kBarDqTurn), wait until every consumer has
+    // issued its adds (kBarDqAdded), then pass the turn on (turn_pass: a release at gpu scope, whose fence waits
+    // until the adds that the barrier ordered before it are performed: the consumers' reductions, as in the
+    // bar.sync + one thread's release pattern of cooperative groups' grid sync). The consumers meanwhile compute the
+    // next tile; they wait only when its turn has not come by the time its dQ is ready.
+    CUTLASS_DEVICE void dq_turn_keeper(Params const& params, Geometry const& geom, int n_block, int hk, int b,
+                                       int m_begin, int n_m, int n_iters) {
+        using cutlass::arch::NamedBarrier;
+        const bool leader = cute::elect_one_sync();
+        DqTurns turns(geom, n_block);
+        int h_in = 0;
+        int m = m_begin;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int it = 0; it < n_iters; ++it) {
+            int32_t* counter = turn_counter(params, b, hk * params.group + h_in, m);
+            if (leader) bwd::turn_wait(counter, turns.turn(m));
+            __syncwarp();
+            NamedBarrier::arrive(NumMmaThreads + 32, kBarDqTurn);
+            NamedBarrier::sync(NumMmaThreads + 32, kBarDqAdded);
+            if (leader) bwd::turn_pass(counter);
+            __syncwarp();
+            if (++m == m_begin + n_m) {
+                m = m_begin;
+                ++h_in;
+                turns.restart();
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
                                  Sequence const& seq, int n_block, int hk, int b, int m_begin, int n_m, int n_iters,
                                  int wg) {
@@ -612,7 +656,6 @@ struct HopperBwdKernelBody {
         int h_in = 0;
         int m = m_begin;
         int ds_stage = 0;
-        DqTurns turns(geom, n_block);  // deterministic, query split: thread 0 keeps the turns
 
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
@@ -815,20 +858,14 @@ struct HopperBwdKernelBody {
                     float* tile = params.dq_acc +
                                   ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
                     float* dst = tile + (wg * kDqFrag * 128 + t * 4);
-                    if (params.deterministic) {  // both warpgroups add in this key block's turn
-                        if (tid == 0) bwd::turn_wait(turn_counter(params, b, h, m), turns.turn(m));
-                        NamedBarrier::sync(NumMmaThreads, kBarDS);
-                    }
+                    // deterministic: add in this key block's turn, which the keeper warp waits for and passes on
+                    if (params.deterministic) NamedBarrier::sync(NumMmaThreads + 32, kBarDqTurn);
                     CUTLASS_PRAGMA_UNROLL
                     for (int v = 0; v < kDqFrag / 4; ++v) {
                         bwd::red_add_f32x4(dst + v * 512, make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1),
                                                                       acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
                     }
-                    if (params.deterministic) {
-                        __threadfence();
-                        NamedBarrier::sync(NumMmaThreads, kBarDS);
-                        if (tid == 0) bwd::turn_pass(turn_counter(params, b, h, m));
-                    }
+                    if (params.deterministic) NamedBarrier::arrive(NumMmaThreads + 32, kBarDqAdded);
                 }
             }
 
@@ -844,7 +881,6 @@ struct HopperBwdKernelBody {
             if (++m == m_begin + n_m) {
                 m = m_begin;
                 ++h_in;
-                turns.restart();
             }
         }
 
