@@ -272,6 +272,9 @@ struct HopperBwdKernelBody {
         int m_tiles;
         int32_t* dq_turn;    // workspace: turn counters [b][hq][m_tiles] (deterministic mode)
         bool deterministic;  // dQ tiles added in a fixed order of key blocks
+        int det_group;       // deterministic query split: (kv head, batch) pairs interleaved per group of the 1-D
+                             // grid (Scheduler::work_interleaved); 0: the 3-D grid
+        int key_blocks;      // the grid's key blocks per (kv head, batch)
         Element* dk;
         int64_t dk_row, dk_head, dk_batch;
         Element* dv;
@@ -291,7 +294,9 @@ struct HopperBwdKernelBody {
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
-        const auto work = Scheduler::work(/*reverse=*/params.deterministic);
+        const auto work = params.det_group > 0
+                              ? Scheduler::work_interleaved(params.key_blocks, params.nhead_k, params.det_group)
+                              : Scheduler::work(/*reverse=*/params.deterministic);
         const int n_block = work.block, hk = work.head, b = work.batch;
         const Sequence seq = sequence(params, b);
         if (n_block * kBlockN >= seq.sk) return;  // group mode: past this sequence's last key (the whole CTA)
@@ -595,10 +600,11 @@ struct HopperBwdKernelBody {
         // (at the edge of 240 registers) into spilling every tile (d128: 28 STL + 37 LDL per tile, a 168-byte stack;
         // before the deterministic mode, and with this: 17 LDL, no STL, 136 bytes). Masked instances hold it: there
         // the re-read turns the per-element mask into branches (+105 instructions per tile) and saves little (d128
-        // causal: 4 LDL + 4 STL per tile held, 7 + 1 re-read).
+        // causal: 4 LDL + 4 STL per tile held, 7 + 1 re-read). The query split holds it too: its consumers have
+        // registers to spare (no stack either way), and its deterministic grid may be the 1-D interleaved one.
         const int n0_held = n_block * kBlockN;
         const auto key0 = [&params, n0_held] {
-            if constexpr (kMasked) {
+            if constexpr (kMasked || !kKeySplit) {
                 return n0_held;
             } else {
                 return Scheduler::block_now(/*reverse=*/params.deterministic) * kBlockN;
