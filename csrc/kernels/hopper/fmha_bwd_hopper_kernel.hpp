@@ -40,7 +40,11 @@
 // warp, for the consumers' adds). Waiting only ever goes to higher key blocks; the grid runs
 // the key blocks in reverse in this mode, so those were dispatched earlier and are running or done (no deadlock),
 // and under a causal or window mask the higher key blocks, which start at later query tiles, also reach a tile
-// first, so the turns cost little waiting.
+// first, so the turns cost little waiting. Without a mask every key block reaches a tile together with the block
+// above it, so a chain of CTAs that start side by side waits a link per CTA: the query split's deterministic grid
+// is 1-D and interleaves a few (kv head, batch) pairs' reversed key blocks (Scheduler::work_interleaved, the
+// group from fmha_bwd_hopper.cuh's det_group), so that CTAs which start together as others finish mostly belong to
+// different pairs.
 // Group mode (kGroup): the TMA descriptors see the packed tensors as one batch of total rows; a CTA offsets its
 // tiles by its sequence's first rows (seqstart), makes the sequence's mask coordinate itself, and returns at once
 // when its key block lies past the sequence's keys (the grid is sized by max_seqlen_k). Query tiles that run past
