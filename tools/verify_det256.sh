@@ -10,17 +10,18 @@
 #   keeper  this tree with the interleaved grid switched off (det_group() returns 0: the reversed 3-D grid), to
 #           tell the two changes apart; built from a copy under build/det256/keeper-src.
 # One forward library (this tree's; the forward is unchanged) serves all three (O and LSE for bench_bwd.py), with
-# benchmark_mha_fwd / _bwd next to the branch's library for the host-validated runs.
+# benchmark_mha_fwd / _bwd next to the branch's library for the host-validated runs. The branch's library also has
+# the bf16 (192, 128) batch instances (the other query split, whose deterministic mode changed too: 2 runs).
 #
 # Steps (each under `timeout`; a failing step does not stop the later ones), about 150-200 s of building on 16 cores
-# (8 Hopper instances and the two benchmarks) and about 4 min of running, under 480 s in all:
+# (12 Hopper instances and the two benchmarks) and about 4 min of running, under 480 s in all:
 #   1. build (in parallel: the forward, the three backward libraries; then the branch's benchmark_mha_bwd);
 #   2. correctness on the branch: benchmark_mha_bwd -v=1 -kname=1 -deterministic=1 at d256 bf16 (causal top-left and
 #      bottom-right, window, GQA 8/2, MQA, s_q 1000 / s_k 777, s_q != s_k; each run is validated against the host
 #      reference and rerun once, bitwise), plus a non-deterministic one; the bench shapes' gradients from 3
 #      deterministic runs compared bitwise (torch, 4 shapes, GQA among them, thousands of CTAs waiting on each
-#      other's turns), each also against the non-deterministic gradients; tests/test_gpu_bwd.py's d256 bf16
-#      determinism case (needs CuPy, else skipped); compute-sanitizer memcheck on 2 deterministic cases, at once;
+#      other's turns), each also against the non-deterministic gradients; tests/test_gpu_bwd.py's d256 bf16 and
+#      176 x 120 deterministic cases against the NumPy reference, 3 runs bitwise (needs CuPy, else skipped); compute-sanitizer memcheck on 2 deterministic cases, at once;
 #   3. A/B: bench/bench_bwd.py --hdims 256 --dtype bf16 (16k tokens, hidden 2048: s = 1k / 4k / 16k, causal and not):
 #      base and branch non-deterministic (cuDNN beside the base run), base, branch and keeper deterministic.
 # Logs under $OUT; $OUT/summary.txt starts with the key lines and the table.
@@ -44,9 +45,12 @@ export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 
-# (overridable for a dry run of the script on a machine without a GPU, e.g. one instance each with JOBS=1)
+# (overridable for a dry run of the script on a machine without a GPU, e.g. one instance each, BRANCH_EXTRA= and
+# JOBS=1)
 BWD_FILTER=${BWD_FILTER:-'bwd_d256_bf16_batch_mask_sm90a_hopper_b64x64,bwd_d256_bf16_batch_nmask_sm90a_hopper_b64x64'}
-FWD_FILTER=${FWD_FILTER:-'fwd_d256_bf16_batch_mask_sm90a_hopper_*,fwd_d256_bf16_batch_nmask_sm90a_hopper_*'}
+FWD_FILTER=${FWD_FILTER:-'fwd_d256_bf16_batch_mask_sm90a_hopper_*,fwd_d256_bf16_batch_nmask_sm90a_hopper_*,fwd_d192x128_bf16_batch_mask_sm90a_hopper_*,fwd_d192x128_bf16_batch_nmask_sm90a_hopper_*'}
+# the branch's library also holds the (192, 128) instances: the other query split, whose deterministic mode changed too
+BRANCH_EXTRA=${BRANCH_EXTRA-'bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x64,bwd_d192x128_bf16_batch_nmask_sm90a_hopper_b64x64'}
 
 # ---- 1. build ------------------------------------------------------------------------------------------------
 # The keeper variant: this tree with det_group() returning 0 (the line below must be found, or the step says so).
@@ -70,7 +74,7 @@ build() {  # name, tree, lib dir, api, filter, build dir, [--benchmark]
     echo "build $name: rc=$? in $(elapsed "$t0"): $(tail -1 "$OUT/build_$name.log")" >"$OUT/build_$name.status"
 }
 build fwd "$repo" "$lib" fwd "$FWD_FILTER" "$work/obj-fwd" --benchmark &
-build bwd "$repo" "$lib" bwd "$BWD_FILTER" "$work/obj-bwd" &
+build bwd "$repo" "$lib" bwd "$BWD_FILTER${BRANCH_EXTRA:+,$BRANCH_EXTRA}" "$work/obj-bwd" &
 build keeper "$ksrc" "$klib" bwd "$BWD_FILTER" "$work/obj-keeper" &
 if [ -n "$BASE" ] && [ -f "$BASE/compile.py" ]; then
     mkdir -p "$blib"
@@ -80,7 +84,7 @@ else
 fi
 wait
 # benchmark_mha_bwd links the forward library of its directory: once the forward is there
-build bwd_bench "$repo" "$lib" bwd "$BWD_FILTER" "$work/obj-bwd" --benchmark
+build bwd_bench "$repo" "$lib" bwd "$BWD_FILTER${BRANCH_EXTRA:+,$BRANCH_EXTRA}" "$work/obj-bwd" --benchmark
 for s in fwd bwd keeper base bwd_bench; do [ -f "$OUT/build_$s.status" ] && note "$(cat "$OUT/build_$s.status")"; done
 note "built in $(elapsed "$start")"
 
@@ -97,6 +101,8 @@ cases=(
     "-b=1 -h=2 -s=1000 -s_k=777 -mask=b"            # odd lengths, bottom-right
     "-b=1 -h=2 -s=333 -s_k=1100 -mask=b:200,0"      # s_q < s_k, window from the bottom right
     "-b=2 -h=4 -h_k=2 -s=777 -s_k=900 -mask=0 -iperm=0 -operm=0"  # b*s*h*d layouts, GQA
+    "-d=192 -d_v=128 -b=2 -h=8 -h_k=2 -s=700 -s_k=513 -mask=0"  # the (192, 128) query split, GQA
+    "-d=192 -d_v=128 -b=1 -h=4 -s=640 -mask=t"                  # the (192, 128) query split, causal
 )
 : >"$OUT/valid.log"
 nvalid=0
@@ -106,14 +112,16 @@ for c in "${cases[@]}" "-b=2 -h=4 -h_k=2 -s=777 -s_k=900 -mask=t -deterministic=
     det="-deterministic=1"
     case "$c" in *deterministic=0*) det="" ;; esac
     ncase=$((ncase + 1))
-    timeout 120 "$bench" -prec=bf16 -d=256 $c $det -v=1 -kname=1 -warmup=1 -repeat=2 >"$OUT/case.out" 2>&1
+    d="-d=256"
+    case "$c" in *-d=*) d="" ;; esac
+    timeout 120 "$bench" -prec=bf16 $d $c $det -v=1 -kname=1 -warmup=1 -repeat=2 >"$OUT/case.out" 2>&1
     rc=$?
     grep -q 'valid:y' "$OUT/case.out" && nvalid=$((nvalid + 1))
-    grep -q 'mha_bwd -> bwd_d256_bf16_batch_n*mask_sm90a_hopper_b64x64' "$OUT/case.out" && nhopper=$((nhopper + 1))
+    grep -q 'mha_bwd -> bwd_d[0-9x]*_bf16_batch_n*mask_sm90a_hopper_b64x64' "$OUT/case.out" && nhopper=$((nhopper + 1))
     { echo "[$c $det] rc=$rc"; cat "$OUT/case.out"; } >>"$OUT/valid.log"
 done
 rm -f "$OUT/case.out"
-note "host-validated d256 bf16 runs (deterministic but the last; each deterministic one rerun and compared bitwise): $nvalid of $ncase valid:y, $nhopper of $ncase on bwd_d256_bf16_batch_(n)mask_sm90a_hopper_b64x64; $OUT/valid.log"
+note "host-validated bf16 runs, d256 and two (192, 128) (deterministic but the last; each deterministic one rerun and compared bitwise): $nvalid of $ncase valid:y, $nhopper of $ncase on a bwd_*_bf16_batch_(n)mask_sm90a_hopper_b64x64 instance; $OUT/valid.log"
 
 timeout 240 python3 - "$lib" >"$OUT/bitwise.log" 2>&1 <<'PY'
 # The bench's shapes (bf16, d256, hidden 2048), 3 deterministic backward runs each on freshly poisoned gradients and
@@ -179,8 +187,8 @@ PY
 note "3-run bitwise check of the bench shapes: rc=$? $(tail -1 "$OUT/bitwise.log")"
 
 MHAKIT_TEST_LIB_DIR=$lib timeout 180 python3 -m pytest -q -x tests/test_gpu_bwd.py \
-    -k "deterministic_hopper and bf16 and 256" >"$OUT/pytest_det.log" 2>&1
-note "tests/test_gpu_bwd.py deterministic d256 bf16: rc=$? $(tail -1 "$OUT/pytest_det.log")"
+    -k "(deterministic_hopper and bf16 and 256) or (unequal_head_dims_on_hopper and 176)" >"$OUT/pytest_det.log" 2>&1
+note "tests/test_gpu_bwd.py deterministic d256 bf16 and 176 x 120 (on 192 x 128): rc=$? $(tail -1 "$OUT/pytest_det.log")"
 
 mcases=("-b=1 -h=4 -h_k=2 -s=333 -s_k=517 -mask=b" "-b=2 -h=2 -s=200 -s_k=130 -mask=0")
 for i in 0 1; do  # both at once (nothing is timed here)
