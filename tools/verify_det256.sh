@@ -123,6 +123,12 @@ done
 rm -f "$OUT/case.out"
 note "host-validated bf16 runs, d256 and two (192, 128) (deterministic but the last; each deterministic one rerun and compared bitwise): $nvalid of $ncase valid:y, $nhopper of $ncase on a bwd_*_bf16_batch_(n)mask_sm90a_hopper_b64x64 instance; $OUT/valid.log"
 
+mcases=("-b=1 -h=4 -h_k=2 -s=333 -s_k=517 -mask=b" "-b=2 -h=2 -s=200 -s_k=130 -mask=0")
+for i in 0 1; do  # both at once, beside the two checks below (nothing is timed here)
+    (timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$bench" -prec=bf16 -d=256 ${mcases[$i]} \
+        -deterministic=1 -v=1 -kname=1 -warmup=0 -repeat=1 >"$OUT/memcheck_$i.log" 2>&1
+     echo "rc=$?" >>"$OUT/memcheck_$i.log") &
+done
 timeout 240 python3 - "$lib" >"$OUT/bitwise.log" 2>&1 <<'PY'
 # The bench's shapes (bf16, d256, hidden 2048), 3 deterministic backward runs each on freshly poisoned gradients and
 # workspace: dQ, dK, dV must agree bit for bit; and the deterministic dQ must be close to the non-deterministic one.
@@ -190,13 +196,7 @@ MHAKIT_TEST_LIB_DIR=$lib timeout 180 python3 -m pytest -q -x tests/test_gpu_bwd.
     -k "(deterministic_hopper and bf16 and 256) or (unequal_head_dims_on_hopper and 176)" >"$OUT/pytest_det.log" 2>&1
 note "tests/test_gpu_bwd.py deterministic d256 bf16 and 176 x 120 (on 192 x 128): rc=$? $(tail -1 "$OUT/pytest_det.log")"
 
-mcases=("-b=1 -h=4 -h_k=2 -s=333 -s_k=517 -mask=b" "-b=2 -h=2 -s=200 -s_k=130 -mask=0")
-for i in 0 1; do  # both at once (nothing is timed here)
-    (timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$bench" -prec=bf16 -d=256 ${mcases[$i]} \
-        -deterministic=1 -v=1 -kname=1 -warmup=0 -repeat=1 >"$OUT/memcheck_$i.log" 2>&1
-     echo "rc=$?" >>"$OUT/memcheck_$i.log") &
-done
-wait
+wait  # the memcheck runs
 for i in 0 1; do
     note "memcheck [${mcases[$i]} -deterministic=1]: $(tail -1 "$OUT/memcheck_$i.log") $(grep -o 'ERROR SUMMARY: [0-9]* errors*' "$OUT/memcheck_$i.log" | tail -1), $(grep -o 'valid:[yn]' "$OUT/memcheck_$i.log" | tail -1), $(grep -o 'mha_bwd -> [a-z0-9_]*' "$OUT/memcheck_$i.log" | head -1)"
 done
