@@ -148,6 +148,10 @@ MHAKIT_EXPORT float mhakit_mha_bwd(const mhakit_bwd_args* args, const mhakit_str
     if (rc != 0.f) return rc;
     if (float ws = check_workspace(*inst, p, "mhakit_mha_bwd_workspace_size")) return ws;
     if (float dev = check_device_arch(kBwdBuiltArch)) return dev;
+    if (p.deterministic) {  // the Hopper query split orders its CTAs by it (once per device, cached)
+        int smem_per_sm = 0;
+        if (float dev = device_multiprocessors(&p.num_sms, &smem_per_sm)) return dev;
+    }
     if (sc.log_level > 0) std::printf("[mhakit] mha_bwd -> %s\n", inst->name);
     return run_or_time(inst->name, sc, [&](dev::Stream stream) { return inst->run(p, stream); });
 }

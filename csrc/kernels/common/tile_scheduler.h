@@ -8,7 +8,8 @@
 // short. kBatchInY puts the batch on grid.y and the head on grid.z (the Hopper forward's order), else the reverse.
 // work(reverse) chooses the order at run time (the Hopper backward reverses its key blocks in deterministic mode,
 // where a CTA waits only for CTAs of higher key blocks: reversed, those have lower block indices and so were
-// dispatched earlier, which is what keeps the waits free of deadlock).
+// dispatched earlier, which is what keeps the waits free of deadlock). work_interleaved is that reversed order on a
+// 1-D grid with the (head, batch) pairs taken a few at a time and their blocks interleaved (see there).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +32,25 @@ struct SingleTileScheduler {
         w.block = reverse ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
         w.head = kBatchInY ? int(blockIdx.z) : int(blockIdx.y);
         w.batch = kBatchInY ? int(blockIdx.y) : int(blockIdx.z);
+        return w;
+    }
+    // The reversed order on a 1-D grid of blocks x pairs CTAs (pairs: heads x batch, head fastest): the pairs go `group`
+    // at a time (the last group may be smaller), and within a group the CTAs in launch order take block blocks - 1 of
+    // each pair, then block blocks - 2 of each, .. So a pair's blocks still launch in reverse (each one after the
+    // block above it, as work(true) has it), but `group` pairs' chains take turns: where CTAs of one pair would start
+    // side by side as others finish, here CTAs of different pairs do. One division by run-time values per CTA.
+    static dim3 grid_interleaved(int blocks, int heads, int batch) { return dim3(unsigned(blocks) * heads * batch); }
+    __device__ __forceinline__ static Work work_interleaved(int blocks, int heads, int group) {
+        const int pairs = int(gridDim.x) / blocks;
+        const int g = int(blockIdx.x) / (group * blocks);
+        const int first = g * group;
+        const int size = pairs - first < group ? pairs - first : group;
+        const int p = int(blockIdx.x) - first * blocks;
+        const int pair = first + p % size;
+        Work w;
+        w.block = blocks - 1 - p / size;
+        w.head = pair % heads;
+        w.batch = pair / heads;
         return w;
     }
     // work(reverse).block again, for a kernel that would rather recompute it at each use than hold it in a register

@@ -47,6 +47,7 @@
 //        -I$CUDA_HOME/include/cccl (nvcc 13)
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -89,6 +90,20 @@ struct BwdKernel {
     static int tma_batch(const BwdParams& p) { return kGroup ? 1 : p.batch; }
     // Query rows per sequence that the workspace and the light kernels' grids cover.
     static int rows_q(const BwdParams& p) { return kGroup ? p.max_seqlen_q : p.seqlen_q; }
+    // Key blocks per (kv head, batch): the main kernel's CTAs per pair.
+    static int key_blocks(const BwdParams& p) { return ((kGroup ? p.max_seqlen_k : p.seqlen_k) + kBlockN - 1) / kBlockN; }
+    // Deterministic mode at the query split: how many (kv head, batch) pairs interleave their key blocks in the
+    // launch order (Scheduler::work_interleaved; 0: the 3-D grid, as every other call). As many as a wave of CTAs
+    // (one per multiprocessor) holds pairs in the plain reversed order, ceil(SMs / key blocks): the same pairs, so the
+    // same Q, dO and dQ tiles, are in flight, but CTAs that start as others finish belong to different pairs, whose
+    // dQ turns do not wait on each other. The turns' order is that of the key blocks whatever this gives.
+    static int det_group(const BwdParams& p) {
+        if (!p.deterministic || Impl::kKeySplit || p.num_sms < 1) return 0;
+        const int64_t blocks = key_blocks(p);
+        const int64_t pairs = int64_t(p.nhead_k) * p.batch;
+        if (blocks < 1 || blocks * pairs > int64_t(INT32_MAX)) return 0;
+        return int(std::min<int64_t>(pairs, (p.num_sms + blocks - 1) / blocks));
+    }
 
     static bool supports(const BwdParams& p) {
         if (p.batch < 1 || p.batch > 65535 || p.nhead_q > 65535) return false;  // grid
@@ -166,6 +181,8 @@ struct BwdKernel {
         params.m_tiles = int(ws.sq_pad / kBlockM);
         params.dq_turn = reinterpret_cast<int32_t*>(wsb + ws.sem_off);
         params.deterministic = p.deterministic;
+        params.key_blocks = key_blocks(p);
+        params.det_group = det_group(p);
         params.dk = static_cast<Element*>(p.dk);
         params.dk_row = p.dk_row_stride;
         params.dk_head = p.dk_head_stride;
@@ -253,8 +270,9 @@ struct BwdKernel {
         }
 
         const typename Impl::Params params = make_params(p, ws);
-        const int rows_k = kGroup ? p.max_seqlen_k : p.seqlen_k;
-        const dim3 grid = Impl::Scheduler::grid((rows_k + kBlockN - 1) / kBlockN, p.nhead_k, p.batch);
+        const dim3 grid = params.det_group > 0
+                              ? Impl::Scheduler::grid_interleaved(params.key_blocks, p.nhead_k, p.batch)
+                              : Impl::Scheduler::grid(params.key_blocks, p.nhead_k, p.batch);
         cutlass::device_kernel<Impl><<<grid, Impl::MaxThreadsPerBlock, Impl::SharedStorageSize, stream>>>(params);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;

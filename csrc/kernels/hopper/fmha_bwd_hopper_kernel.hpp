@@ -3,8 +3,10 @@
 //   * warpgroup 0, warp 0: TMA producer. K and V of the block once; then, for every query head of the kv group and
 //     every query tile that sees the block, Q (+ its LSE·log2e row) and dO (+ its D row) through two 2-stage
 //     mbarrier pipelines (tiles via TMA, the fp32 rows via 1-D bulk copies on the same barriers);
-//   * warpgroup 0, warp 1: dQ writer. Each consumer warpgroup leaves its fp32 dQ tile in shared memory; this warp
-//     adds it into the workspace accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32) per tile;
+//   * warpgroup 0, warp 1: dQ writer (key split). Each consumer warpgroup leaves its fp32 dQ tile in shared memory;
+//     this warp adds it into the workspace accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32) per
+//     tile. Query split, deterministic mode: the turn keeper (dq_turn_keeper), which waits for each dQ tile's turn
+//     and passes it on, so that the consumers, who add their dQ themselves, never wait on a turn's round trips;
 //   * warpgroups 1 and 2: consumers (tensor-core math, 240 registers each).
 //
 // Per query tile (BM query rows against BN keys) the consumers compute, all products on wgmma:
@@ -34,10 +36,15 @@
 // Deterministic mode (params.deterministic, a run-time choice): dK and dV are deterministic anyway (one CTA writes
 // each); each dQ tile is added to by the key blocks whose query range holds it, one run [lo, hi] of key blocks, in
 // the fixed order hi, hi - 1, .., lo: key block n waits until the tile's turn counter (workspace) reads hi - n, adds,
-// waits for its adds to complete and passes the turn on. Waiting only ever goes to higher key blocks; the grid runs
+// waits for its adds to complete and passes the turn on (the dQ writer warp, or at the query split the turn keeper
+// warp, for the consumers' adds). Waiting only ever goes to higher key blocks; the grid runs
 // the key blocks in reverse in this mode, so those were dispatched earlier and are running or done (no deadlock),
 // and under a causal or window mask the higher key blocks, which start at later query tiles, also reach a tile
-// first, so the turns cost little waiting.
+// first, so the turns cost little waiting. Without a mask every key block reaches a tile together with the block
+// above it, so a chain of CTAs that start side by side waits a link per CTA: the query split's deterministic grid
+// is 1-D and interleaves a few (kv head, batch) pairs' reversed key blocks (Scheduler::work_interleaved, the
+// group from fmha_bwd_hopper.cuh's det_group), so that CTAs which start together as others finish mostly belong to
+// different pairs.
 // Group mode (kGroup): the TMA descriptors see the packed tensors as one batch of total rows; a CTA offsets its
 // tiles by its sequence's first rows (seqstart), makes the sequence's mask coordinate itself, and returns at once
 // when its key block lies past the sequence's keys (the grid is sized by max_seqlen_k). Query tiles that run past
@@ -244,6 +251,10 @@ struct HopperBwdKernelBody {
     static constexpr uint32_t kBarDS = 0;       // 256 consumers: dSᵀ (and Pᵀ) of both warpgroups in smem
     static constexpr uint32_t kBarDqFull = 1;   // + wg: 128 consumers arrive, writer warp syncs
     static constexpr uint32_t kBarDqEmpty = 3;  // + wg: writer warp arrives, 128 consumers sync
+    // Query split, deterministic mode (dq_turn_keeper): 256 consumers + the keeper warp on each
+    static constexpr uint32_t kBarDqTurn = 1;   // keeper arrives (the tile's turn has come), consumers sync
+    static constexpr uint32_t kBarDqAdded = 2;  // consumers arrive (their adds are issued), keeper syncs
+    static_assert(kDqViaSmem || (kBarDqTurn != kBarDS && kBarDqAdded != kBarDS));
 
     struct Params : BwdModParams<kMods> {  // kMods: the call's modifiers and dbias first; plain: nothing
         TmaQ tma_q;
@@ -265,6 +276,9 @@ struct HopperBwdKernelBody {
         int m_tiles;
         int32_t* dq_turn;    // workspace: turn counters [b][hq][m_tiles] (deterministic mode)
         bool deterministic;  // dQ tiles added in a fixed order of key blocks
+        int det_group;       // deterministic query split: (kv head, batch) pairs interleaved per group of the 1-D
+                             // grid (Scheduler::work_interleaved); 0: the 3-D grid
+        int key_blocks;      // the grid's key blocks per (kv head, batch)
         Element* dk;
         int64_t dk_row, dk_head, dk_batch;
         Element* dv;
@@ -284,7 +298,9 @@ struct HopperBwdKernelBody {
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
-        const auto work = Scheduler::work(/*reverse=*/params.deterministic);
+        const auto work = params.det_group > 0
+                              ? Scheduler::work_interleaved(params.key_blocks, params.nhead_k, params.det_group)
+                              : Scheduler::work(/*reverse=*/params.deterministic);
         const int n_block = work.block, hk = work.head, b = work.batch;
         const Sequence seq = sequence(params, b);
         if (n_block * kBlockN >= seq.sk) return;  // group mode: past this sequence's last key (the whole CTA)
@@ -335,7 +351,11 @@ struct HopperBwdKernelBody {
             if (warp_in_wg == 0) {
                 producer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters);
             } else if (warp_in_wg == 1) {
-                if constexpr (kDqViaSmem) dq_writer(params, st, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                if constexpr (kDqViaSmem) {
+                    dq_writer(params, st, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                } else {
+                    if (params.deterministic) dq_turn_keeper(params, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                }
             } else if (warp_in_wg == 2) {
                 if constexpr (kBiasStages > 0) bias_loader(params, st, seq, n_block, hk, b, range.begin, n_m, n_iters);
             }
@@ -526,6 +546,39 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
+    // Query split, deterministic mode: the dQ adds stay with the consumers (16-byte fp32 reductions straight from
+    // their registers: no shared memory is left for a dQ tile), the turns go to this warp (warp 1 of the producer
+    // warpgroup), so that no consumer thread waits for a turn to come round or for its adds to complete. Per tile:
+    // wait for this key block's turn (acquire), let the consumers add (kBarDqTurn), wait until every consumer has
+    // issued its adds (kBarDqAdded), then pass the turn on (turn_pass: a release at gpu scope, whose fence waits
+    // until the adds that the barrier ordered before it are performed: the consumers' reductions, as in the
+    // bar.sync + one thread's release pattern of cooperative groups' grid sync). The consumers meanwhile compute the
+    // next tile; they wait only when its turn has not come by the time its dQ is ready.
+    CUTLASS_DEVICE void dq_turn_keeper(Params const& params, Geometry const& geom, int n_block, int hk, int b,
+                                       int m_begin, int n_m, int n_iters) {
+        using cutlass::arch::NamedBarrier;
+        const bool leader = cute::elect_one_sync();
+        DqTurns turns(geom, n_block);
+        int h_in = 0;
+        int m = m_begin;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int it = 0; it < n_iters; ++it) {
+            int32_t* counter = turn_counter(params, b, hk * params.group + h_in, m);
+            if (leader) bwd::turn_wait(counter, turns.turn(m));
+            __syncwarp();
+            NamedBarrier::arrive(NumMmaThreads + 32, kBarDqTurn);
+            NamedBarrier::sync(NumMmaThreads + 32, kBarDqAdded);
+            if (leader) bwd::turn_pass(counter);
+            __syncwarp();
+            if (++m == m_begin + n_m) {
+                m = m_begin;
+                ++h_in;
+                turns.restart();
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
                                  Sequence const& seq, int n_block, int hk, int b, int m_begin, int n_m, int n_iters,
                                  int wg) {
@@ -551,10 +604,11 @@ struct HopperBwdKernelBody {
         // (at the edge of 240 registers) into spilling every tile (d128: 28 STL + 37 LDL per tile, a 168-byte stack;
         // before the deterministic mode, and with this: 17 LDL, no STL, 136 bytes). Masked instances hold it: there
         // the re-read turns the per-element mask into branches (+105 instructions per tile) and saves little (d128
-        // causal: 4 LDL + 4 STL per tile held, 7 + 1 re-read).
+        // causal: 4 LDL + 4 STL per tile held, 7 + 1 re-read). The query split holds it too: its consumers have
+        // registers to spare (no stack either way), and its deterministic grid may be the 1-D interleaved one.
         const int n0_held = n_block * kBlockN;
         const auto key0 = [&params, n0_held] {
-            if constexpr (kMasked) {
+            if constexpr (kMasked || !kKeySplit) {
                 return n0_held;
             } else {
                 return Scheduler::block_now(/*reverse=*/params.deterministic) * kBlockN;
@@ -612,7 +666,6 @@ struct HopperBwdKernelBody {
         int h_in = 0;
         int m = m_begin;
         int ds_stage = 0;
-        DqTurns turns(geom, n_block);  // deterministic, query split: thread 0 keeps the turns
 
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
@@ -815,20 +868,14 @@ struct HopperBwdKernelBody {
                     float* tile = params.dq_acc +
                                   ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
                     float* dst = tile + (wg * kDqFrag * 128 + t * 4);
-                    if (params.deterministic) {  // both warpgroups add in this key block's turn
-                        if (tid == 0) bwd::turn_wait(turn_counter(params, b, h, m), turns.turn(m));
-                        NamedBarrier::sync(NumMmaThreads, kBarDS);
-                    }
+                    // deterministic: add in this key block's turn, which the keeper warp waits for and passes on
+                    if (params.deterministic) NamedBarrier::sync(NumMmaThreads + 32, kBarDqTurn);
                     CUTLASS_PRAGMA_UNROLL
                     for (int v = 0; v < kDqFrag / 4; ++v) {
                         bwd::red_add_f32x4(dst + v * 512, make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1),
                                                                       acc_dQ(4 * v + 2), acc_dQ(4 * v + 3)));
                     }
-                    if (params.deterministic) {
-                        __threadfence();
-                        NamedBarrier::sync(NumMmaThreads, kBarDS);
-                        if (tid == 0) bwd::turn_pass(turn_counter(params, b, h, m));
-                    }
+                    if (params.deterministic) NamedBarrier::arrive(NumMmaThreads + 32, kBarDqAdded);
                 }
             }
 
@@ -844,7 +891,6 @@ struct HopperBwdKernelBody {
             if (++m == m_begin + n_m) {
                 m = m_begin;
                 ++h_in;
-                turns.restart();
             }
         }
 
