@@ -17,17 +17,21 @@
 # Steps (each under `timeout`; a failing step does not stop the later ones; logs under $OUT, summary.txt first):
 #   1. build: base and head in parallel (-j 8 each), then s2 / s4 / w8s2 one after another (each compiles only its
 #      candidate, ~25 s of a core; the other nine instances' objects are head's). Expected ~90-120 s.
-#   2. correctness, all at once (~90 s): the full decode smoke grid on head (-j 6); the bf16 grid (-q) on each
-#      candidate (-j 3; pages 0 and 256 reach the candidate, 1 and 16 the decode family); eight host-validated
-#      d128 bf16 runs per library (-v=1 -kname=1: each must say valid:y and name the instance) covering paged 128 /
-#      256, ragged lengths incl. 0, appended rows, cache_batch_idx, GQA 1 / 4 / 8, causal, window, s_q 1 / 4 / 16,
-#      the key split of 32 rows, the row split of 64 and 128 rows, b=64; compute-sanitizer memcheck on each
-#      candidate: a paged split with appended rows and a big-batch case.
+#   2. correctness, all at once (~100 s): the full decode smoke grid on head (-j 6; its kernels are main's); the
+#      bf16 grid (-q) on each candidate (-j 3; pages 0 and 256 reach the candidate, 1 and 16 the decode family);
+#      eight host-validated d128 bf16 runs per candidate (-v=1 -kname=1: each must say valid:y and name the
+#      candidate) covering paged 128 / 256, ragged lengths incl. 0, appended rows, cache_batch_idx, GQA 1 / 4 / 8,
+#      causal, window, s_q 1 / 4 / 16, the key split of 32 rows, the row split of 64 and 128 rows, b=64;
+#      compute-sanitizer memcheck on each candidate: a paged split with appended rows and a big-batch case.
 #   3. timing (~150 s), one library at a time: bench/bench_decode.py --sq 1,4,16 --lib <library> (issue 10's rows):
 #      head with cuDNN and FA2 and 64-token pages (--show-kernel); base, s2, s4, w8s2 with cuDNN (its output is the
 #      check, its time the run-to-run reference); s2 and s4 paged (64) too; w8s2 contiguous only (64-token pages
 #      go to the decode family with 128-key blocks).
-#   4. table.md: TB/s per row and library, each library over the better peer of head's run.
+#   4. while time is left (the script stops starting steps at ~470 s): an s_k sweep (2k .. 64k) of b=1 and b=16
+#      32/8 at s_q = 1 on base and each candidate with cuDNN (~15 s each), and ncu kernel times of base (split
+#      kernel and combine apart, DRAM throughput) on three rows when ncu is installed.
+#   5. table.md: TB/s per row and library, each library over the better peer of head's run; the sweep's fit of
+#      time per call to T0 + bytes / BW for each library and cuDNN (fixed cost vs streaming rate).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -102,22 +106,22 @@ checks() {  # variant
 memcheck() {  # log, variant, arguments
     local log=$1 name=$2
     shift 2
-    with_lib "$name" timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$exe" -prec=bf16 -d=128 \
+    with_lib "$name" timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 "$exe" -prec=bf16 -d=128 \
         -v=1 -warmup=0 -repeat=1 -kname=1 "$@" >"$out/$log" 2>&1
     echo "rc=$?" >>"$out/$log"
 }
 if [ -x "$exe" ]; then
-    (BENCH=$exe MHA_TIMEOUT=200 timeout 280 bash smoke_tests/smoke_test_decode.sh -k -j 6 >"$out/smoke_head.log" 2>&1
+    (BENCH=$exe MHA_TIMEOUT=200 timeout 200 bash smoke_tests/smoke_test_decode.sh -k -j 6 >"$out/smoke_head.log" 2>&1
      echo "rc=$?" >>"$out/smoke_head.log") &
     for c in "${cands[@]}"; do
         [ -f "$(lib_of "$c")" ] || continue
-        (BENCH=$exe MHA_TIMEOUT=200 with_lib "$c" timeout 280 bash smoke_tests/smoke_test_decode.sh -q -k -j 3 \
+        (BENCH=$exe MHA_TIMEOUT=200 with_lib "$c" timeout 160 bash smoke_tests/smoke_test_decode.sh -q -k -j 3 \
             >"$out/smoke_$c.log" 2>&1; echo "rc=$?" >>"$out/smoke_$c.log") &
         memcheck "memcheck_paged_$c.log" "$c" -b=2 -h=32 -h_k=8 -s=4 -s_k=3000,777 -page_block_size=256 \
             -num_splits=5 -mask=b -s_knew=2 -lse=1 &
         memcheck "memcheck_batch_$c.log" "$c" -b=32 -h=32 -h_k=8 -s=1 -s_k=2048 -num_splits=0 -lse=1 &
     done
-    for v in head "${cands[@]}"; do
+    for v in "${cands[@]}"; do
         [ -f "$(lib_of "$v")" ] || continue
         checks "$v" >"$out/checks_$v.log" &
     done
@@ -126,7 +130,7 @@ if [ -x "$exe" ]; then
         f=$out/smoke_$v.log
         [ -f "$f" ] && note "smoke $v: $(grep -o 'smoke_test_decode: [0-9]* passed, [0-9]* failed' "$f") $(tail -1 "$f"); instances: $(grep -o 'splitkv_[a-z0-9_]*' "$f" | sort | uniq -c | sort -rn | awk '{printf "%s %s; ", $1, $2}')"
     done
-    for v in head "${cands[@]}"; do
+    for v in "${cands[@]}"; do
         f=$out/checks_$v.log
         [ -f "$f" ] && note "checks $v: $(grep -c 'valid:y' "$f") of ${#runs[@]} valid:y, $(grep -c 'valid:n' "$f") valid:n, rc $(grep -o 'rc=[0-9]*' "$f" | sort | uniq -c | tr -s ' \n' ' '); instances: $(grep -o 'splitkv_[a-z0-9_]*' "$f" | sort | uniq -c | awk '{printf "%s %s; ", $1, $2}')"
     done
@@ -157,7 +161,34 @@ bench s4 --page 64 --peers cudnn --show-kernel
 bench w8s2 --page 0 --peers cudnn --show-kernel
 note "timing in $(elapsed "$t0")"
 
-# ---------------- 4. table ----------------
+# ---------------- 4. fixed cost and streaming rate (if time is left) ----------------
+# b=16 32/8 and b=1 32/8 at s_q = 1 over cache lengths 2k .. 64k: table.md fits each library's (and cuDNN's) time
+# per call to T0 + bytes / BW, separating the fixed cost of a call (launch, ramp, the last CTAs' tail, epilogue,
+# combine) from the rate the K/V stream runs at. From the 2026-11-23 table: ours ~14 us + bytes / 4.22 TB/s,
+# cuDNN ~3 us + bytes / 4.41 TB/s (fitted on b=8 64/8 64k and b=16 32/8 8k).
+left() { echo $(( 470 - ($(date +%s) - t_all) )); }
+t0=$(date +%s)
+for v in base s2 s4 w8s2; do
+    lib=$(lib_of "$v")
+    [ -f "$lib" ] || continue
+    if [ "$(left)" -lt 40 ]; then note "sweep $v: skipped (time)"; continue; fi
+    timeout 60 python3 bench/bench_decode.py --lib "$lib" --rows 1,16 --sq 1 --sk 2048,4096,8192,16384,32768,65536 \
+        --page 0 --peers cudnn --json "$out/sweep_$v.json" >"$out/sweep_$v.md" 2>"$out/sweep_$v.err"
+    note "sweep $v: rc=$?"
+done
+note "sweeps in $(elapsed "$t0")"
+# Kernel times and DRAM throughput of the split kernel and the combine on base (ncu, when installed; it serialises
+# the two kernels, so the combine's own time shows).
+if command -v ncu >/dev/null 2>&1 && [ -x "$exe" ] && [ -f "$(lib_of base)" ] && [ "$(left)" -gt 30 ]; then
+    for a in "-b=16 -h=32 -h_k=8 -s=1 -s_k=8192" "-b=8 -h=64 -h_k=8 -s=1 -s_k=65536" "-b=1 -h=32 -h_k=8 -s=1 -s_k=32768"; do
+        # shellcheck disable=SC2086
+        with_lib base timeout 60 ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            "$exe" -prec=bf16 -d=128 -v=0 -warmup=0 -repeat=1 -num_splits=0 $a 2>&1
+    done >"$out/ncu_base.log"
+    note "ncu (base): $(grep -c 'gpu__time_duration' "$out/ncu_base.log") kernel records in ncu_base.log"
+fi
+
+# ---------------- 5. table ----------------
 python3 - "$out" >"$out/table.md" 2>&1 <<'PY'
 import json, os, sys
 out = sys.argv[1]
@@ -194,6 +225,37 @@ for k in keys:
     print(f"| {sq} | {b} | {hq}/{hk} | {sk} | " + " | ".join(cell(v, k) for v in variants) + " | "
           + " | ".join(cell(v, k, "mhakit_paged_tbs") for v in ("head", "s2", "s4")) + f" | "
           f"{cell('head', k, 'cudnn_tbs')} | {cell('head', k, 'fa2_tbs')} | {drift} | {best} |")
+print()
+print("Fixed cost and streaming rate per call, T = T0 + bytes / BW, least squares over the s_k sweep (s_q = 1):")
+print()
+print("| row | library | T0 us | BW TB/s | cuDNN T0 us | cuDNN BW TB/s | points |")
+print("|---|---|---|---|---|---|---|")
+def fit(points):
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - slope * mx, slope  # us, us per byte
+def fmt_fit(f):
+    return ("-", "-") if f is None or f[1] <= 0 else (f"{f[0]:.1f}", f"{1e-6 / f[1]:.2f}")
+for v in ["base", "s2", "s4", "w8s2"]:
+    path = os.path.join(out, f"sweep_{v}.json")
+    try:
+        rows = json.load(open(path))["rows"]
+    except (OSError, ValueError, KeyError):
+        continue
+    for b in sorted({r["b"] for r in rows}):
+        sel = [r for r in rows if r["b"] == b]
+        def pts(field):
+            return [(r["kv_bytes"], r["kv_bytes"] / (r[field] * 1e12) * 1e6) for r in sel if r.get(field)]
+        ours, peer = fmt_fit(fit(pts("mhakit_tbs"))), fmt_fit(fit(pts("cudnn_tbs")))
+        r0 = sel[0]
+        print(f"| b={b} {r0['hq']}/{r0['hk']} | {v} | {ours[0]} | {ours[1]} | {peer[0]} | {peer[1]} | {len(sel)} |")
 PY
 note "table: $out/table.md"
 note "whole run in $(elapsed "$t_all")"
