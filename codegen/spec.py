@@ -57,6 +57,8 @@ class Algorithm:
         token = "b" + "x".join(str(v) for k, v in self.tile if k in BLOCK_TOKEN_KEYS)
         if "warps" in values:
             token += f"w{values['warps']}"
+        if values.get("ctas_per_sm"):  # decode_tma: a cap of CTAs per SM (none: no token)
+            token += f"c{values['ctas_per_sm']}"
         if self.candidate and "stages" in values:
             token += f"s{values['stages']}"
         if values.get("prefetch"):  # decode_tma: blocks prefetched into L2 ahead of the loads (none: no token)
