@@ -159,10 +159,10 @@ bench() {  # variant, bench_decode.py arguments
 t0=$(date +%s)
 bench head --page 64 --peers cudnn,fa2 --show-kernel
 bench base --page 0 --peers cudnn
-bench s2 --page 64 --peers cudnn --show-kernel
-bench s4 --page 64 --peers cudnn --show-kernel
 bench c1s2 --page 64 --peers cudnn --show-kernel
 bench w8s2 --page 0 --peers cudnn --show-kernel
+bench s2 --page 64 --peers cudnn --show-kernel
+bench s4 --page 64 --peers cudnn --show-kernel
 note "timing in $(elapsed "$t0")"
 
 # ---------------- 4. fixed cost and streaming rate (if time is left) ----------------
@@ -171,7 +171,7 @@ note "timing in $(elapsed "$t0")"
 # combine) from the rate the K/V stream runs at. From the 2026-11-23 table: ours ~14 us + bytes / 4.22 TB/s,
 # cuDNN ~3 us + bytes / 4.41 TB/s (fitted on b=8 64/8 64k and b=16 32/8 8k).
 t0=$(date +%s)
-for v in base s2 s4 c1s2 w8s2; do
+for v in base c1s2 w8s2 s2 s4; do
     lib=$(lib_of "$v")
     [ -f "$lib" ] || continue
     if [ "$(left)" -lt 40 ]; then note "sweep $v: skipped (time)"; continue; fi
