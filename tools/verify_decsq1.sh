@@ -144,7 +144,7 @@ note "correctness in $(elapsed "$t0")"
 
 # ---------------- 3. timing, one library at a time ----------------
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-export MHAKIT_CACHE_DIR=${MHAKIT_CACHE_DIR:-$out/mhakit_cache}  # the C call path's host extension only
+export MHAKIT_CACHE_DIR=${MHAKIT_CACHE_DIR:-$(mktemp -d)}  # the C call path's host extension only
 bench() {  # variant, bench_decode.py arguments
     local name=$1 lib t0
     shift
