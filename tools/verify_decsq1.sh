@@ -12,7 +12,7 @@
 #   s2     head with the candidate ..._decode_tma_b32x64w4s2 in place of the bf16 d128 decode_tma instance: 2 slots,
 #          3 CTAs per SM in the key split (its 32-row key-split kernel spills 216 bytes at the 136-register cap)
 #   s4     likewise ..._b32x64w4s4: 4 slots, 1 CTA per SM (128 KB in flight per SM instead of 192)
-#   w8s2   likewise ..._b32x128w8s2: 128 keys x 8 consumer warps, 2 slots of 64 KB, 1 CTA per SM; its row split
+#   w8s2   (dropped from the catalogue after the H200 run: its kernels cannot launch) ..._b32x128w8s2: 128 keys x 8 consumer warps, 2 slots of 64 KB, 1 CTA per SM; its row split
 #          holds 128 packed rows (s_q = 16 with a group of 8 reads the cache once); pages must hold 128 rows
 #   c1s2   likewise ..._b32x64w4c1s2: 2 slots, capped at 1 CTA per SM (64 KB in flight per SM, about what
 #          FlashAttention-2's split-KV kernel keeps, which streams at 4.54 TB/s on the rows it splits)
@@ -43,7 +43,7 @@ mkdir -p "$out"
 libs=$repo/build/decsq1
 tma=splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4
 others='splitkv_*_decode_b*,splitkv_d64_*decode_tma*,splitkv_d128_fp16_*decode_tma*'
-cands=(s2 s4 w8s2 c1s2)
+cands=(s2 s4 c1s2)
 declare -A cand_name=([s2]=${tma}s2 [s4]=${tma}s4 [w8s2]=splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x128w8s2
                       [c1s2]=${tma}c1s2)
 summary=$out/summary.txt
@@ -160,7 +160,6 @@ t0=$(date +%s)
 bench head --page 64 --peers cudnn,fa2 --show-kernel
 bench base --page 0 --peers cudnn
 bench c1s2 --page 64 --peers cudnn --show-kernel
-bench w8s2 --page 0 --peers cudnn --show-kernel
 bench s2 --page 64 --peers cudnn --show-kernel
 bench s4 --page 64 --peers cudnn --show-kernel
 note "timing in $(elapsed "$t0")"
@@ -171,7 +170,7 @@ note "timing in $(elapsed "$t0")"
 # combine) from the rate the K/V stream runs at. From the 2026-11-23 table: ours ~14 us + bytes / 4.22 TB/s,
 # cuDNN ~3 us + bytes / 4.41 TB/s (fitted on b=8 64/8 64k and b=16 32/8 8k).
 t0=$(date +%s)
-for v in base c1s2 w8s2 s2 s4; do
+for v in base c1s2 s2 s4; do
     lib=$(lib_of "$v")
     [ -f "$lib" ] || continue
     if [ "$(left)" -lt 40 ]; then note "sweep $v: skipped (time)"; continue; fi
