@@ -17,6 +17,7 @@ against the first peer that runs (CK's rule, bf16 1e-2/1e-2).
     python3 bench/bench_decode.py                       # every row
     python3 bench/bench_decode.py --rows 1,16 --sq 1 --json decode.json
     python3 bench/bench_decode.py --lib build/x/libmha_fwd.so --peers ""   # a prebuilt library, no peers
+    python3 bench/bench_decode.py --rows 16 --sq 1 --sk 2048,8192,32768   # one row at several cache lengths
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--hdim", type=int, default=128)
     p.add_argument("--rows", default=None, help="comma list of batch sizes selecting issue rows (default: all)")
     p.add_argument("--sq", default="1,4,16", help="comma list of query lengths (default 1,4,16)")
+    p.add_argument("--sk", default=None,
+                   help="comma list of cache lengths that replace each selected row's s_k (one row per length, the "
+                        "row's batch and heads kept): a sweep that separates a call's fixed cost from its bytes")
     p.add_argument("--page", type=int, default=64, help="page size of the paged runs (0: none; default 64)")
     p.add_argument("--num-splits", type=int, default=0, help="mhakit's num_splits (default 0: its heuristic)")
     p.add_argument("--lib", metavar="LIBMHA_FWD.so",
@@ -69,6 +73,11 @@ def parse_args(argv=None):
     args.sq_list = [int(x) for x in args.sq.split(",") if x]
     want = None if args.rows is None else {int(x) for x in args.rows.split(",") if x}
     args.row_list = [r for r in ROWS if want is None or r[0] in want]
+    if args.sk is not None:
+        lengths = [int(x) for x in args.sk.split(",") if x]
+        if not lengths or min(lengths) < 1:
+            p.error("--sk: cache lengths >= 1")
+        args.row_list = [(b, hq, hk, sk) for b, hq, hk, _ in args.row_list for sk in lengths]
     args.peer_list = [x for x in args.peers.split(",") if x]
     if args.lib is not None and not Path(args.lib).is_file():
         p.error(f"--lib: no file {args.lib}")

@@ -100,7 +100,7 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
                 continue
             spec = KernelSpec(
                 signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask, mods),
-                algorithm=Algorithm(fam.name, arch, tile.params, variant),
+                algorithm=Algorithm(fam.name, arch, tile.params, variant, candidate=tile.candidate),
                 priority=fam.priority * VARIANT_SCALE + rank if fam.variants else fam.priority,
                 template=fam.template,
                 guards=Guards.of(fam),

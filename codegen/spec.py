@@ -46,6 +46,10 @@ class Algorithm:
     arch: str                            # target arch ("sm_90a", "gfx942")
     tile: tuple[tuple[str, int], ...]    # the family's tile parameters
     variant: tuple[tuple[str, str], ...] = ()  # the family's further axes (catalogue `variants`), one value each
+    # A tuning candidate (catalogue `candidate = true`): its name also spells the ring depth (s<stages>, where the
+    # family's tiles have one), so that a candidate that differs from the chosen tile only in its stages is named
+    # apart from it.
+    candidate: bool = False
 
     @property
     def tile_token(self) -> str:
@@ -53,6 +57,10 @@ class Algorithm:
         token = "b" + "x".join(str(v) for k, v in self.tile if k in BLOCK_TOKEN_KEYS)
         if "warps" in values:
             token += f"w{values['warps']}"
+        if values.get("ctas_per_sm"):  # decode_tma: a cap of CTAs per SM (none: no token)
+            token += f"c{values['ctas_per_sm']}"
+        if self.candidate and "stages" in values:
+            token += f"s{values['stages']}"
         if values.get("prefetch"):  # decode_tma: blocks prefetched into L2 ahead of the loads (none: no token)
             token += f"p{values['prefetch']}"
         return token

@@ -187,7 +187,7 @@ class TestProfiles:
         block_ns = {dict(s.algorithm.tile)["block_n"] for s in every.specs if s.name.startswith(fp8_d128)}
         assert len(block_ns) >= 2 and all(n % 32 == 0 and n <= 256 for n in block_ns)
         assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
-                                                      "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4p"))
+                                                      "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x"))
                                         for n in every.candidates)
         assert not profiles.enumerate_specs("fwd", "sm_90a").candidates
         for profile in ("minimal", "default", "all"):
@@ -200,12 +200,17 @@ class TestProfiles:
                                   f"{fp8_d128}_*_b128x{n},fwd_d128_bf16_batch_nmask_sm90a_hopper")
             assert sorted(s.signature.mask for s in sel.specs if s.signature.dtype == "fp8bf16") == ["mask", "nmask"]
             assert len(sel.specs) == 3
-        # decode_tma's L2-prefetch candidate: the chosen tile has no prefetch token
+        # decode_tma's candidates (L2 prefetch; rings): a candidate's name spells its stages, the chosen tile's
+        # neither its stages nor a prefetch of 0, so that candidates differing only in their ring are named apart
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
-        assert {n for n in every.candidates if n.startswith("splitkv")} == {tma + "p2"}
+        rings = {tma + "s3p2": (3, 2), tma + "s2": (2, 0), tma + "s4": (4, 0), tma + "c1s2": (2, 0)}
+        assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings)
         assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
-        sel = profiles.select("fwd", "sm_90a", "candidates", tma + "p2")
-        assert [s.name for s in sel.specs] == [tma + "p2"] and dict(sel.specs[0].algorithm.tile)["prefetch"] == 2
+        for name, (stages, prefetch) in rings.items():
+            sel = profiles.select("fwd", "sm_90a", "candidates", name)
+            tile = dict(sel.specs[0].algorithm.tile)
+            assert [s.name for s in sel.specs] == [name] and (tile["stages"], tile["prefetch"]) == (stages, prefetch)
+            assert tile.get("ctas_per_sm", 0) == (1 if "c1s" in name else 0)  # a cap of CTAs per SM: c<N>
         # the JIT derives one fp8 instance per call, never a candidate
         from mhakit import jit
         for masked in (False, True):

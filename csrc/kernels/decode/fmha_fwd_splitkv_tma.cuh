@@ -63,13 +63,18 @@ constexpr int kBoxCols = 64;     // 16-bit elements per TMA box row: 128 bytes, 
 constexpr int kRowBytes = 128;   // bytes of one row of a box in shared memory
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads)
 
-template <mhakit_dtype kDtype, int kHdimQ_, int kHdimV_, int kRowTiles, int kWarps_, int kStages_, int kPrefetch_>
+template <mhakit_dtype kDtype, int kHdimQ_, int kHdimV_, int kRowTiles, int kWarps_, int kStages_, int kPrefetch_,
+          int kCtasPerSm_ = 0>
 struct TmaConfig {
     // The decode family's config of the same tile: padded Q rows, WarpView, 16 keys per consumer warp.
     using Base = SplitkvConfig<kDtype, kHdimQ_, kHdimV_, kRowTiles, kWarps_, 16, kStages_>;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_, kWarps = kWarps_, kStages = kStages_;
     static constexpr int kPrefetch = kPrefetch_;  // blocks the producer prefetches into L2 ahead of its loads
     static_assert(kPrefetch >= 0 && kPrefetch <= 32, "a prefetch distance within one block-table window");
+    // At most this many CTAs per SM (0: as many as their shared memory lets fit): a cap on the bytes an SM keeps in
+    // flight (CTAs x slots x slot bytes), applied by asking for enough shared memory that one CTA more cannot fit.
+    static constexpr int kCtasPerSm = kCtasPerSm_;
+    static_assert(kCtasPerSm >= 0 && kCtasPerSm <= 8, "a cap of CTAs per SM");
     static constexpr int kConsumers = kWarps * 32;
     static constexpr int kThreads = kConsumers + 32;  // + the producer warp
     static constexpr int kBlockN = Base::kBlockN;
@@ -94,7 +99,10 @@ struct TmaConfig {
         static constexpr int kQ = kRing > kCombine ? kRing : kCombine;  // byte offset of the Q tile
         static constexpr int kBarriers = (kQ + kRows * kSQ * 2 + 7) / 8 * 8;
         static constexpr int kBytes = kBarriers + 2 * kSlots * 8;
-        static constexpr int kDynamic = kBytes + 1024;
+        // With a cap of kCtasPerSm CTAs per SM: a size (16-byte multiple) at which kCtasPerSm + 1 CTAs, each with its
+        // 1 KB reserved, exceed an SM's 228 KB; the bytes past kBytes + 1024 are never touched.
+        static constexpr int kCapped = kCtasPerSm > 0 ? (233472 / (kCtasPerSm + 1) - 1024 + 16) / 16 * 16 : 0;
+        static constexpr int kDynamic = kBytes + 1024 > kCapped ? kBytes + 1024 : kCapped;
         // CTAs one SM holds (228 KB, 1 KB of it reserved per CTA), and the registers per thread that let them all
         // stay resident (64 K per SM, in units of 8): the kernel's register cap. (__launch_bounds__' minimum of
         // CTAs per SM gave ptxas a lower cap: 168 registers and spills at d128 with two row tiles.)
@@ -418,10 +426,10 @@ inline CUresult encode_cache(CUtensorMap* map, mhakit_dtype dtype, const void* b
 }  // namespace tma_detail
 
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages,
-          int kPrefetch>
+          int kPrefetch, int kCtasPerSm = 0>
 struct SplitkvTmaKernel {
     static_assert(kBlockM % 16 == 0 && kBlockN == 16 * kWarps, "tile: 16-row tiles, 16 keys per consumer warp");
-    using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages, kPrefetch>;
+    using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages, kPrefetch, kCtasPerSm>;
     template <int kMT, bool kRowSplit>
     using Smem = typename Cfg::template Smem<kMT, kRowSplit>;
     static_assert(Smem<kBlockM / 16, false>::kDynamic <= 232448 && Smem<1, true>::kDynamic <= 232448,
