@@ -112,10 +112,11 @@ class TestProfiles:
         # forward library also holds the split-KV instances: decode (2 dtypes x 3 buckets) and, on sm_90a only,
         # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper modifier instances (forward and backward): bf16 x 64 / 128 / 256
         # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
-        # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4
+        # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`; the ranged d64 masked tile
+        # (128 x 128 up to max_seqlen_q 2048, plain only): 2 dtypes x 2 modes in both
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
 
