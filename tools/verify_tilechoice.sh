@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Branch tilechoice (issue 9, "Tile choice by shape": the runtime picks the forward tile by max_seqlen_q from the
+# catalogue's ranges; hdim 64 masked runs 128 x 128 up to 2048 query rows, 192 x 128 beyond), verified on the H200
+# from the repository root of an export of this branch:
+#
+#   OUT=/some/logs BASE=/path/to/an/export/of/main@<this branch's start> bash tools/verify_tilechoice.sh
+#
+# 1. build, in this tree and in $BASE at once (-j $TILECHOICE_JOBS each, default 8: 16 in all), the d64 bf16 forward
+#    instances: Hopper batch mask / nmask and group mask (on this branch each masked one twice: the default
+#    192 x 128 tile and the ranged 128 x 128 one) and their generic fallbacks, with benchmark_mha_fwd, into
+#    build/tilechoice/lib (objects in build/tilechoice/obj) under each tree: 5 + 3 Hopper instances, 3 + 3 generic.
+# 2. correctness (branch; the same cases on the base, for reference): benchmark_mha_fwd -prec=bf16 -d=64 -v=1
+#    -kname=1, causal at s = 1024, 2048, 2049, 4096 (and bottom-right / windowed, unmasked, and group mode with
+#    max_seqlen_q 2048 and 2049); each line must say valid:y and name the instance the range gives (CHOICE: the
+#    expected name, checked against the one the library printed). compute-sanitizer memcheck on 2 cases (batch
+#    s = 1000 x 1200 bottom-right, group 2048 / 333 / 517), both on the 128 x 128 instances.
+# 3. A/B: bench/bench_fwd.py --hdims 64 --seqlens 1024,2048,4096,16384 --dtype bf16 --peers cudnn on the base's and
+#    the branch's library, interleaved, $TILECHOICE_REPS times (default 2); the table gives per row the median TFLOPS
+#    of each, branch / base, cuDNN, and the kernels (the branch's must be b128x128 for causal s <= 2048).
+# Logs under $OUT (default ./verify_tilechoice_logs); $OUT/summary.txt has the key lines first, then the table.
+# Expected time on the H200 machine: build ~150 s, correctness + memcheck ~60 s, A/B ~2 x 2 x 40 s.
+set -u
+cd "$(dirname "$0")/.."
+BR=$(pwd)
+OUT=${OUT:-$BR/verify_tilechoice_logs}
+BASE=${BASE:-}
+JOBS=${TILECHOICE_JOBS:-8}
+REPS=${TILECHOICE_REPS:-2}
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$1" | tee -a "$SUMMARY"; }
+T0=$(date +%s)
+since() { echo "$(( $(date +%s) - T0 )) s"; }
+export PYTHONPATH="$BR${PYTHONPATH:+:$PYTHONPATH}"
+
+# Every d64 bf16 Hopper instance of these signatures (both tiles where the catalogue has two), generic fallbacks.
+FILTER='fwd_d64_bf16_batch_mask_sm90a_hopper,fwd_d64_bf16_batch_nmask_sm90a_hopper,fwd_d64_bf16_group_mask_sm90a_hopper'
+FILTER+=',fwd_d64_bf16_batch_mask_sm90a_generic,fwd_d64_bf16_batch_nmask_sm90a_generic,fwd_d64_bf16_group_mask_sm90a_generic'
+FILTER=${TILECHOICE_FILTER:-$FILTER}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
+note "== verify_tilechoice: branch $(git -C "$BR" rev-parse --short HEAD 2>/dev/null || echo '(export)') vs base ${BASE:-none}; $(head -2 "$OUT/gpu.txt" | tail -1)"
+
+# ---- 1. build ----------------------------------------------------------------------------------------------------
+build() {  # tree tag
+    local tree=$1 tag=$2
+    mkdir -p "$tree/build/tilechoice/lib"
+    (cd "$tree/build/tilechoice/lib" && timeout 400 python3 "$tree/compile.py" --api fwd --arch sm_90a \
+        --profile default --filter "$FILTER" --benchmark -j "$JOBS" --build-dir "$tree/build/tilechoice/obj") \
+        >"$OUT/build_$tag.log" 2>&1
+    echo "rc=$?" >>"$OUT/build_$tag.log"
+}
+trees=(branch)
+[ -n "$BASE" ] && [ -f "$BASE/compile.py" ] && trees+=(base)
+[ -n "$BASE" ] && [ ! -f "$BASE/compile.py" ] && note "BASE=$BASE has no compile.py: no A/B"
+dir_of() { [ "$1" = base ] && echo "$BASE" || echo "$BR"; }
+for t in "${trees[@]}"; do build "$(dir_of "$t")" "$t" & done
+wait
+for t in "${trees[@]}"; do
+    note "build $t: $(tail -1 "$OUT/build_$t.log"), $(grep -c 'gen/instances/' "$OUT/build_$t.log") instance compiles; $(grep -m1 '^\[mhakit\] fwd:' "$OUT/build_$t.log" | cut -c1-150)"
+done
+note "built at $(since)"
+exe() { echo "$(dir_of "$1")/build/tilechoice/lib/benchmark_mha_fwd"; }
+lib() { echo "$(dir_of "$1")/build/tilechoice/lib/libmha_fwd.so"; }
+
+# ---- 2. correctness ----------------------------------------------------------------------------------------------
+# "expected block token|arguments": causal d64 up to max_seqlen_q 2048 on 128 x 128, past it on 192 x 128;
+# unmasked on the nmask default whatever the length; group mode by the longest sequence (max_seqlen_q), not the sum.
+CASES=(
+    "batch_mask_sm90a_hopper_b128x128|-b=2 -h=4 -s=1024 -mask=t"
+    "batch_mask_sm90a_hopper_b128x128|-b=1 -h=4 -s=2048 -mask=t"
+    "batch_mask_sm90a_hopper_b192x128|-b=1 -h=4 -s=2049 -mask=t"
+    "batch_mask_sm90a_hopper_b192x128|-b=1 -h=2 -s=4096 -mask=t"
+    "batch_mask_sm90a_hopper_b128x128|-b=1 -h=4 -h_k=2 -s=1000 -s_k=1200 -mask=b"
+    "batch_mask_sm90a_hopper_b128x128|-b=2 -h=2 -s=777 -s_k=500 -mask=t:128,16"
+    "batch_mask_sm90a_hopper_b128x128|-b=1 -h=2 -s=1 -s_k=333 -mask=b"
+    "batch_mask_sm90a_hopper_b192x128|-b=1 -h=2 -s=3000 -s_k=2500 -mask=b:256,0"
+    "batch_nmask_sm90a_hopper_b192x128|-b=2 -h=4 -s=1024"
+    "batch_nmask_sm90a_hopper_b192x128|-b=1 -h=4 -s=2049"
+    "group_mask_sm90a_hopper_b128x128|-mode=1 -b=3 -h=4 -s=2048,1000,517 -mask=t"
+    "group_mask_sm90a_hopper_b192x128|-mode=1 -b=3 -h=4 -s=2049,1000,517 -mask=t"
+    "group_mask_sm90a_hopper_b128x128|-mode=1 -b=4 -h=2 -s=1500,1500,1500,1500 -mask=b"
+    "group_mask_sm90a_hopper_b192x128|-mode=1 -b=2 -h=2 -s=300,4000 -s_k=500,3900 -mask=b"
+)
+check_case() {  # tree "want|args" -> VALID|INVALID|WRONGKERNEL, the kernel, the case (base: no expectation)
+    local t=$1 want=${2%%|*} args=${2#*|} line kern
+    [ "$t" = base ] && want=sm90a_hopper_b192x128  # main has one masked d64 tile
+    # shellcheck disable=SC2086
+    line=$(timeout 120 "$(exe "$t")" -prec=bf16 -d=64 -lse=1 -v=1 -kname=1 -warmup=0 -repeat=1 $args 2>&1)
+    echo "$args => $line" >>"$OUT/correct_${t}_full.log"
+    kern=$(echo "$line" | grep -o 'fwd_d64[a-z0-9_]*' | head -1)
+    if ! echo "$line" | grep -q 'valid:y'; then echo "INVALID     ${kern:-?} $args"
+    elif [[ "$kern" != *"$want" ]]; then echo "WRONGKERNEL ${kern:-?} (want *$want) $args"
+    else echo "VALID       ${kern:-?} $args"; fi
+}
+correct() {  # tree -> $OUT/correct_<tree>.log
+    local t=$1 c log=$OUT/correct_$1.log
+    : >"$log"
+    for c in "${CASES[@]}"; do check_case "$t" "$c" >>"$log"; done
+}
+memcheck() {  # tag args
+    # shellcheck disable=SC2086
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$(exe branch)" -prec=bf16 -d=64 -lse=1 \
+        -v=1 -kname=1 -warmup=0 -repeat=1 $2 >"$OUT/memcheck_$1.log" 2>&1
+    echo "rc=$?" >>"$OUT/memcheck_$1.log"
+}
+# all at once (host validation is CPU-bound; nothing is timed here)
+memcheck batch "-b=1 -h=4 -h_k=2 -s=1000 -s_k=1200 -mask=b" &
+memcheck group "-mode=1 -b=3 -h=2 -s=2048,333,517 -mask=t" &
+[[ " ${trees[*]} " == *" base "* ]] && correct base &
+correct branch
+wait
+note "correctness (branch): $(grep -c '^VALID' "$OUT/correct_branch.log") valid, $(grep -c '^INVALID' "$OUT/correct_branch.log") invalid, $(grep -c '^WRONGKERNEL' "$OUT/correct_branch.log") on another instance, of ${#CASES[@]}; kernels: $(awk '{print $2}' "$OUT/correct_branch.log" | sort | uniq -c | tr -s ' \n' ' ')"
+grep -E '^(INVALID|WRONGKERNEL)' "$OUT/correct_branch.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+for m in batch group; do
+    note "memcheck $m: $(grep -o 'ERROR SUMMARY: [0-9]* errors*' "$OUT/memcheck_$m.log" | head -1) $(tail -1 "$OUT/memcheck_$m.log"), $(grep -o 'valid:[yn]' "$OUT/memcheck_$m.log" | head -1), $(grep -o 'fwd_d64[a-z0-9_]*' "$OUT/memcheck_$m.log" | head -1)"
+done
+if [[ " ${trees[*]} " == *" base "* ]]; then
+    note "correctness (base, for reference): $(grep -c '^VALID' "$OUT/correct_base.log") valid, $(grep -c '^INVALID' "$OUT/correct_base.log") invalid, $(grep -c '^WRONGKERNEL' "$OUT/correct_base.log") not on b192x128"
+fi
+note "correctness done at $(since)"
+
+# ---- 3. A/B ------------------------------------------------------------------------------------------------------
+for rep in $(seq 1 "$REPS"); do
+    for t in "${trees[@]}"; do
+        [ -f "$(lib "$t")" ] || { note "bench $t: no library"; continue; }
+        timeout 150 python3 "$BR/bench/bench_fwd.py" --lib "$(lib "$t")" --hdims 64 \
+            --seqlens 1024,2048,4096,16384 --dtype bf16 --peers cudnn --json "$OUT/bench_${t}_$rep.json" \
+            >"$OUT/bench_${t}_$rep.md" 2>"$OUT/bench_${t}_$rep.err"
+        note "bench $t rep $rep: rc=$? at $(since), $(grep -c 'FAIL' "$OUT/bench_${t}_$rep.md") FAIL rows"
+    done
+done
+timeout 60 python3 - "$OUT" <<'PY' | tee -a "$SUMMARY"
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+def rows(tree):
+    got = {}
+    for path in sorted(glob.glob(os.path.join(out, f"bench_{tree}_*.json"))):
+        for r in json.load(open(path))["rows"]:
+            got.setdefault((r["seqlen"], bool(r["causal"])), []).append(r)
+    return got
+base, branch = rows("base"), rows("branch")
+def med(rs, key):
+    vals = [r[key] for r in rs if r.get(key)]
+    return statistics.median(vals) if vals else None
+fmt = lambda v: "-" if v is None else f"{v:.1f}"
+print("\n| seqlen | causal | base TFLOPS | branch TFLOPS | branch/base | cuDNN | branch/cuDNN | base kernel | branch kernel | checked |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for key in sorted(set(base) | set(branch)):
+    b, n = base.get(key, []), branch.get(key, [])
+    tb, tn = med(b, "mhakit_tflops"), med(n, "mhakit_tflops")
+    cu = med(b + n, "cudnn_tflops")
+    kern = lambda rs: ",".join(sorted({(r.get("kernel") or "?").rsplit("_", 1)[-1] for r in rs})) or "-"
+    ok = all(r.get("verified") for r in b + n)
+    print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {fmt(tb)} | {fmt(tn)} | "
+          f"{f'{tn / tb:.3f}' if tb and tn else '-'} | {fmt(cu)} | {f'{tn / cu:.2f}x' if tn and cu else '-'} | "
+          f"{kern(b)} | {kern(n)} | {'y' if ok else 'n'} |")
+PY
+note "done at $(since)"
