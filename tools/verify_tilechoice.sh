@@ -76,12 +76,14 @@ CASES=(
     "batch_mask_sm90a_hopper_b128x128|-b=2 -h=2 -s=777 -s_k=500 -mask=t:128,16"
     "batch_mask_sm90a_hopper_b128x128|-b=1 -h=2 -s=1 -s_k=333 -mask=b"
     "batch_mask_sm90a_hopper_b192x128|-b=1 -h=2 -s=3000 -s_k=2500 -mask=b:256,0"
+    "batch_mask_sm90a_hopper_b128x128|-b=2 -h=6 -h_k=2 -s=517 -s_k=1033 -mask=t -iperm=0 -operm=0"
     "batch_nmask_sm90a_hopper_b192x128|-b=2 -h=4 -s=1024"
     "batch_nmask_sm90a_hopper_b192x128|-b=1 -h=4 -s=2049"
     "group_mask_sm90a_hopper_b128x128|-mode=1 -b=3 -h=4 -s=2048,1000,517 -mask=t"
     "group_mask_sm90a_hopper_b192x128|-mode=1 -b=3 -h=4 -s=2049,1000,517 -mask=t"
     "group_mask_sm90a_hopper_b128x128|-mode=1 -b=4 -h=2 -s=1500,1500,1500,1500 -mask=b"
     "group_mask_sm90a_hopper_b192x128|-mode=1 -b=2 -h=2 -s=300,4000 -s_k=500,3900 -mask=b"
+    "group_mask_sm90a_hopper_b128x128|-mode=1 -b=3 -h=4 -h_k=1 -s=129,1,700 -s_k=200,64,650 -mask=t:64,0 -iperm=0 -operm=0"
 )
 check_case() {  # tree "want|args" -> VALID|INVALID|WRONGKERNEL, the kernel, the case (base: no expectation)
     local t=$1 want=${2%%|*} args=${2#*|} line kern
