@@ -17,8 +17,13 @@
 # 3. A/B: bench/bench_fwd.py --hdims 64 --seqlens 1024,2048,4096,16384 --dtype bf16 --peers cudnn on the base's and
 #    the branch's library, interleaved, $TILECHOICE_REPS times (default 2); the table gives per row the median TFLOPS
 #    of each, branch / base, cuDNN, and the kernels (the branch's must be b128x128 for causal s <= 2048).
-# Logs under $OUT (default ./verify_tilechoice_logs); $OUT/summary.txt has the key lines first, then the table.
-# Expected time on the H200 machine: build ~150 s, correctness + memcheck ~60 s, A/B ~2 x 2 x 40 s.
+# 4. candidates (issue 9's measured table, extended), while time is left (started before 380 s): the catalogue's
+#    short-sequence candidates (bf16 batch masked: d64 128 x 96, d128 128 x 160, d256 128 x 96; built in step 1 into
+#    build/tilechoice/cand with --profile candidates, one library) against the tiles in use (d128 / d256 masked
+#    defaults in build/tilechoice/ref; d64 from step 3), bench_fwd.py causal s = 1024 / 2048 --peers cudnn.
+# Logs under $OUT (default ./verify_tilechoice_logs); $OUT/summary.txt has the key lines first, then the tables.
+# Expected time on the H200 machine: build ~150 s (13 Hopper instances in all, at once), correctness + memcheck
+# ~60 s, A/B ~2 x 2 x 40 s, candidates ~40 s.
 set -u
 cd "$(dirname "$0")/.."
 BR=$(pwd)
@@ -43,21 +48,26 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 note "== verify_tilechoice: branch $(git -C "$BR" rev-parse --short HEAD 2>/dev/null || echo '(export)') vs base ${BASE:-none}; $(head -2 "$OUT/gpu.txt" | tail -1)"
 
 # ---- 1. build ----------------------------------------------------------------------------------------------------
-build() {  # tree tag
-    local tree=$1 tag=$2
-    mkdir -p "$tree/build/tilechoice/lib"
-    (cd "$tree/build/tilechoice/lib" && timeout 400 python3 "$tree/compile.py" --api fwd --arch sm_90a \
-        --profile default --filter "$FILTER" --benchmark -j "$JOBS" --build-dir "$tree/build/tilechoice/obj") \
+build() {  # tree tag [dir profile filter]: dir "lib" builds benchmark_mha_fwd too
+    local tree=$1 tag=$2 dir=${3:-lib} profile=${4:-default} filter=${5:-$FILTER} bench=()
+    [ "$dir" = lib ] && bench=(--benchmark)
+    mkdir -p "$tree/build/tilechoice/$dir"
+    (cd "$tree/build/tilechoice/$dir" && timeout 400 python3 "$tree/compile.py" --api fwd --arch sm_90a \
+        --profile "$profile" --filter "$filter" ${bench[@]+"${bench[@]}"} -j "$JOBS" --build-dir "$tree/build/tilechoice/obj_$dir") \
         >"$OUT/build_$tag.log" 2>&1
     echo "rc=$?" >>"$OUT/build_$tag.log"
 }
+CAND_FILTER=${TILECHOICE_CAND_FILTER:-fwd_d64_bf16_batch_mask_sm90a_hopper_b128x96,fwd_d128_bf16_batch_mask_sm90a_hopper_b128x160,fwd_d256_bf16_batch_mask_sm90a_hopper_b128x96}
+REF_FILTER=${TILECHOICE_REF_FILTER:-fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128,fwd_d256_bf16_batch_mask_sm90a_hopper_b128x64}
 trees=(branch)
 [ -n "$BASE" ] && [ -f "$BASE/compile.py" ] && trees+=(base)
 [ -n "$BASE" ] && [ ! -f "$BASE/compile.py" ] && note "BASE=$BASE has no compile.py: no A/B"
 dir_of() { [ "$1" = base ] && echo "$BASE" || echo "$BR"; }
 for t in "${trees[@]}"; do build "$(dir_of "$t")" "$t" & done
+build "$BR" cand cand candidates "$CAND_FILTER" &
+build "$BR" ref ref default "$REF_FILTER" &
 wait
-for t in "${trees[@]}"; do
+for t in "${trees[@]}" cand ref; do
     note "build $t: $(tail -1 "$OUT/build_$t.log"), $(grep -c 'gen/instances/' "$OUT/build_$t.log") instance compiles; $(grep -m1 '^\[mhakit\] fwd:' "$OUT/build_$t.log" | cut -c1-150)"
 done
 note "built at $(since)"
@@ -158,5 +168,47 @@ for key in sorted(set(base) | set(branch)):
     print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {fmt(tb)} | {fmt(tn)} | "
           f"{f'{tn / tb:.3f}' if tb and tn else '-'} | {fmt(cu)} | {f'{tn / cu:.2f}x' if tn and cu else '-'} | "
           f"{kern(b)} | {kern(n)} | {'y' if ok else 'n'} |")
+PY
+
+# ---- 4. candidates -----------------------------------------------------------------------------------------------
+SHAPES=(--shape 64,1024,1 --shape 64,2048,1 --shape 128,1024,1 --shape 128,2048,1 --shape 256,1024,1 --shape 256,2048,1)
+for d in cand ref; do
+    if [ "$(( $(date +%s) - T0 ))" -ge 380 ]; then note "bench $d: skipped, $(since) used"; continue; fi
+    [ -f "$BR/build/tilechoice/$d/libmha_fwd.so" ] || { note "bench $d: no library"; continue; }
+    if [ "$d" = ref ]; then shapes=("${SHAPES[@]:4}"); else shapes=("${SHAPES[@]}"); fi
+    timeout 90 python3 "$BR/bench/bench_fwd.py" --lib "$BR/build/tilechoice/$d/libmha_fwd.so" "${shapes[@]}" \
+        --dtype bf16 --peers cudnn --json "$OUT/cand_$d.json" >"$OUT/cand_$d.md" 2>"$OUT/cand_$d.err"
+    note "bench $d: rc=$? at $(since), $(grep -c 'FAIL' "$OUT/cand_$d.md") FAIL rows"
+done
+timeout 60 python3 - "$OUT" <<'PY' | tee -a "$SUMMARY"
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+def load(pattern):
+    got = {}
+    for path in sorted(glob.glob(os.path.join(out, pattern))):
+        for r in json.load(open(path))["rows"]:
+            if r.get("causal"):
+                got.setdefault((int(str(r["hdim"]).split("x")[0]), r["seqlen"]), []).append(r)
+    return got
+cand, ref = load("cand_cand.json"), load("cand_ref.json")
+for tree in ("branch", "base"):  # d64's tiles in use: the A/B runs
+    for key, rs in load(f"bench_{tree}_*.json").items():
+        ref.setdefault(key, []).extend(rs)
+def best(rs):
+    ok = [r for r in rs if r.get("mhakit_tflops")]
+    return max(ok, key=lambda r: r["mhakit_tflops"]) if ok else None
+print("\n| hdim | seqlen (causal) | tile in use (best of the runs) | TFLOPS | candidate | TFLOPS | cand / in use | cuDNN | checked |")
+print("|---|---|---|---|---|---|---|---|---|")
+for key in sorted(set(cand) | set(ref)):
+    if key[1] not in (1024, 2048):
+        continue
+    r, c = best(ref.get(key, [])), best(cand.get(key, []))
+    tile = lambda x: "-" if x is None else (x.get("kernel") or "?").rsplit("_", 1)[-1]
+    t = lambda x: "-" if x is None else f"{x['mhakit_tflops']:.1f}"
+    ratio = f"{c['mhakit_tflops'] / r['mhakit_tflops']:.3f}" if r and c else "-"
+    cu = [x.get("cudnn_tflops") for x in ref.get(key, []) + cand.get(key, []) if x.get("cudnn_tflops")]
+    ok = all(x.get("verified") for x in ref.get(key, []) + cand.get(key, []))
+    print(f"| {key[0]} | {key[1]} | {tile(r)} | {t(r)} | {tile(c)} | {t(c)} | {ratio} | "
+          f"{f'{statistics.median(cu):.1f}' if cu else '-'} | {'y' if ok else 'n'} |")
 PY
 note "done at $(since)"
