@@ -17,13 +17,15 @@
 # 3. A/B: bench/bench_fwd.py --hdims 64 --seqlens 1024,2048,4096,16384 --dtype bf16 --peers cudnn on the base's and
 #    the branch's library, interleaved, $TILECHOICE_REPS times (default 2); the table gives per row the median TFLOPS
 #    of each, branch / base, cuDNN, and the kernels (the branch's must be b128x128 for causal s <= 2048).
-# 4. candidates (issue 9's measured table, extended), while time is left (started before 380 s): the catalogue's
+#    Then group mode: benchmark_mha_fwd's own timing, base vs branch, 16k packed tokens causal (16 x 1024, 8 x 2048,
+#    8 mixed <= 2048, 4 x 4096), $TILECHOICE_REPS times interleaved.
+# 4. candidates (issue 9's measured table, extended), while time is left (each run within 470 s): the catalogue's
 #    short-sequence candidates (bf16 batch masked: d64 128 x 96, d128 128 x 160, d256 128 x 96; built in step 1 into
 #    build/tilechoice/cand with --profile candidates, one library) against the tiles in use (d128 / d256 masked
 #    defaults in build/tilechoice/ref; d64 from step 3), bench_fwd.py causal s = 1024 / 2048 --peers cudnn.
 # Logs under $OUT (default ./verify_tilechoice_logs); $OUT/summary.txt has the key lines first, then the tables.
 # Expected time on the H200 machine: build ~150 s (13 Hopper instances in all, at once), correctness + memcheck
-# ~60 s, A/B ~2 x 2 x 40 s, candidates ~40 s.
+# ~60 s, A/B ~2 x 2 x 40 s, group mode ~40 s, candidates ~40 s (~400 s in all).
 set -u
 cd "$(dirname "$0")/.."
 BR=$(pwd)
@@ -170,13 +172,51 @@ for key in sorted(set(base) | set(branch)):
           f"{kern(b)} | {kern(n)} | {'y' if ok else 'n'} |")
 PY
 
+# ---- 3b. group mode A/B (bench_fwd.py times batch mode only) -----------------------------------------------------
+# benchmark_mha_fwd's own timing (mean of -repeat launches, CUDA events), base and branch interleaved, $REPS times:
+# 16k packed tokens, 32 heads, causal; the longest sequence decides the tile (<= 2048: b128x128 on the branch).
+GROUP_CASES=(
+    "-b=16 -s=1024"
+    "-b=8 -s=2048"
+    "-b=8 -s=2048,1500,1024,700,2000,1800,300,1200"
+    "-b=4 -s=4096"
+)
+GAB=$OUT/group_ab.txt
+: >"$GAB"
+for rep in $(seq 1 "$REPS"); do
+    for c in "${GROUP_CASES[@]}"; do
+        for t in "${trees[@]}"; do
+            # shellcheck disable=SC2086
+            line=$(timeout 60 "$(exe "$t")" -prec=bf16 -d=64 -h=32 -mode=1 -mask=t -v=0 -kname=1 -warmup=10 -repeat=50 $c 2>&1 | tr '\n' ' ')
+            echo "$t|$c|$(echo "$line" | grep -o '[0-9.]* TFlops' | head -1 | cut -d' ' -f1)|$(echo "$line" | grep -o 'fwd_d64[a-z0-9_]*' | head -1)" >>"$GAB"
+        done
+    done
+done
+timeout 30 python3 - "$GAB" <<'PY' | tee -a "$SUMMARY"
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    tree, case, tf, kern = line.rstrip("\n").split("|")
+    runs.setdefault(case, {}).setdefault(tree, []).append((float(tf) if tf else None, kern))
+print("\n| group mode (d64 bf16 causal, h=32) | base TFLOPS | branch TFLOPS | branch / base | base kernel | branch kernel |")
+print("|---|---|---|---|---|---|")
+for case, trees in runs.items():
+    med = {t: statistics.median([v for v, _ in rs if v]) if any(v for v, _ in rs) else None for t, rs in trees.items()}
+    kern = {t: ",".join(sorted({k.rsplit("_", 1)[-1] for _, k in rs if k})) or "?" for t, rs in trees.items()}
+    b, n = med.get("base"), med.get("branch")
+    print(f"| {case} | {b if b is not None else '-'} | {n if n is not None else '-'} | "
+          f"{f'{n / b:.3f}' if b and n else '-'} | {kern.get('base', '-')} | {kern.get('branch', '-')} |")
+PY
+note "group mode A/B done at $(since)"
+
 # ---- 4. candidates -----------------------------------------------------------------------------------------------
 SHAPES=(--shape 64,1024,1 --shape 64,2048,1 --shape 128,1024,1 --shape 128,2048,1 --shape 256,1024,1 --shape 256,2048,1)
 for d in cand ref; do
-    if [ "$(( $(date +%s) - T0 ))" -ge 380 ]; then note "bench $d: skipped, $(since) used"; continue; fi
+    left=$(( 470 - ($(date +%s) - T0) ))  # the whole script within 480 s
+    if [ "$left" -lt 30 ]; then note "bench $d: skipped, $(since) used"; continue; fi
     [ -f "$BR/build/tilechoice/$d/libmha_fwd.so" ] || { note "bench $d: no library"; continue; }
     if [ "$d" = ref ]; then shapes=("${SHAPES[@]:4}"); else shapes=("${SHAPES[@]}"); fi
-    timeout 90 python3 "$BR/bench/bench_fwd.py" --lib "$BR/build/tilechoice/$d/libmha_fwd.so" "${shapes[@]}" \
+    timeout "$(( left < 90 ? left : 90 ))" python3 "$BR/bench/bench_fwd.py" --lib "$BR/build/tilechoice/$d/libmha_fwd.so" "${shapes[@]}" \
         --dtype bf16 --peers cudnn --json "$OUT/cand_$d.json" >"$OUT/cand_$d.md" 2>"$OUT/cand_$d.err"
     note "bench $d: rc=$? at $(since), $(grep -c 'FAIL' "$OUT/cand_$d.md") FAIL rows"
 done
