@@ -66,7 +66,7 @@ class TestCatalogue:
 
     def test_the_check_runs_when_a_catalogue_loads(self, tmp_path, monkeypatch):
         text = (catalogue.CATALOGUE_DIR / "cuda.toml").read_text()
-        ranged = "masks = [\"mask\"], max_seqlen_q = 2048, plain_only = true }"
+        ranged = "masks = [\"mask\"], max_seqlen_q = 1024, plain_only = true }"
         assert ranged in text
         monkeypatch.setattr(catalogue, "CATALOGUE_DIR", tmp_path)
         (tmp_path / "overlap.toml").write_text(text.replace(ranged, "masks = [\"mask\"], max_seqlen_q = 2048 },\n"
@@ -80,7 +80,7 @@ class TestCatalogue:
         hopper = catalogue.load("cuda").family("fwd", "hopper")
         ranged = [t for t in hopper.tiles if t.seqlen_q is not None]
         assert [(t.hdim_q, t.get("block_m"), t.get("block_n"), t.seqlen_q, t.masks, t.dtypes, t.has_mods)
-                for t in ranged] == [(64, 128, 128, (1, 2048), ("mask",), ("fp16", "bf16"), False)]
+                for t in ranged] == [(64, 128, 128, (1, 1024), ("mask",), ("fp16", "bf16"), False)]
 
 
 class TestProfiles:
@@ -100,7 +100,7 @@ class TestDispatchTable:
     def test_rows_carry_the_range_and_defaults_none(self):
         specs = profiles.select("fwd", "sm_90a", "default", "fwd_d64_bf16_batch_mask_sm90a_hopper").specs
         text = render.render_dispatch("fwd", "sm_90a", specs)
-        for name, lo, hi in (("fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128", 1, 2048),
+        for name, lo, hi in (("fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128", 1, 1024),
                              ("fwd_d64_bf16_batch_mask_sm90a_hopper_b192x128", 0, 0)):
             row = text[text.index(f'{{"{name}"'):]
             row = row[:row.index("&instances::")]
@@ -197,13 +197,13 @@ def stub_lib(tmp_path_factory):
 
 @pytest.mark.compile
 class TestRuntimeChoice:
-    @pytest.mark.parametrize("seqlen, block", [(1, "128x128"), (1024, "128x128"), (2048, "128x128"),
-                                               (2049, "192x128"), (4096, "192x128"), (16384, "192x128")])
+    @pytest.mark.parametrize("seqlen, block", [(1, "128x128"), (1024, "128x128"), (1025, "192x128"),
+                                               (2048, "192x128"), (4096, "192x128"), (16384, "192x128")])
     def test_batch_mode_picks_by_seqlen_q(self, stub_lib, seqlen, block):
         assert stub_lib.kernel_name(_args(seqlen)) == f"fwd_d64_bf16_batch_mask_sm90a_hopper_b{block}", \
             stub_lib.last_error()
 
-    @pytest.mark.parametrize("max_seqlen, block", [(2048, "128x128"), (2049, "192x128"), (100, "128x128")])
+    @pytest.mark.parametrize("max_seqlen, block", [(1024, "128x128"), (1025, "192x128"), (100, "128x128")])
     def test_group_mode_picks_by_max_seqlen_q(self, stub_lib, max_seqlen, block):
         # 9000 packed rows in both cases: the choice follows max_seqlen_q, not the packed count
         name = stub_lib.kernel_name(_args(9000, group_max=max_seqlen))
