@@ -40,6 +40,15 @@ class Tile:
     # left out of every instance set (the profiles, the JIT) except a profile that asks for candidates (profiles.toml
     # `candidates = true`), which builds it one library at a time (codegen/profiles.py, select).
     candidate: bool = False
+    # The range of a call's max_seqlen_q (batch mode: seqlen_q) in which the runtime prefers this tile over the
+    # default one of its instances (catalogue `min_seqlen_q` / `max_seqlen_q`, inclusive; None: the default tile,
+    # taken wherever no ranged tile's range holds the call). A ranged tile is an addition, not an alternative: its
+    # instances are built beside the default tile's, and the generated dispatch table hands the range to the
+    # runtime's choice (choose_instance).
+    seqlen_q: tuple[int, int] | None = None
+    # Whether the tile has modifier ("_mods") instances beside its plain ones (catalogue `plain_only = true`: no;
+    # a call with score modifiers then runs on the default tile's "_mods" instance).
+    has_mods: bool = True
 
     def get(self, key: str) -> int:
         return dict(self.params)[key]
@@ -173,6 +182,21 @@ def _require(table: dict, key: str, where: str):
 
 
 _TILE_NARROWING = ("dtypes", "modes", "masks")
+# Tile keys that say when the tile is chosen or what it is built with, not how it computes (no template parameters).
+_TILE_CHOICE = ("candidate", "min_seqlen_q", "max_seqlen_q", "plain_only")
+
+
+def _parse_seqlen_range(raw: dict, where: str) -> tuple[int, int] | None:
+    """A tile's `min_seqlen_q` (default 1) .. `max_seqlen_q` (inclusive), or None for a tile without one."""
+    if "max_seqlen_q" not in raw:
+        if "min_seqlen_q" in raw:
+            raise CatalogueError(f"{where}.min_seqlen_q: needs max_seqlen_q (a range's upper end)")
+        return None
+    lo, hi = raw.get("min_seqlen_q", 1), raw["max_seqlen_q"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
+        raise CatalogueError(f"{where}: min_seqlen_q / max_seqlen_q must be integers with 1 <= min <= max "
+                             f"(got {lo} and {hi})")
+    return (lo, hi)
 
 
 def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
@@ -181,8 +205,14 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
     candidate = raw.get("candidate", False)
     if not isinstance(candidate, bool):
         raise CatalogueError(f"{where}.candidate: must be true or false")
+    plain_only = raw.get("plain_only", False)
+    if not isinstance(plain_only, bool):
+        raise CatalogueError(f"{where}.plain_only: must be true or false")
+    seqlen_q = _parse_seqlen_range(raw, where)
+    if seqlen_q is not None and candidate:
+        raise CatalogueError(f"{where}: a candidate tile replaces the default one, so it takes no seqlen range")
     params = tuple((k, int(v)) for k, v in raw.items()
-                   if k not in ("hdim_q", "hdim_v", "candidate", *_TILE_NARROWING))
+                   if k not in ("hdim_q", "hdim_v", *_TILE_CHOICE, *_TILE_NARROWING))
     narrowed = {}
     for key in _TILE_NARROWING:
         if key in raw:
@@ -191,7 +221,39 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
             if not isinstance(values, list) or not values or not set(values) <= set(served):
                 raise CatalogueError(f"{where}.{key}: must be a non-empty list of the family's {key} {served}")
             narrowed[key] = tuple(values)
-    return Tile(hdim_q, hdim_v, params, candidate=candidate, **narrowed)
+    return Tile(hdim_q, hdim_v, params, candidate=candidate, seqlen_q=seqlen_q, has_mods=not plain_only, **narrowed)
+
+
+def check_seqlen_ranges(tiles, family: dict, where: str) -> None:
+    """Within one group of instances (dtype, head dims, mode, mask class) that a ranged tile belongs to: exactly one
+    tile without a range (the default, taken outside every range) and ranges that do not overlap, so that each
+    max_seqlen_q names one tile. Candidates replace a tile rather than join it and take no part."""
+    groups: dict[tuple, list[Tile]] = {}
+    for tile in tiles:
+        if tile.candidate:
+            continue
+        for dtype in tile.dtypes or family.get("dtypes", []):
+            for mode in tile.modes or family.get("modes", []):
+                for mask in tile.masks or family.get("masks", []):
+                    groups.setdefault((dtype, tile.hdim_q, tile.hdim_v, mode, mask), []).append(tile)
+    for (dtype, hq, hv, mode, mask), members in groups.items():
+        ranged = sorted((t.seqlen_q for t in members if t.seqlen_q is not None))
+        if not ranged:
+            continue
+        group = f"{where}: the {dtype} d{hq}x{hv} {mode} {mask} tiles"
+        defaults = sum(t.seqlen_q is None for t in members)
+        if defaults != 1:
+            raise CatalogueError(f"{group} have {defaults} tiles without a seqlen range; a group with ranged tiles "
+                                 "needs exactly one (the default)")
+        for (lo_a, hi_a), (lo_b, hi_b) in zip(ranged, ranged[1:]):
+            if lo_b <= hi_a:
+                raise CatalogueError(f"{group}: the seqlen ranges [{lo_a}, {hi_a}] and [{lo_b}, {hi_b}] overlap")
+
+
+def _parse_tiles(raw: dict, where: str) -> tuple[Tile, ...]:
+    tiles = tuple(_parse_tile(t, f"{where}.tiles[{i}]", raw) for i, t in enumerate(_require(raw, "tiles", where)))
+    check_seqlen_ranges(tiles, raw, where)
+    return tiles
 
 
 def _freeze(value):
@@ -293,8 +355,7 @@ def load(backend: str = "cuda") -> Catalogue:
                 equal_head_dims=bool(_require(raw, "equal_head_dims", where)),
                 deterministic=bool(_require(raw, "deterministic", where)) if api == "bwd" else True,
                 align_bytes=int(_require(raw, "align_bytes", where)),
-                tiles=tuple(_parse_tile(t, f"{where}.tiles[{i}]", raw)
-                            for i, t in enumerate(_require(raw, "tiles", where))),
+                tiles=_parse_tiles(raw, where),
                 variants=_parse_variants(raw.get("variants", {}), where),
                 knobs=_freeze(raw.get("knobs", {})),
                 head_dim_multiple=int(raw.get("head_dim_multiple", 1)),

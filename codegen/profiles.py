@@ -98,6 +98,8 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
                 continue
             if tile.candidate and not candidates:
                 continue
+            if mods and not tile.has_mods:  # catalogue `plain_only`: modifier calls run on the default tile
+                continue
             spec = KernelSpec(
                 signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask, mods),
                 algorithm=Algorithm(fam.name, arch, tile.params, variant, candidate=tile.candidate),
@@ -105,6 +107,7 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
                 template=fam.template,
                 guards=Guards.of(fam),
                 knobs=knobs,
+                seqlen_q=tile.seqlen_q,
             )
             reasons = violations(spec, backend)
             if reasons:

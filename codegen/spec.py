@@ -100,6 +100,9 @@ class KernelSpec:
     # Catalogue data the template reads besides the signature and tile: the family's knobs and the arch's traits
     # (nested (key, value) tuples, as the catalogue stores them). Empty for families that need none.
     knobs: tuple[tuple[str, object], ...] = ()
+    # The range of max_seqlen_q (inclusive) in which the runtime prefers this instance over the default tile's
+    # instance of the same signature (catalogue `min_seqlen_q` / `max_seqlen_q`); None: it is the default tile's.
+    seqlen_q: tuple[int, int] | None = None
 
     @property
     def serves_mods(self) -> tuple[str, ...]:
@@ -158,4 +161,7 @@ class KernelSpec:
             "head_dim_multiple": self.guards.head_dim_multiple,
             "mod_kinds": mod_bits(self.serves_mods),
             "plain_mod_kinds": mod_bits(self.guards.plain_mods),
+            # (0, 0): the default tile (registry.h, KernelInstance::seqlen_q_min / seqlen_q_max)
+            "seqlen_q_min": self.seqlen_q[0] if self.seqlen_q else 0,
+            "seqlen_q_max": self.seqlen_q[1] if self.seqlen_q else 0,
         }

@@ -218,7 +218,8 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
                          f"mode={mode} {'masked' if masked else 'unmasked'}"
                          f"{' with score modifiers (' + ', '.join(names) + ')' if names else ''} on {arch}")
     # A family whose bucket holds several instances (CK-tile's tiles and padding/LSE variants, which the runtime
-    # picks among by its guards) contributes all of them; the CUDA families hold one per bucket.
+    # picks among by its guards; a CUDA tile with a seqlen range beside the default tile, which the runtime picks by
+    # the call's max_seqlen_q) contributes all of them.
     # A family marked complete in the catalogue (its instances together serve every call in their bucket) ends
     # the list: the runtime ranks families by priority, so no lower family would ever be chosen after it.
     chosen = set()

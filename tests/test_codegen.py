@@ -112,10 +112,11 @@ class TestProfiles:
         # forward library also holds the split-KV instances: decode (2 dtypes x 3 buckets) and, on sm_90a only,
         # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper modifier instances (forward and backward): bf16 x 64 / 128 / 256
         # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
-        # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4
+        # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`; the ranged d64 masked tile
+        # (128 x 128 up to max_seqlen_q 2048, plain only): 2 dtypes x 2 modes in both
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
 
@@ -186,9 +187,14 @@ class TestProfiles:
         every = profiles.enumerate_specs("fwd", "sm_90a", candidates=True)
         block_ns = {dict(s.algorithm.tile)["block_n"] for s in every.specs if s.name.startswith(fp8_d128)}
         assert len(block_ns) >= 2 and all(n % 32 == 0 and n <= 256 for n in block_ns)
+        # (and the 16-bit masked short-sequence candidates of tools/verify_tilechoice.sh)
+        short = tuple(f"fwd_d{d}_{dt}_{m}_mask_sm90a_hopper_{t}" for d, t in ((64, "b128x96"), (128, "b128x160"),
+                                                                             (256, "b128x96"))
+                      for dt in ("fp16", "bf16") for m in ("batch", "group"))
+        assert set(short) <= every.candidates
         assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
                                                       "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x"))
-                                        for n in every.candidates)
+                                        for n in every.candidates - set(short))
         assert not profiles.enumerate_specs("fwd", "sm_90a").candidates
         for profile in ("minimal", "default", "all"):
             sel = profiles.select("fwd", "sm_90a", profile)

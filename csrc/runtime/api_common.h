@@ -126,8 +126,18 @@ bool static_guards_hold(const KernelInstance<Params>& inst, const Params& p) {
     return tensors_aligned(p, input_bytes(inst.dtype), inst.align_bytes);
 }
 
+// How an instance's tile suits the call's query length (catalogue seqlen ranges, KernelInstance::seqlen_q_min /
+// seqlen_q_max): 2 for a ranged tile whose range holds max_seqlen_q, 1 for the default tile, 0 for a ranged tile
+// outside its range (it still serves the call, where nothing else of its kind was built).
+template <class Params>
+int tile_fit(const KernelInstance<Params>& inst, const Params& p) {
+    if (inst.seqlen_q_max == 0) return 1;
+    return p.max_seqlen_q >= inst.seqlen_q_min && p.max_seqlen_q <= inst.seqlen_q_max ? 2 : 0;
+}
+
 // Among the instances whose traits, static guards and run-time guards hold, the best one: the highest family
-// priority, then the tightest head-dim bucket, then an unmasked instance over a masked one for unmasked problems.
+// priority, then the tightest head-dim bucket, then an unmasked instance over a masked one for unmasked problems,
+// then the tile whose seqlen range holds the call's max_seqlen_q over the default tile (tile_fit).
 // Every candidate is scored, so a coarse bucket or a slower family listed first can never shadow a better instance.
 template <class Params>
 const KernelInstance<Params>* choose_instance(const KernelInstance<Params>* table, int count, const Params& p,
@@ -144,7 +154,8 @@ const KernelInstance<Params>* choose_instance(const KernelInstance<Params>* tabl
         if (!static_guards_hold(inst, p)) continue;
         if (!inst.supports(p)) continue;
         const long padding = (inst.hdim_q - p.hdim_q) + (inst.hdim_v - p.hdim_v);
-        const long score = inst.priority * 100000L - padding * 10L - (inst.masked && !needs_mask ? 1 : 0);
+        const long score = (inst.priority * 100000L - padding * 10L - (inst.masked && !needs_mask ? 1 : 0)) * 4L +
+                           tile_fit(inst, p);
         if (best == nullptr || score > best_score) best = &inst, best_score = score;
     }
     return best;

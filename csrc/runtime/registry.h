@@ -43,6 +43,10 @@ struct KernelInstance {
     uint32_t mod_kinds;    // the score modifiers (mhakit_score_mod bits) it serves (catalogue score_mods)
     uint32_t plain_mod_kinds;  // those the family's plain instances serve: a "_mods" instance takes only calls that
                                // set a modifier beyond them
+    // The tile's preferred range of the call's max_seqlen_q (batch mode: seqlen_q), inclusive, from the catalogue's
+    // min_seqlen_q / max_seqlen_q: among instances that differ only in their tile, choose_instance takes the one
+    // whose range holds the call, else the default tile's (seqlen_q_max = 0: no range).
+    int seqlen_q_min, seqlen_q_max;
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)
