@@ -653,26 +653,26 @@ struct HopperBwdKernelBody {
                 Tensor cS = cS_all(_, part, _);  // coordinates in the whole (kBlockN, kBlockM) tile
                 Tensor acc_S = partition_fragment_C(mma_sdp, PartTile{});
                 Tensor acc_dP = partition_fragment_C(mma_sdp, PartTile{});
-                auto part_of = [&](auto const& s) {  // this part's keys of K or V in shared memory
-                    return local_tile(s, Shape<Int<kPartN>, Int<decltype(size<1>(s))::value>>{}, make_coord(part, _0{}));
+                // The A operand of Sᵀ / dPᵀ: this part's keys of K or V in shared memory (one part: all of them)
+                auto part_a = [&](auto const& s, auto const& whole) -> decltype(auto) {
+                    if constexpr (kParts == 1) {
+                        return (whole);
+                    } else {
+                        return thr_sdp.partition_fragment_A(
+                            local_tile(s, Shape<Int<kPartN>, Int<decltype(size<1>(s))::value>>{}, make_coord(part, _0{})));
+                    }
                 };
 
                 // ---- Sᵀ = K Qᵀ, dPᵀ = V dOᵀ ----
                 if (part == 0) pipe_q.consumer_wait(rq);
                 warpgroup_fence_operand(acc_S);
                 warpgroup_arrive();
-                if constexpr (kParts == 1)
-                    gemm_zero_acc(mma_sdp, tSrK, tSrQ(_, _, _, rq.index()), acc_S);
-                else
-                    gemm_zero_acc(mma_sdp, thr_sdp.partition_fragment_A(part_of(sK)), tSrQ(_, _, _, rq.index()), acc_S);
+                gemm_zero_acc(mma_sdp, part_a(sK, tSrK), tSrQ(_, _, _, rq.index()), acc_S);
                 warpgroup_commit_batch();
                 if (part == 0) pipe_do.consumer_wait(rdo);
                 warpgroup_fence_operand(acc_dP);
                 warpgroup_arrive();
-                if constexpr (kParts == 1)
-                    gemm_zero_acc(mma_sdp, tdPrV, tdPrDO(_, _, _, rdo.index()), acc_dP);
-                else
-                    gemm_zero_acc(mma_sdp, thr_sdp.partition_fragment_A(part_of(sV)), tdPrDO(_, _, _, rdo.index()), acc_dP);
+                gemm_zero_acc(mma_sdp, part_a(sV, tdPrV), tdPrDO(_, _, _, rdo.index()), acc_dP);
                 warpgroup_commit_batch();
                 [[maybe_unused]] uint2 rnd[1][kMods ? kSFrag / 8 : 1];  // drawn while the two products run
                 if constexpr (kMods) {
