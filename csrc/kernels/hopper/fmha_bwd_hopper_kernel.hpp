@@ -663,16 +663,25 @@ struct HopperBwdKernelBody {
                     }
                 };
 
+                // The Q / dO stages, opaque to the compiler from the second part on (unmasked instances): their GMMA
+                // descriptors (two registers per 16-column k-block) are made again for each part instead of living
+                // across part 0's math. ptxas, (192, 128) b64x128: non-causal 83 -> 39 local loads / stores in the
+                // loop (216 -> 112 bytes of spill stores); the causal instance went 40 -> 50, so it holds them.
+                int q_stage = rq.index(), do_stage = rdo.index();
+                if constexpr (kParts > 1 && !kMasked) {
+                    if (part > 0) asm volatile("" : "+r"(q_stage), "+r"(do_stage));
+                }
+
                 // ---- Sᵀ = K Qᵀ, dPᵀ = V dOᵀ ----
                 if (part == 0) pipe_q.consumer_wait(rq);
                 warpgroup_fence_operand(acc_S);
                 warpgroup_arrive();
-                gemm_zero_acc(mma_sdp, part_a(sK, tSrK), tSrQ(_, _, _, rq.index()), acc_S);
+                gemm_zero_acc(mma_sdp, part_a(sK, tSrK), tSrQ(_, _, _, q_stage), acc_S);
                 warpgroup_commit_batch();
                 if (part == 0) pipe_do.consumer_wait(rdo);
                 warpgroup_fence_operand(acc_dP);
                 warpgroup_arrive();
-                gemm_zero_acc(mma_sdp, part_a(sV, tdPrV), tdPrDO(_, _, _, rdo.index()), acc_dP);
+                gemm_zero_acc(mma_sdp, part_a(sV, tdPrV), tdPrDO(_, _, _, do_stage), acc_dP);
                 warpgroup_commit_batch();
                 [[maybe_unused]] uint2 rnd[1][kMods ? kSFrag / 8 : 1];  // drawn while the two products run
                 if constexpr (kMods) {
