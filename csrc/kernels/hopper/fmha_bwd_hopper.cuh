@@ -14,7 +14,7 @@
 //
 // Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q <= kHdim and
 // hdim_v <= kHdimV, multiples of 8 (buckets: multiples of 32 in [64, 256]; the catalogue builds 64, 96, 128, 192,
-// 256 with kHdimV = kHdim, and (192, 128); unequal buckets need the query split, kBlockN = 64; smaller head dims are
+// 256 with kHdimV = kHdim, and (192, 128); unequal buckets take the query split; smaller head dims are
 // zero-padded by TMA; 96 and 192 use 64B-swizzled tiles: 192's query-split half, 96, is a canonical MN-major GMMA
 // operand only with that swizzle).
 // Batch mode (kGroup = false): any seqlen_q, seqlen_k >= 1. Group mode (kGroup = true): sequences of any lengths,
@@ -37,7 +37,8 @@
 // Tiles (kBlockM x kBlockN), measured on H200 (bf16, 16k tokens, .scratch/hopper_bwd): 64 x 128 for hdim 64 and 128
 // (key split: each of the two consumer warpgroups owns 64 keys; hdim 96 likewise, with 64B-swizzled tiles), 64 x 64
 // for hdim 256 (query split, dQ by vector atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
-// kBlockM in {64, 128}, kBlockN in {64, 128} with kHdim + kBlockM <= 192 when kBlockN = 128.
+// kBlockM in {64, 128}, kBlockN in {64, 128}; 128 is the key split where kHdim == kHdimV and kHdim + kBlockM <= 192,
+// else a query split of 128 keys (in shared memory for (192, 128) at kBlockM = 64: the b64x128 candidate).
 //
 // Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM) and 4 bytes per query
 // tile, times batch·nhead_q (group mode: max_seqlen_q rows per sequence).

@@ -15,14 +15,19 @@
 //   dSᵀ = Pᵀ ∘ (dPᵀ − D)
 //   dV += Pᵀ·dO,  dK += dSᵀ·Q                        (fp32 accumulators in registers for the whole CTA life)
 //   dQ_tile = dS·K                                   (dS through shared memory; added into the workspace)
-// Two layouts, chosen by the tile:
-//   * key split (BN = 128; head dims 64 / 128): warpgroup w owns keys [64w, 64w + 64): its Sᵀ/dPᵀ rows and its
+// Two layouts, chosen by the tile and the head dims:
+//   * key split (BN = 128, one head dim, kHdim + BM <= 192: head dims 64 / 96 / 128): warpgroup w owns keys
+//     [64w, 64w + 64): its Sᵀ/dPᵀ rows and its
 //     dK/dV rows; Pᵀ and dSᵀ stay in registers as the A operand of the dV/dK products (RS wgmma); dSᵀ is also
 //     stored to shared memory for the dQ product, which needs all BN keys (one 256-thread named barrier per tile).
-//   * query split (BN = 64; head dim 256, where 64 x 256 fp32 dK + dV would not fit one warpgroup's registers):
+//   * query split (every other tile: BN = 64, or BN = 128 where the key split's registers do not suffice; head dims
+//     192 / (192, 128) / 256, where 64 keys x kHdim of fp32 dK + dV would not fit one warpgroup's registers):
 //     warpgroup w computes Sᵀ/dPᵀ for query columns [BM/2·w, BM/2·(w+1)), both store Pᵀ and dSᵀ to shared memory,
 //     and each warpgroup then owns half of the head dim of dK, dV and dQ (SS wgmma). dQ is added straight into the
-//     workspace with 16-byte fp32 vector reductions (no shared memory left for a dQ tile at this head dim).
+//     workspace with 16-byte fp32 vector reductions (no shared memory left for a dQ tile at these head dims). With
+//     BN = 128 each warpgroup computes its Sᵀ/dPᵀ columns in two parts of 64 keys, one after the other (only one
+//     part's accumulators live beside dK and dV), and the dQ adds and the Q / dO reads per key are half those of
+//     BN = 64.
 // dQ tiles are added in "fragment order": the element i of consumer thread t (t in [0, 256)) of query tile m lives
 // at float offset ((t / 128) · F · 128 + (i / 4) · 512 + (t % 128) · 4 + i % 4) of the tile's BM·D block
 // (F = BM·D/256), so that both the shared-memory writes and the bulk reduction are contiguous; the convert kernel
@@ -104,20 +109,20 @@ struct HopperBwdKernelBody {
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kHdimV % 32 == 0 && kHdimV >= 64 && kHdimV <= 256, "V head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
-    static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 128 (key split) or 64 (query split)");
+    static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 64 (query split) or 128 (key or query split)");
 
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/false>;  // blocks: key blocks
     using Geometry = MaskGeometry<kMasked, int>;  // x, y arrive clamped: 32-bit sums do not overflow
 
     static constexpr int NumMmaWG = 2;
     static constexpr int NumMmaThreads = NumMmaWG * 128;
-    static constexpr bool kKeySplit = (kBlockN == 128);
+    // The key split where its registers allow it (one head dim; dK + dV + Sᵀ + dPᵀ within 240 registers), else the
+    // query split, whose block of keys may be 64 or 128 (the dQ adds into the workspace halve with 128).
+    static constexpr bool kKeySplit = kBlockN == 128 && kHdimV == kHdim && kHdim + kBlockM <= 192;
     static constexpr int kWgN = kKeySplit ? 2 : 1;  // warpgroups along the key dim of Sᵀ (and of dK/dV)
     static constexpr int kWgQ = 2 / kWgN;           // warpgroups along the query dim of Sᵀ (head dim of dK/dV)
     static constexpr int kWgM_dQ = kBlockM / 64;    // warpgroups along the query dim of dQ
     static constexpr bool kDqViaSmem = kKeySplit;  // query split: no shared memory left for a dQ tile
-    static_assert(!kKeySplit || kHdim + kBlockM <= 192, "key split: dK + dV + Sᵀ + dPᵀ must fit 240 registers");
-    static_assert(!kKeySplit || kHdimV == kHdim, "key split: one head dim (unequal ones take the query split)");
 
     // ---- tiled MMAs ----
     // (keys, queries, d) per warpgroup; the same MMA serves dPᵀ = V·dOᵀ, whose reduction runs over kHdimV instead
@@ -634,6 +639,13 @@ struct HopperBwdKernelBody {
         Tensor sDSt = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdSt{});
         Tensor sDS = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdS{});
 
+        // Sᵀ and dPᵀ go in parts of kPartN keys, one 64-key MMA atom per warpgroup: the key split has one part; a
+        // query split of 128 keys runs two, one after the other, so that only one part's accumulators are live
+        // beside its 128 x (kHdim + kHdimV) / 2 of dK and dV (both parts at once: 224 registers of accumulators, and
+        // ptxas serialised every wgmma of the kernel).
+        constexpr int kPartN = 64 * kWgN;
+        constexpr int kParts = kBlockN / kPartN;
+        using PartTile = Shape<Int<kPartN>, Int<kBlockM>>;
         Tensor tSrK = thr_sdp.partition_fragment_A(sK);    // (MMA, M, K)
         Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);    // (MMA, N, K, stages)
         Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
@@ -650,9 +662,10 @@ struct HopperBwdKernelBody {
         clear(acc_dK);
         clear(acc_dV);
 
-        // (key, query) coordinate of each Sᵀ accumulator element
-        Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-        constexpr int kSFrag = decltype(size(cS))::value;
+        // (key, query) coordinate of each Sᵀ accumulator element, (MMA, part, N): part j's are cS_all(_, j, _)
+        Tensor cS_all = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+        static_assert(decltype(size<1>(cS_all))::value == kParts);
+        constexpr int kSFrag = decltype(size(cS_all))::value / kParts;  // one part's
 
         if (n_iters > 0) {
             if constexpr (kDqViaSmem) {
@@ -675,130 +688,157 @@ struct HopperBwdKernelBody {
             const int n0 = key0();
             const bool need_mask = !geom.template tile_full<kBlockN>(r0, r0 + kBlockM - 1, n0);
 
-            Tensor acc_S = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-            Tensor acc_dP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-
-            // ---- Sᵀ = K Qᵀ, dPᵀ = V dOᵀ ----
-            pipe_q.consumer_wait(rq);
-            warpgroup_fence_operand(acc_S);
-            warpgroup_arrive();
-            gemm_zero_acc(mma_sdp, tSrK, tSrQ(_, _, _, rq.index()), acc_S);
-            warpgroup_commit_batch();
-            pipe_do.consumer_wait(rdo);
-            warpgroup_fence_operand(acc_dP);
-            warpgroup_arrive();
-            gemm_zero_acc(mma_sdp, tdPrV, tdPrDO(_, _, _, rdo.index()), acc_dP);
-            warpgroup_commit_batch();
-            [[maybe_unused]] uint2 rnd[1][kMods ? kSFrag / 8 : 1];  // drawn while the two products run
-            if constexpr (kMods) {
-                if (dropping) drop_bytes_t(rnd, cS, params.mods.dropout, uint32_t(b * params.nhead_q + h), n0, r0);
-            }
-
-            // ---- Pᵀ ----
-            warpgroup_wait<1>();
-            warpgroup_fence_operand(acc_S);
-            // Modifier instances: logits; dcap keeps the soft-cap's derivative (packed fp16) for dSᵀ
-            [[maybe_unused]] uint32_t dcap[kMods ? kSFrag / 2 : 1];
-            [[maybe_unused]] bool cap = false;
-            if constexpr (kMods) {
-                if (logits) {
-                    const RowMods rm = row_mods(params.mods, b, h, seq.sq, sk);
-                    if constexpr (kBiasStages > 0) {
-                        if (bias_staged(params.mods, b)) {  // the bias warp's tile: the stage's slots back to back
-                            char const* tile = nullptr;
-                            CUTLASS_PRAGMA_UNROLL
-                            for (int k = 0; k < kBlockM / 64; ++k) {
-                                char const* slot = Bias::acquire(st.bias, k, it);
-                                if (k == 0) tile = slot;
-                            }
-                            // The thread's coordinates again from %tid.x read here (volatile): made once before the
-                            // loop, the shared-memory address would hold a register across it (and spill more).
-                            unsigned tid_now;
-                            asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
-                            Tensor cS_now = mma_sdp.get_thread_slice(int(tid_now) - 128).partition_C(
-                                make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-                            cap = apply_score_mods_t_staged<Element, Bias::kPitch>(acc_S, cS_now, rm, dcap, tile);
-                            CUTLASS_PRAGMA_UNROLL
-                            for (int k = 0; k < kBlockM / 64; ++k) Bias::release(st.bias, k, it);
-                        } else {
-                            cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
-                        }
-                    } else {
-                        cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
-                    }
-                }
-            }
-            recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
-            if constexpr (kMods) {
-                if (dropping) flag_dropped_t(acc_S, rnd, params.mods.dropout);  // dropped Pᵀ negated
-            }
-
-            // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----
+            // The A operands of dV / dK: registers in the key split (its one part), shared memory in the query split.
             auto a_layout = [&] {  // key split: the A-operand view of the accumulator registers; else plain C layout
+                using AccLayout = decltype(partition_fragment_C(mma_sdp, PartTile{}).layout());
                 if constexpr (kKeySplit) {
-                    return convert_c_layout_to_a_layout(acc_S.layout(), shape<1>(typename TiledMmadKV::LayoutA_TV{}));
+                    return convert_c_layout_to_a_layout(AccLayout{}, shape<1>(typename TiledMmadKV::LayoutA_TV{}));
                 } else {
-                    return acc_S.layout();
+                    return AccLayout{};
                 }
             }();
             Tensor rP = make_tensor<Element>(a_layout);
             Tensor rdS = make_tensor<Element>(a_layout);
             static_assert(decltype(size(rP))::value == kSFrag);
-            if (dropping)
-                pack_kept<Element>(acc_S, rP);
-            else
-                detail::pack_fragment<Element>(acc_S, rP);
-            if constexpr (kKeySplit) {
-                // dV += Pᵀ dO right away (registers x smem; only this warpgroup's keys): it runs under the dSᵀ math,
-                // and issuing it here keeps the softmax above ahead of the dPᵀ wait in the instruction stream.
-                warpgroup_fence_operand(rP);
-                warpgroup_fence_operand(acc_dV);
-                warpgroup_arrive();
-                mma_dkv.accumulate_ = GMMA::ScaleOut::One;
-                cute::gemm(mma_dkv, rP, tdVrDO(_, _, _, rdo.index()), acc_dV);
-                warpgroup_commit_batch();
-            } else {
-                Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
-                Tensor tSsPt = thr_sdp.partition_C(sPt);
-                Tensor rP_c = make_tensor(rP.data(), acc_S.layout());
-                Tensor src = recast<uint32_t>(rP_c);
-                Tensor dst = recast<uint32_t>(tSsPt(_, _, _, ds_stage));
-                CUTLASS_PRAGMA_UNROLL
-                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
-            }
 
-            // ---- dSᵀ = Pᵀ (dPᵀ - D) ----
-            if constexpr (kKeySplit) {
-                warpgroup_wait<1>();  // dPᵀ done, dV may run
-            } else {
-                warpgroup_wait<0>();
-            }
-            warpgroup_fence_operand(acc_dP);
-            [[maybe_unused]] float rp = 1.f;  // dropout: 1 / (1 − p)
-            if constexpr (kMods) rp = params.mods.dropout.rp;
-            if (dropping)
-                softmax_grad_dropout_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0], rp);
-            else
-                softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
-            if constexpr (kMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
-                const ScoreMods& mods = params.mods;
-                const int64_t elem = mods.bias_fp32 ? 4 : 2;
-                char* dbias = params.dbias == nullptr
-                                  ? nullptr
-                                  : params.dbias + (int64_t(b) * params.dbias_batch + int64_t(h) * params.dbias_head) * elem;
-                if (mods.bias_fp32)
-                    finish_ds_t<float>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
+            CUTLASS_PRAGMA_UNROLL
+            for (int part = 0; part < kParts; ++part) {
+                Tensor cS = cS_all(_, part, _);  // coordinates in the whole (kBlockN, kBlockM) tile
+                Tensor acc_S = partition_fragment_C(mma_sdp, PartTile{});
+                Tensor acc_dP = partition_fragment_C(mma_sdp, PartTile{});
+                // The A operand of Sᵀ / dPᵀ: this part's keys of K or V in shared memory (one part: all of them)
+                auto part_a = [&](auto const& s, auto const& whole) -> decltype(auto) {
+                    if constexpr (kParts == 1) {
+                        return (whole);
+                    } else {
+                        return thr_sdp.partition_fragment_A(
+                            local_tile(s, Shape<Int<kPartN>, Int<decltype(size<1>(s))::value>>{}, make_coord(part, _0{})));
+                    }
+                };
+
+                // The Q / dO stages, opaque to the compiler from the second part on (unmasked instances): their GMMA
+                // descriptors (two registers per 16-column k-block) are made again for each part instead of living
+                // across part 0's math. ptxas, (192, 128) b64x128: non-causal 83 -> 39 local loads / stores in the
+                // loop (216 -> 112 bytes of spill stores); the causal instance went 40 -> 50, so it holds them.
+                int q_stage = rq.index(), do_stage = rdo.index();
+                if constexpr (kParts > 1 && !kMasked) {
+                    if (part > 0) asm volatile("" : "+r"(q_stage), "+r"(do_stage));
+                }
+
+                // ---- Sᵀ = K Qᵀ, dPᵀ = V dOᵀ ----
+                if (part == 0) pipe_q.consumer_wait(rq);
+                warpgroup_fence_operand(acc_S);
+                warpgroup_arrive();
+                gemm_zero_acc(mma_sdp, part_a(sK, tSrK), tSrQ(_, _, _, q_stage), acc_S);
+                warpgroup_commit_batch();
+                if (part == 0) pipe_do.consumer_wait(rdo);
+                warpgroup_fence_operand(acc_dP);
+                warpgroup_arrive();
+                gemm_zero_acc(mma_sdp, part_a(sV, tdPrV), tdPrDO(_, _, _, do_stage), acc_dP);
+                warpgroup_commit_batch();
+                [[maybe_unused]] uint2 rnd[1][kMods ? kSFrag / 8 : 1];  // drawn while the two products run
+                if constexpr (kMods) {
+                    if (dropping) drop_bytes_t(rnd, cS, params.mods.dropout, uint32_t(b * params.nhead_q + h), n0, r0);
+                }
+
+                // ---- Pᵀ ----
+                warpgroup_wait<1>();
+                warpgroup_fence_operand(acc_S);
+                // Modifier instances: logits; dcap keeps the soft-cap's derivative (packed fp16) for dSᵀ
+                [[maybe_unused]] uint32_t dcap[kMods ? kSFrag / 2 : 1];
+                [[maybe_unused]] bool cap = false;
+                if constexpr (kMods) {
+                    if (logits) {
+                        const RowMods rm = row_mods(params.mods, b, h, seq.sq, sk);
+                        if constexpr (kBiasStages > 0) {
+                            if (bias_staged(params.mods, b)) {  // the bias warp's tile: the stage's slots back to back
+                                char const* tile = nullptr;
+                                CUTLASS_PRAGMA_UNROLL
+                                for (int k = 0; k < kBlockM / 64; ++k) {
+                                    char const* slot = Bias::acquire(st.bias, k, it);  // (a later part: at once)
+                                    if (k == 0) tile = slot;
+                                }
+                                // The thread's coordinates again from %tid.x read here (volatile): made once before the
+                                // loop, the shared-memory address would hold a register across it (and spill more).
+                                unsigned tid_now;
+                                asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
+                                Tensor cS_now = mma_sdp.get_thread_slice(int(tid_now) - 128).partition_C(
+                                    make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}))(_, part, _);
+                                cap = apply_score_mods_t_staged<Element, Bias::kPitch>(acc_S, cS_now, rm, dcap, tile);
+                                if (part == kParts - 1) {
+                                    CUTLASS_PRAGMA_UNROLL
+                                    for (int k = 0; k < kBlockM / 64; ++k) Bias::release(st.bias, k, it);
+                                }
+                            } else {
+                                cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
+                            }
+                        } else {
+                            cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
+                        }
+                    }
+                }
+                recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
+                if constexpr (kMods) {
+                    if (dropping) flag_dropped_t(acc_S, rnd, params.mods.dropout);  // dropped Pᵀ negated
+                }
+
+                // ---- 16-bit Pᵀ: the A operand of dV (registers, key split) or its shared-memory copy (query split) ----
+                if (dropping)
+                    pack_kept<Element>(acc_S, rP);
                 else
-                    finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
-            }
-            detail::pack_fragment<Element>(acc_dP, rdS);
-            {
-                Tensor rdS_c = make_tensor(rdS.data(), acc_dP.layout());
-                Tensor src = recast<uint32_t>(rdS_c);
-                Tensor dst = recast<uint32_t>(tSsDSt(_, _, _, ds_stage));
-                CUTLASS_PRAGMA_UNROLL
-                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
-            }
+                    detail::pack_fragment<Element>(acc_S, rP);
+                if constexpr (kKeySplit) {
+                    // dV += Pᵀ dO right away (registers x smem; only this warpgroup's keys): it runs under the dSᵀ math,
+                    // and issuing it here keeps the softmax above ahead of the dPᵀ wait in the instruction stream.
+                    warpgroup_fence_operand(rP);
+                    warpgroup_fence_operand(acc_dV);
+                    warpgroup_arrive();
+                    mma_dkv.accumulate_ = GMMA::ScaleOut::One;
+                    cute::gemm(mma_dkv, rP, tdVrDO(_, _, _, rdo.index()), acc_dV);
+                    warpgroup_commit_batch();
+                } else {
+                    Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
+                    Tensor tSsPt = thr_sdp.partition_C(sPt);
+                    Tensor rP_c = make_tensor(rP.data(), acc_S.layout());
+                    Tensor src = recast<uint32_t>(rP_c);
+                    Tensor dst = recast<uint32_t>(tSsPt(_, part, _, ds_stage));
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+                }
+
+                // ---- dSᵀ = Pᵀ (dPᵀ - D) ----
+                if constexpr (kKeySplit) {
+                    warpgroup_wait<1>();  // dPᵀ done, dV may run
+                } else {
+                    warpgroup_wait<0>();
+                }
+                warpgroup_fence_operand(acc_dP);
+                [[maybe_unused]] float rp = 1.f;  // dropout: 1 / (1 − p)
+                if constexpr (kMods) rp = params.mods.dropout.rp;
+                if (dropping)
+                    softmax_grad_dropout_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0], rp);
+                else
+                    softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
+                if constexpr (kMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
+                    const ScoreMods& mods = params.mods;
+                    const int64_t elem = mods.bias_fp32 ? 4 : 2;
+                    char* dbias = params.dbias == nullptr
+                                      ? nullptr
+                                      : params.dbias + (int64_t(b) * params.dbias_batch + int64_t(h) * params.dbias_head) * elem;
+                    if (mods.bias_fp32)
+                        finish_ds_t<float>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
+                    else
+                        finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
+                }
+                detail::pack_fragment<Element>(acc_dP, rdS);
+                {
+                    Tensor rdS_c = make_tensor(rdS.data(), acc_dP.layout());
+                    Tensor src = recast<uint32_t>(rdS_c);
+                    Tensor dst = recast<uint32_t>(tSsDSt(_, part, _, ds_stage));
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+                }
+            }  // parts
 
             Tensor acc_dQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHdim>>{});
             static_assert(decltype(size(acc_dQ))::value == kDqFrag);
