@@ -919,6 +919,17 @@ def _prebuild_compile(cache: KernelCache, api: str, arch: str, todo: list, toolc
     log(f"[mhakit] prebuild finished in {time.monotonic() - start:.1f} s")
 
 
+def _require_build_dir(path: Path) -> None:
+    """prebuild's --build-dir: a directory this process can create and write, else one sentence (JitError)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JitError(f"the build directory {path} cannot be created ({exc.strerror or exc}); give --build-dir a "
+                       "writable directory") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise JitError(f"the build directory {path} is not a writable directory; give --build-dir a writable one")
+
+
 def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str = "fwd",
              name_filter: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[KernelCache] = None,
              quiet: bool = False, build_dir: Optional[Path] = None) -> list[Path]:
@@ -957,6 +968,8 @@ def prebuild(profile: str = "default", arch: Optional[str] = None, *, api: str =
             raise NoCompilerError(f"prebuild needs a toolchain: {why}")
         needed_for = f"the {api} libraries of profile {profile}"
         cache.require_writable(needed_for, prebuilding=True)
+        if build_dir is not None:
+            _require_build_dir(Path(build_dir))
         try:
             # One prebuild per (api, arch) at a time: a second one waits, then finds the libraries the first built.
             with _locked(cache.root / "locks" / f"prebuild-{api}-{arch}.lock", f"{api} libraries for {arch}", log):

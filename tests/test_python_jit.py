@@ -571,6 +571,12 @@ class TestPrebuild:
         monkeypatch.setattr(cache, "ensure", lambda plan, **kw: (dirs.append(kw["build_dir"]), real_ensure(plan, **kw))[1])
         jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True, build_dir=tmp_path / "objects")
         assert len(dirs) == 11 and set(dirs) == {(tmp_path / "objects").resolve()}
+        # a build directory that cannot be one: a sentence, nothing built
+        (tmp_path / "a_file").write_text("")
+        cache2 = make_cache(tmp_path / "second", FakeBuilder())
+        with pytest.raises(jit.JitError, match=r"the build directory .*a_file.* cannot be created.*--build-dir"):
+            jit.prebuild("minimal", "sm_90a", cache=cache2, quiet=True, build_dir=tmp_path / "a_file" / "objects")
+        assert len(dirs) == 11
 
     def test_prebuild_errors(self, tmp_path, monkeypatch):
         cache = make_cache(tmp_path)
