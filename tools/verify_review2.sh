@@ -72,7 +72,7 @@ wait
 build "$BR" branch_bwd bwd "$BWD_FILTER" "$JOBS"
 for t in branch_fwd branch_bwd_objs branch_bwd base_fwd; do
     [ -f "$OUT/build_$t.log" ] || continue
-    note "build $t: $(tail -1 "$OUT/build_$t.log"), $(grep -m1 -o '[0-9]* [a-z]* instances for sm_90a' "$OUT/build_$t.log")"
+    note "build $t: $(tail -1 "$OUT/build_$t.log"), $(grep -m1 -o '[0-9]* instances for sm_90a' "$OUT/build_$t.log")"
 done
 note "built at $(since)"
 LIB=$BR/build/review2/lib
@@ -101,7 +101,7 @@ for api in fwd bwd; do
     f=$OUT/smoke_$api.log
     note "smoke $api: $(grep -o "smoke_test_$api: [0-9]* passed, [0-9]* failed" "$f" | tail -1) $(tail -1 "$f")"
     note "  instances: $(grep -o '[fb]wd_d[0-9x]*_bf16_[a-z0-9_]*' "$f" | sort | uniq -c | sort -rn | awk '{printf "%s %s; ", $1, $2}')"
-    grep -iE 'FAIL|valid:n' "$f" | head -10 | sed 's/^/  /' | tee -a "$SUMMARY"
+    grep -iE 'FAIL|valid:n' "$f" | head -6 | sed 's/^/  /' | tee -a "$SUMMARY"
 done
 for m in fwd_staged_bias bwd_generic_dropout; do
     f=$OUT/memcheck_$m.log
