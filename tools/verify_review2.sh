@@ -10,8 +10,8 @@
 #
 # 1. build (all at once, -j $REVIEW2_JOBS in all, default 16), into build/review2/lib under each tree (objects in
 #    build/review2/obj_<api>): branch forward: the bf16 masked _mods instances the smoke sections below need (d128
-#    Hopper + generic, d256 and (192, 128) Hopper + generic, the d64 generic that runs head dim 59; batch and group) and the
-#    plain d128 batch masked Hopper instance (the cost loop's reference): 15 instances, 7 Hopper; branch backward:
+#    Hopper + generic, d256 and (192, 128) Hopper + generic, the d64 generic that runs head dim 59; batch and group)
+#    and the plain d128 batch masked Hopper instance (the cost loop's reference): 15 instances, 7 Hopper; branch backward:
 #    the bf16 masked _mods d128 (Hopper + generic) and d64 generic instances, 6; base: the d128 bf16 batch masked
 #    Hopper forward, plain and _mods, 2. The benchmarks too (the backward's links the forward library, so it is
 #    linked in a second, short step).
@@ -25,6 +25,8 @@
 # 3. the modifier cost loop base vs branch (docs/PERFORMANCE.md "Staged elementwise bias"): benchmark_mha_fwd
 #    -prec=bf16 -b=1 -h=16 -s=4096 -d=128 -warmup=10 -repeat=30, plain and -bias=e, no mask and causal, base and
 #    branch interleaved, $REVIEW2_REPS times (default 3); medians, the bias's cost over plain and branch / base.
+#    Only masked instances are built, so the unmasked calls run on them too (the plain unmasked one is not the
+#    default library's nmask instance: compare base with branch here, not with the PERFORMANCE.md table's plain).
 # Logs under $OUT (default ./verify_review2_logs); $OUT/summary.txt has the key lines first, then the table.
 # Expected time on the H200 machine: build ~120 s (the 7 + 2 Hopper forwards and 2 Hopper backwards in parallel),
 # smoke + memcheck ~70 s (at once), cost loop ~24 runs x 2 s; ~250 s in all.
