@@ -148,3 +148,32 @@ def test_drop_flags_and_the_sign_replicating_prmt():
                 src = (flags >> (8 * (nib & 7))) & 0xFF if (nib & 7) < 4 else 0
                 out |= (0xFF if (nib & 8) and src & 0x80 else (0 if nib & 8 else src)) << (8 * n)
             assert out == (0xFFFFFFFF if (flags >> (8 * k + 7)) & 1 else 0)
+
+
+def test_mma_fragment_coordinates_are_the_accumulator_layout():
+    """common/mma_fragment.cuh (MmaFragLane::row / col_pair / col, evaluated here from its source) against the PTX
+    ISA's accumulator layout (c_coord: mma.sync m16n8's D fragment is one warp's 16 rows of it): element e of tile
+    (mt, nt) is register 4·nt + e of the tiles' 16-row block mt, every (row, column) of the grid once."""
+    src = (ROOT / "common" / "mma_fragment.cuh").read_text()
+
+    def body(name: str) -> str:
+        m = re.search(rf"int {name}\(([^)]*)\) const \{{ return ([^;]*); \}}", src)
+        assert m, name
+        return m.group(2)
+
+    row_e, pair_e, col_e = body("row"), body("col_pair"), body("col")
+    for lane in range(32):
+        g, t4 = lane // 4, lane % 4
+        env = {"g": g, "t4": t4}
+        col_pair = lambda c0, nt: eval(pair_e, {}, {**env, "c0": c0, "nt": nt})  # noqa: E731
+        seen = set()
+        for mt in range(3):
+            for nt in range(4):
+                for e in range(4):
+                    r0, c0 = 48, 40
+                    row = eval(row_e, {}, {**env, "r0": r0, "mt": mt, "e": e})
+                    col = eval(col_e, {"col_pair": col_pair}, {**env, "c0": c0, "nt": nt, "e": e})
+                    want_row, want_col = c_coord(lane, mt, 4 * nt + e)
+                    assert (row, col) == (r0 + want_row, c0 + want_col), (lane, mt, nt, e)
+                    seen.add((row, col))
+        assert len(seen) == 3 * 4 * 4

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "dropout.h"
+#include "mma_fragment.cuh"
 
 namespace mhakit {
 
@@ -89,14 +90,14 @@ __device__ __forceinline__ uint32_t drop_byte(const uint2& r, int nt, int e) {
 template <int kMT, int kNT>
 __device__ __forceinline__ void store_randval(const uint2 (&rnd)[kMT][kNT / 2], uint8_t* rv, int64_t ld, int row0,
                                               int col0, int seqlen_q, int seqlen_k) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const MmaFragLane fl = MmaFragLane::of_thread();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int i = row0 + mt * 16 + g + 8 * (e >> 1), j = col0 + nt * 8 + 2 * t4 + (e & 1);
+                const int i = fl.row(row0, mt, e), j = fl.col(col0, nt, e);
                 if (i < seqlen_q && j < seqlen_k)
                     rv[static_cast<int64_t>(i) * ld + j] = static_cast<uint8_t>(drop_byte<false>(rnd[mt][nt / 2], nt, e));
             }

@@ -50,6 +50,7 @@
 #include "../common/bwd_params.h"
 #include "../common/mask.h"
 #include "../common/mask_geometry.h"
+#include "../common/mma_fragment.cuh"
 #include "../common/smem_opt_in.h"
 #include "../common/tile_scheduler.h"
 #include "fmha_bwd_common.cuh"
@@ -200,6 +201,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int n_iter = nm * n_heads;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const MmaFragLane fl{g, t4};  // the m16n8 fragment coordinates of this lane (mma_fragment.cuh)
     const int wk = warp % Cfg::kWK, wq = warp / Cfg::kWK;        // S^T / dK / dV layout
     const int dm = warp % Cfg::kDqWM, dc = warp / Cfg::kDqWM;    // dQ layout
 
@@ -312,13 +314,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < kSdpNT; ++nt) {
-                    const int ql = wq * kSdpCols + nt * 8 + 2 * t4;
+                    const int ql = fl.col_pair(wq * kSdpCols, nt);  // Sᵀ: fragment columns are queries
                     const float2 lse2 = *reinterpret_cast<const float2*>(sLse + ql);
                     const float2 dsum = *reinterpret_cast<const float2*>(sDsum + ql);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const float l = (e & 1) ? lse2.y : lse2.x, d = (e & 1) ? dsum.y : dsum.x;
-                        const int j = n0 + wk * kSdpRows + mt * 16 + g + 8 * (e >> 1);
+                        const int j = fl.row(n0 + wk * kSdpRows, mt, e);  // Sᵀ: fragment rows are keys
                         const int i = m0 + ql + (e & 1);
                         [[maybe_unused]] float dcap = 1.f;
                         float pv;
@@ -476,6 +478,7 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
     const int hk = h / (p.nhead_q / p.nhead_k);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const MmaFragLane fl{g, t4};  // the m16n8 fragment coordinates of this lane (mma_fragment.cuh)
     const int row0 = warp * 16 * kMT;
 
     const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
@@ -578,8 +581,8 @@ __global__ void __launch_bounds__(Cfg::kDqkThreads, 2) bwd_dq_kernel(const BwdPa
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int hf = e >> 1;
-                        const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
-                        const int i = m0 + row0 + mt * 16 + g + 8 * hf;
+                        const int j = fl.col(n0, nt, e);
+                        const int i = fl.row(m0 + row0, mt, e);
                         [[maybe_unused]] float dcap = 1.f;
                         float pv;
                         if constexpr (kMods)

@@ -34,6 +34,7 @@
 #include "../common/fwd_params.h"
 #include "../common/mask.h"
 #include "../common/mask_geometry.h"
+#include "../common/mma_fragment.cuh"
 #include "../common/smem_opt_in.h"
 #include "../common/tile_scheduler.h"
 #include "generic_dropout.cuh"
@@ -179,14 +180,14 @@ __device__ __forceinline__ void pack_p(uint32_t (&p_frag)[Cfg::kMT][Cfg::kKV][4]
 template <class Cfg>
 __device__ __forceinline__ void mask_s(float (&s)[Cfg::kMT][Cfg::kNT][4], const int (&row_lo)[Cfg::kMT][2],
                                        const int (&row_hi)[Cfg::kMT][2], int n0) {
-    const int t4 = threadIdx.x & 3;
+    const MmaFragLane fl = MmaFragLane::of_thread();
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < Cfg::kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int j = n0 + nt * 8 + 2 * t4 + (e & 1);
+                const int j = fl.col(n0, nt, e);
                 const int hf = e >> 1;
                 if (j >= row_hi[mt][hf] || (Cfg::kMasked && j < row_lo[mt][hf])) s[mt][nt][e] = -INFINITY;
             }

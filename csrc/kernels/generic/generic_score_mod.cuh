@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "../../include/mha_common.h"
+#include "../common/mma_fragment.cuh"
 #include "../common/score_mod.h"
 
 namespace mhakit::generic::detail {
@@ -52,11 +53,11 @@ __device__ __forceinline__ void with_mods(const RowMods& r, F&& f) {
         f(std::false_type{}, std::integral_constant<int, 0>{});
 }
 
-// S (raw q·k) -> logits, in place, for a thread's fragments of kMT x kNT tiles (rows row0 + mt·16 + g + 8·hf,
-// columns col0 + nt·8 + 2·t4 + (e & 1)); one branch per tile picks the variant.
+// S (raw q·k) -> logits, in place, for a thread's fragments of kMT x kNT tiles (MmaFragLane::row / col
+// from row0, col0); one branch per tile picks the variant.
 template <mhakit_dtype kDtype, int kMT, int kNT>
 __device__ __forceinline__ void apply_score_mods(float (&s)[kMT][kNT][4], const RowMods& r, int row0, int col0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const MmaFragLane fl = MmaFragLane::of_thread();
     with_mod_kind(r, [&](auto cap, auto bias) {
         constexpr bool kCap = decltype(cap)::value;
         constexpr int kBias = decltype(bias)::value;
@@ -66,8 +67,8 @@ __device__ __forceinline__ void apply_score_mods(float (&s)[kMT][kNT][4], const 
             for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    s[mt][nt][e] = logit_at<kDtype, kCap, kBias>(r, s[mt][nt][e], row0 + mt * 16 + g + 8 * (e >> 1),
-                                                                  col0 + nt * 8 + 2 * t4 + (e & 1));
+                    s[mt][nt][e] = logit_at<kDtype, kCap, kBias>(r, s[mt][nt][e], fl.row(row0, mt, e),
+                                                                  fl.col(col0, nt, e));
     });
 }
 

@@ -343,17 +343,27 @@ struct HopperFwdKernelBody {
         }
     }
 
+    // Whether this CTA's elementwise bias comes staged from the bias warp's ring (its test: a 16-bit bias with
+    // 16-byte aligned rows, bias_rows()), for the consumers: it depends only on (batch, head), so they make it once
+    // before the key loop and score_mods() takes it, rather than remaking it per key tile.
+    CUTLASS_DEVICE static bool staged_bias(Params const& params, Work const& work) {
+        if constexpr (kBiasStages > 0)
+            return per_score_mods(params.mods) && bias_rows(params.mods, work.batch, work.head).base != nullptr;
+        else
+            return false;
+    }
+
     // The modifiers' terms (S / U) of key tile n (the t-th visited) on warpgroup wg's S, where the call has per-score
-    // ones: a 16-bit elementwise bias with aligned rows from the bias warp's shared-memory ring (the same test as the
-    // bias warp's, hopper_bias_stage.hpp), any other from global memory. A member, not a lambda of consumer(): as a
-    // lambda nvcc outlined it, with S on the stack.
+    // ones: a 16-bit elementwise bias with aligned rows from the bias warp's shared-memory ring (staged: the bias
+    // warp's test, staged_bias(), made once per CTA by the consumer), any other from global memory. A member, not a
+    // lambda of consumer(): as a lambda nvcc outlined it, with S on the stack.
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE static void score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
-                                          SharedStorage& storage, FwdModUnits const& units, Work const& work,
-                                          Sequence const& seq, int row0, int wg, int n, int t) {
+                                          SharedStorage& storage, FwdModUnits const& units, bool staged,
+                                          Work const& work, Sequence const& seq, int row0, int wg, int n, int t) {
         if (!per_score_mods(params.mods)) return;
         if constexpr (kBiasStages > 0) {
-            if (bias_rows(params.mods, work.batch, work.head).base != nullptr) {
+            if (staged) {
                 char const* slot = Bias::acquire(storage.bias, wg, t);
                 apply_score_mods_staged<Element, Bias::kPitch>(s_mn, c_mn, params.mods, units, slot);
                 Bias::release(storage.bias, wg, t);
@@ -375,14 +385,17 @@ struct HopperFwdKernelBody {
         const int tidx = int(threadIdx.x % 128);
         const int row0 = work.block * kBlockM + wg * 64;  // first query row of this warpgroup
         // Modifier instances: S in units of U (FwdModUnits: logit = U·S; U = the soft-cap, or the softmax scale), so
-        // the softmax's scale is U; the ALiBi slope / U is read once here (one register), the rest of what the
-        // modifiers need of this (sequence, head) is made per tile from the kernel parameters (constant memory), so
-        // that it holds no registers across the key loop (kept live, it made the d64 / d256 consumers spill).
+        // the softmax's scale is U; the ALiBi slope / U and whether the bias is staged (staged_bias) are made once
+        // here (a register and a predicate), the rest of what the modifiers need of this (sequence, head) is made per
+        // tile from the kernel parameters (constant memory), so that it holds no registers across the key loop (kept
+        // live, it made the d64 / d256 consumers spill).
         float scale_log2 = params.mainloop.scale_softmax_log2;
         float scale = params.mainloop.scale_softmax;
         [[maybe_unused]] FwdModUnits units{};
+        [[maybe_unused]] bool staged = false;  // this CTA's bias comes from the bias warp's ring (score_mods)
         if constexpr (kMods) {
             units = FwdModUnits::of(params.mods, work.batch, work.head);
+            staged = staged_bias(params, work);
             scale = units.unit;
             scale_log2 = units.unit * 1.4426950408889634f;  // log2(e)
         }
@@ -500,7 +513,7 @@ struct HopperFwdKernelBody {
             warpgroup_fence_operand(acc_s);
             pipe_kv.consumer_release(rkv);
             ++rkv;  // -> V0
-            if constexpr (kMods) score_mods(s_mn, c_mn, params, storage, units, work, seq, row0, wg, tiles.visit.begin, 0);
+            if constexpr (kMods) score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, tiles.visit.begin, 0);
             mask_tile(tiles.visit.begin);
             softmax.template update<true>(s_mn, scale_log2);
             drop_tile(tiles.visit.begin);
@@ -520,7 +533,7 @@ struct HopperFwdKernelBody {
                 warpgroup_fence_operand(acc_s);
                 pipe_kv.consumer_release(rkv);
                 if constexpr (kMods)
-                    score_mods(s_mn, c_mn, params, storage, units, work, seq, row0, wg, n, n - tiles.visit.begin);
+                    score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, n, n - tiles.visit.begin);
                 mask_tile(n);
                 softmax.template update<false>(s_mn, scale_log2);
                 if constexpr (kDropUnderPV) drop_tile(n);  // under the P·V in flight
