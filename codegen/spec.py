@@ -63,6 +63,8 @@ class Algorithm:
             token += f"s{values['stages']}"
         if values.get("prefetch"):  # decode_tma: blocks prefetched into L2 ahead of the loads (none: no token)
             token += f"p{values['prefetch']}"
+        if "l2_promotion" in values:  # decode_tma: the tensor maps' L2 promotion, where the tile names one (else the kernel's)
+            token += f"l{values['l2_promotion']}"
         return token
 
 

@@ -211,7 +211,7 @@ class TestProfiles:
         # decode_tma's candidates (L2 prefetch; rings): a candidate's name spells its stages, the chosen tile's
         # neither its stages nor a prefetch of 0, so that candidates differing only in their ring are named apart
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
-        rings = {tma + "s3p2": (3, 2), tma + "s2": (2, 0), tma + "s4": (4, 0), tma + "c1s2": (2, 0)}
+        rings = {tma + "s3p2": (3, 2), tma + "s2": (2, 0), tma + "s4": (4, 0), tma + "c1s2": (2, 0), tma + "s3l256": (3, 0)}
         assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings)
         assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
         for name, (stages, prefetch) in rings.items():
@@ -219,6 +219,7 @@ class TestProfiles:
             tile = dict(sel.specs[0].algorithm.tile)
             assert [s.name for s in sel.specs] == [name] and (tile["stages"], tile["prefetch"]) == (stages, prefetch)
             assert tile.get("ctas_per_sm", 0) == (1 if "c1s" in name else 0)  # a cap of CTAs per SM: c<N>
+            assert tile.get("l2_promotion") == (256 if name.endswith("l256") else None)  # L2 promotion: l<bytes>
         # the JIT derives one fp8 instance per call, never a candidate
         from mhakit import jit
         for masked in (False, True):

@@ -406,7 +406,8 @@ inline CacheModes cache_modes(const SplitkvParams& p) {
 // The TMA descriptor of the K (or V) cache: (head dim, row, kv head, cache batch or page), boxes of 64 columns x
 // kBlockN rows x 1 x 1, 128-byte swizzle. Rows: a page's rows when paged, else a bound on the row coordinate (only
 // boxes within a batch's filled rows are ever loaded); the outer extent likewise bounds the coordinate.
-template <int kBlockN>
+// kL2Promotion: the bytes L2 fetches around each line a load misses (0, 64, 128 or 256).
+template <int kBlockN, int kL2Promotion>
 inline CUresult encode_cache(CUtensorMap* map, mhakit_dtype dtype, const void* base, int hdim, int64_t row_stride,
                              int64_t head_stride, int64_t outer_stride, const SplitkvParams& p) {
     const CacheModes used = cache_modes(p);
@@ -420,15 +421,25 @@ inline CUresult encode_cache(CUtensorMap* map, mhakit_dtype dtype, const void* b
     return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
         map, dtype == MHAKIT_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4u,
         const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        CU_TENSOR_MAP_SWIZZLE_128B,
+        kL2Promotion == 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+        : kL2Promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+        : kL2Promotion == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                              : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 }  // namespace tma_detail
 
+// kL2Promotion: the K / V tensor maps' L2 promotion in bytes. 128 streams faster than 256 (measured on the H200,
+// 2026-11-24: +3-7 % of K + V read per second on issue 10's s_q = 1 rows; docs/PERFORMANCE.md, "decode_tma: the L2
+// promotion"); the catalogue may name another value (l<bytes> in the instance name).
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kBlockM, int kBlockN, int kWarps, int kStages,
-          int kPrefetch, int kCtasPerSm = 0>
+          int kPrefetch, int kCtasPerSm = 0, int kL2Promotion = 128>
 struct SplitkvTmaKernel {
     static_assert(kBlockM % 16 == 0 && kBlockN == 16 * kWarps, "tile: 16-row tiles, 16 keys per consumer warp");
+    static_assert(kL2Promotion == 0 || kL2Promotion == 64 || kL2Promotion == 128 || kL2Promotion == 256,
+                  "an L2 promotion a tensor map has");
     using Cfg = tma_detail::TmaConfig<kDtype, kHdimQ, kHdimV, kBlockM / 16, kWarps, kStages, kPrefetch, kCtasPerSm>;
     template <int kMT, bool kRowSplit>
     using Smem = typename Cfg::template Smem<kMT, kRowSplit>;
@@ -501,10 +512,11 @@ struct SplitkvTmaKernel {
         if (p.batch <= 0 || p.seqlen_q <= 0) return cudaSuccess;
         const bool after_append = p.seqlen_new > 0;  // append_kv launched a kernel
         alignas(64) CUtensorMap tma_k, tma_v;
-        if (tma_detail::encode_cache<kBlockN>(&tma_k, kDtype, p.k_cache, p.hdim_q, p.k_row_stride, p.k_head_stride,
-                                              p.k_batch_stride, p) != CUDA_SUCCESS ||
-            tma_detail::encode_cache<kBlockN>(&tma_v, kDtype, p.v_cache, p.hdim_v, p.v_row_stride, p.v_head_stride,
-                                              p.v_batch_stride, p) != CUDA_SUCCESS)
+        using tma_detail::encode_cache;
+        if (encode_cache<kBlockN, kL2Promotion>(&tma_k, kDtype, p.k_cache, p.hdim_q, p.k_row_stride, p.k_head_stride,
+                                                p.k_batch_stride, p) != CUDA_SUCCESS ||
+            encode_cache<kBlockN, kL2Promotion>(&tma_v, kDtype, p.v_cache, p.hdim_v, p.v_row_stride, p.v_head_stride,
+                                                p.v_batch_stride, p) != CUDA_SUCCESS)
             return cudaErrorInvalidValue;  // supports() admitted only what TMA takes: not expected
         cudaError_t err;
         switch (shape(p)) {
