@@ -3,8 +3,11 @@
 //   * intra-warpgroup overlap: the softmax of tile n runs while the P·V wgmma of tile n-1 is in flight;
 //   * inter-warpgroup ping-pong: named barriers make the consumer warpgroups take turns issuing their wgmmas, so
 //     one warpgroup's softmax overlaps the other's tensor-core work;
-//   * an epilogue that stages O through the warpgroup's own (by then idle) Q buffer in shared memory and writes it
-//     with 16-byte stores predicated on the real seqlen_q and head dim, plus the fp32 natural-log LSE.
+//   * an epilogue that stages O through the warpgroup's own (by then idle) Q buffer in shared memory (persistent
+//     instances where shared memory allows: a buffer of its own) and writes it with 16-byte stores predicated on the
+//     real seqlen_q and head dim, plus the fp32 natural-log LSE;
+//   * persistent instances (kPersistent, catalogue `persistent`): a grid of resident CTAs taking work tiles from a
+//     counter in the caller's workspace (DynamicPersistentScheduler; persistent() below).
 //
 // Types, tiled MMAs, TMA descriptors, smem layouts and the TMA load helpers (CollectiveLoadTma) come from
 // examples/88_hopper_fmha/collective/fmha_collective_tma_warpspecialized.hpp (included as a library from the
@@ -184,9 +187,17 @@ struct HopperFwdKernelBody {
     struct SharedStoragePersistent : SharedStoragePlain {
         int next_tile;  // the producer's fetch, for the consumers (kBarTileFull / kBarTileEmpty)
     };
-    using SharedStorage =
-        std::conditional_t<(kBiasStages > 0), SharedStorageMods,
-                           std::conditional_t<kPersistent, SharedStoragePersistent, SharedStoragePlain>>;
+    // Persistent, where shared memory allows (d64, d128; not d256, whose Q and 5-stage ring leave 3 KB): O staged in
+    // a buffer of its own (a Q stage's layout per warpgroup), so that a warpgroup gives its Q stage back after its
+    // last product and the next tile's Q loads during the epilogue.
+    struct SharedStoragePersistentO : SharedStoragePersistent {
+        cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
+    };
+    static constexpr bool kOwnO = kPersistent && int(sizeof(SharedStoragePersistentO)) <= kSmemLimit;
+    using SharedStorage = std::conditional_t<
+        (kBiasStages > 0), SharedStorageMods,
+        std::conditional_t<kOwnO, SharedStoragePersistentO,
+                           std::conditional_t<kPersistent, SharedStoragePersistent, SharedStoragePlain>>>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
     // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged in the K/V ring once every consumer is done with it.
@@ -642,6 +653,11 @@ struct HopperFwdKernelBody {
             ++rkv;  // -> the next tile's K0
         }
 
+        if constexpr (kOwnO) {  // every product that reads Q is done: the stage goes back to the producer
+            pipe_q.consumer_release(rq);
+            rq.advance(NumMmaWG);
+        }
+
         // ---- normalise, LSE, O ----
         float lse[R];
         if constexpr (kMods) {
@@ -667,6 +683,11 @@ struct HopperFwdKernelBody {
             cutlass::arch::NamedBarrier::sync(NumMmaWG * 128, kBarRingFree);
             ElementOut* stage = reinterpret_cast<ElementOut*>(storage.mainloop.smem_k.data()) + wg * StagedO::kElems;
             epi.store_o_rows(acc_o, thr_pv, StagedO{stage}, kBarEpi + wg, tidx);
+        } else if constexpr (kOwnO) {
+            // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer
+            Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
+            Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
+            epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
         } else {
             // (64, kHdimV), swizzled: the first columns of this warpgroup's Q buffer, free now
             Tensor sO = local_tile(sQ(_, _, rq.index()), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
