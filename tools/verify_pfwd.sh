@@ -77,7 +77,7 @@ CASES=(
     "d128_bf16_batch_mask_sm90a_hopper_b128x128|-d=128 -b=1 -h=4 -s=1000 -s_k=300 -mask=b"
     "d128_bf16_batch_mask_sm90a_hopper_b128x128|-d=128 -b=2 -h=6 -h_k=2 -s=777 -s_k=1500 -mask=t:128,16"
     "d128_bf16_batch_mask_sm90a_hopper_b128x128|-d=128 -b=1 -h=2 -s=256 -mask=t"
-    "d128_bf16_batch_mask_sm90a_hopper_b128x128|-d=128 -b=4 -h=16 -h_k=4 -s=1024 -mask=t"
+    "d128_bf16_batch_mask_sm90a_hopper_b128x128|-d=128 -b=2 -h=12 -h_k=4 -s=1024 -mask=t"
     "d128_bf16_batch_mask_sm90a_hopper_b128x128|-d=128 -b=2 -h=8 -s=1000 -mask=t -workspace=0"
     "d128_bf16_batch_nmask_sm90a_hopper_b128x128|-d=128 -b=2 -h=8 -h_k=1 -s=513 -s_k=2049"
     "d128_bf16_batch_nmask_sm90a_hopper_b128x128|-d=120 -b=3 -h=4 -s=1111 -s_k=17 -iperm=0 -operm=0"
