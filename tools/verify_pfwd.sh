@@ -19,10 +19,10 @@
 #    The same cases on the base for reference (its instances have no persistent grid).
 # 3. A/B: bench/bench_fwd.py --dtype bf16 --peers cudnn (the 18 bf16 rows: d64 / d128 / d256 x s = 1k / 4k / 16k x
 #    causal / not) on the base's and the branch's library, interleaved, up to $PFWD_REPS times (default 2; the second
-#    round only while the script is under 250 s); the table: per row the median TFLOPS, branch / base, cuDNN,
+#    round only while the script is under 230 s); the table: per row the median TFLOPS, branch / base, cuDNN,
 #    branch / cuDNN, the kernels.
 # Logs under $OUT (default ./verify_pfwd_logs); $OUT/summary.txt has the key lines first, then the table.
-# Expected time on the H200 machine: build ~150 s (14 Hopper instances at once), correctness + sanitizers ~50 s
+# Expected time on the H200 machine: build ~150 s (14 Hopper instances at once), correctness + sanitizers <= 90 s
 # (at once), A/B ~4 x 30 s: ~320 s.
 set -u
 cd "$(dirname "$0")/.."
@@ -107,7 +107,7 @@ correct() {  # tree -> $OUT/correct_<tree>.log
 }
 sanitize() {  # tool tag args
     # shellcheck disable=SC2086
-    timeout 200 compute-sanitizer --tool "$1" --error-exitcode 99 "$(exe branch)" -prec=bf16 -lse=1 -v=1 -kname=1 \
+    timeout 90 compute-sanitizer --tool "$1" --error-exitcode 99 "$(exe branch)" -prec=bf16 -lse=1 -v=1 -kname=1 \
         -warmup=1 -repeat=1 $3 >"$OUT/$1_$2.log" 2>&1
     echo "rc=$?" >>"$OUT/$1_$2.log"
 }
@@ -133,7 +133,7 @@ note "correctness done at $(since)"
 
 # ---- 3. A/B ------------------------------------------------------------------------------------------------------
 for rep in $(seq 1 "$REPS"); do
-    if [ "$rep" -gt 1 ] && [ $(( $(date +%s) - T0 )) -gt 250 ]; then note "bench rep $rep: skipped at $(since)"; break; fi
+    if [ "$rep" -gt 1 ] && [ $(( $(date +%s) - T0 )) -gt 230 ]; then note "bench rep $rep: skipped at $(since)"; break; fi
     for t in "${trees[@]}"; do
         [ -f "$(lib "$t")" ] || { note "bench $t: no library"; continue; }
         timeout 80 python3 "$BR/bench/bench_fwd.py" --lib "$(lib "$t")" --dtype bf16 --peers cudnn \
