@@ -202,13 +202,15 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
         q_strides=bhs(qm), k_strides=bhs(km), v_strides=bhs(vm), o_strides=bhs(o), scale=scale,
         mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
         window_right=0 if causal else -1)
+    # The workspace mhakit_mha_fwd_workspace_size asks for: fp8, V transposed; a persistent instance, its tile counter,
+    # which starts at 0 (zeroed here, once) and which every call leaves at 0. torch's allocations are 256-byte aligned.
     workspace = None
-    if fp8:  # V transposed (mhakit_mha_fwd_workspace_size); torch's allocations are 256-byte aligned
-        try:
-            need = lib.workspace_size(fargs)
-        except _capi.MhakitError:
-            need = 0  # refused: the kernel-name query below says why
-        workspace = torch.empty(max(need, 1), device="cuda", dtype=torch.uint8)
+    try:
+        need = lib.workspace_size(fargs)
+    except _capi.MhakitError:
+        need = 0  # refused: the kernel-name query below says why
+    if need > 0 or fp8:
+        workspace = torch.zeros(max(need, 1), device="cuda", dtype=torch.uint8)
         fargs.workspace_ptr, fargs.workspace_bytes = workspace.data_ptr(), need
     cfg = _capi.make_stream_config(stream)
     fwd = lib.cdll.mhakit_mha_fwd

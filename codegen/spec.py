@@ -166,4 +166,14 @@ class KernelSpec:
             # (0, 0): the default tile (registry.h, KernelInstance::seqlen_q_min / seqlen_q_max)
             "seqlen_q_min": self.seqlen_q[0] if self.seqlen_q else 0,
             "seqlen_q_max": self.seqlen_q[1] if self.seqlen_q else 0,
+            "persistent": "true" if self.persistent else "false",
         }
+
+    @property
+    def persistent(self) -> bool:
+        """The tile's `persistent` knob (catalogue), which the Hopper forward's batch-mode plain 16-bit instances take:
+        a persistent grid with a dynamic tile counter in the caller's workspace (fmha_fwd_hopper.cuh); group mode,
+        "_mods" and fp8 instances of the tile keep one CTA per tile."""
+        s = self.signature
+        return (bool(dict(self.algorithm.tile).get("persistent")) and s.api == "fwd" and s.mode == "batch"
+                and not s.mods and s.dtype in ("fp16", "bf16"))

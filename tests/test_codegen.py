@@ -280,8 +280,17 @@ class TestRendering:
         assert "score modifiers" not in generic
         spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
         hopper = render.render_instance(spec)
-        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, 256, /*group_mode=*/false, /*masked=*/true,\n                                 128, 64, /*mods=*/false>" in hopper
+        # The d256 tile is `persistent` (catalogue): its batch-mode plain instance asks for the persistent grid and
+        # has a workspace query; its group-mode twin does not.
+        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, 256, /*group_mode=*/false, /*masked=*/true,\n                                 128, 64, /*mods=*/false, /*persistent=*/true>" in hopper
+        assert f"size_t {spec.name}_workspace_bytes(" in hopper
         assert "score modifiers" not in hopper
+        group_spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_group_mask_sm90a_hopper*").specs[0]
+        group_text = render.render_instance(group_spec)
+        assert "128, 64, /*mods=*/false>;" in group_text and "workspace_bytes" not in group_text
+        assert spec.persistent and not group_spec.persistent
+        table = render.render_dispatch("fwd", "sm_90a", [spec, group_spec])
+        assert table.count("/*workspace_optional=*/true") == 1 and table.count("/*workspace_optional=*/false") == 1
         mods_spec = profiles.select("fwd", "sm_90a", "all", "fwd_d128_fp16_group_mask_mods_sm90a_hopper*").specs[0]
         hopper_mods = render.render_instance(mods_spec)
         assert "hopper::FwdKernel<MHAKIT_DTYPE_FP16, 128, 128, /*group_mode=*/true, /*masked=*/true,\n                                 128, 128, /*mods=*/true>" in hopper_mods

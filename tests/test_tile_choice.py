@@ -150,6 +150,8 @@ def _stub_library(specs, out: Path) -> Path:
     for s in specs:
         stubs += [f"bool {s.name}_supports(const FwdParams&) {{ return true; }}",
                   f"dev::Error {s.name}_run(const FwdParams&, dev::Stream) {{ return dev::kSuccess; }}"]
+        if s.persistent:  # the tile counter the persistent instances ask for (the table points at the query)
+            stubs.append(f"size_t {s.name}_workspace_bytes(const FwdParams&) {{ return 4; }}")
     stubs.append("}  // namespace mhakit::instances")
     (out / "stubs.cu").write_text("\n".join(stubs) + "\n")
     sources = [table, out / "stubs.cu"] + [CSRC / "runtime" / f for f in
@@ -217,6 +219,22 @@ class TestRuntimeChoice:
         # head dims of the d64 bucket below 64 choose alike; 72 goes past the bucket (generic d128 is not built)
         assert stub_lib.kernel_name(_args(1024, d=48)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"
         assert stub_lib.kernel_name(_args(4096, d=48)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b192x128"
+
+    def test_persistent_instances_want_a_tile_counter_but_run_without_one(self, stub_lib):
+        # The batch-mode plain instances of the d64 tiles are persistent (catalogue `persistent`): they ask for the
+        # 4-byte counter; group mode and "_mods" instances ask for nothing.
+        from mhakit import _capi
+        assert stub_lib.workspace_size(_args(1024)) == 4 and stub_lib.workspace_size(_args(4096, masked=False)) == 4
+        assert stub_lib.workspace_size(_args(9000, group_max=1024)) == 0
+        assert stub_lib.workspace_size(_args(1024, softcap=30.0)) == 0
+        # Without a workspace the call goes on (no GPU here: it stops at the device check, past the workspace's);
+        # with one smaller than asked it is refused, naming the query.
+        assert stub_lib.mha_fwd_raw(_args(1024)) != _capi.ERROR_INVALID_ARGS, stub_lib.last_error()
+        small = _args(1024)
+        small.workspace_ptr, small.workspace_bytes = 4096, 2
+        assert stub_lib.mha_fwd_raw(small) == _capi.ERROR_INVALID_ARGS
+        assert "the workspace is too small" in stub_lib.last_error()
+        assert "mhakit_mha_fwd_workspace_size" in stub_lib.last_error()
 
     def test_a_ranged_tile_alone_still_serves_outside_its_range(self, tmp_path):
         from mhakit import _capi

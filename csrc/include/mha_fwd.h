@@ -108,7 +108,12 @@ typedef struct mhakit_fwd_args {
     const float* k_descale_ptr;  // device fp32 scalar dk
     const float* v_descale_ptr;  // device fp32 scalar dv
     // Scratch memory is the caller's: mhakit_mha_fwd_workspace_size() says how many bytes the chosen kernel needs (fp8:
-    // V transposed; 0 for the other dtypes). The library allocates nothing.
+    // V transposed; a persistent fp16 / bf16 Hopper instance: 4, its tile counter; 0 for the others). The library
+    // allocates nothing. A persistent instance's counter is optional (without a workspace the call runs one CTA per
+    // tile, slower on short sequences) and has rules of its own: its first 4 bytes must be zero before the first
+    // call that uses it (zero the buffer once when you allocate it; every call leaves them zero again), the buffer
+    // must not be shared by calls that can run at the same time (one per stream), and it must not double as another
+    // call's scratch (an fp8 call's V, a backward's workspace) in between.
     void* workspace_ptr;     // device scratch of at least that many bytes, MHAKIT_WORKSPACE_ALIGNMENT-aligned (NULL if 0)
     size_t workspace_bytes;  // its size
 } mhakit_fwd_args;
@@ -122,8 +127,9 @@ float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_stream_config* co
 // when the arguments are invalid or unsupported. Launches nothing.
 const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* args);
 
-// Bytes of workspace mhakit_mha_fwd needs for these arguments (0 for fp16 / bf16; fp8: V transposed). On invalid or
-// unsupported arguments it returns 0 and last_error says why.
+// Bytes of workspace mhakit_mha_fwd needs for these arguments (fp8: V transposed; a persistent fp16 / bf16 instance:
+// its tile counter, see workspace_ptr; else 0). On invalid or unsupported arguments it returns 0 and last_error says
+// why.
 size_t mhakit_mha_fwd_workspace_size(const mhakit_fwd_args* args);
 
 // ---------------------------------------------------------------------------------------------------------------

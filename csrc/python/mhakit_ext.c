@@ -84,6 +84,7 @@ static struct {
     CUresult (*event_destroy)(CUevent);
     CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
     CUresult (*stream_is_capturing)(CUstream, int*);
+    CUresult (*memset_d32_async)(CUdeviceptr, unsigned, size_t, CUstream);
 } drv;
 
 static int driver_load(void) {
@@ -102,6 +103,7 @@ static int driver_load(void) {
         {(void**)&drv.event_destroy, "cuEventDestroy_v2"},
         {(void**)&drv.mem_alloc_async, "cuMemAllocAsync"},
         {(void**)&drv.stream_is_capturing, "cuStreamIsCapturing"},
+        {(void**)&drv.memset_d32_async, "cuMemsetD32Async"},
     };
     for (size_t i = 0; h != NULL && i < sizeof(syms) / sizeof(syms[0]); ++i)
         if ((*syms[i].slot = dlsym(h, syms[i].name)) == NULL) h = NULL;
@@ -219,6 +221,35 @@ static int workspace_used(int device, int64_t stream) {
         return cuda_fail("recording the last use of mhakit's scratch buffer failed");
     g_workspace[device].stream = stream;
     return 0;
+}
+
+// The forward's tile counters: a persistent Hopper instance (catalogue `persistent`) takes its work tiles from a
+// counter in the call's workspace, which must be 0 before a launch and which each launch leaves at 0
+// (kernels/common/tile_scheduler.h). One zeroed buffer per (device, stream), allocated and zeroed on that stream at
+// its first use and never freed (a graph may address it), so that calls on different streams never share one.
+// Inside a capture, and past the table's size, the call gets none and runs the one-tile grid (correct, not as fast): a
+// graph replayed on another stream beside eager calls on the capture stream would share that stream's counter.
+// Every 16-bit forward call gets the buffer (kCounterBytes); instances without a persistent grid ignore it.
+#define MAX_COUNTERS 16
+enum { kCounterBytes = 256 };
+static struct {
+    int64_t stream;
+    CUdeviceptr ptr;
+} g_counters[MAX_DEVICES][MAX_COUNTERS];
+
+static void* fwd_counter(int device, int64_t stream) {
+    if (device < 0 || device >= MAX_DEVICES || stream_capturing(stream)) return NULL;
+    for (int i = 0; i < MAX_COUNTERS; ++i) {
+        if (g_counters[device][i].ptr == 0) {
+            CUdeviceptr ptr = 0;
+            if (drv.mem_alloc_async(&ptr, kCounterBytes, (CUstream)(intptr_t)stream) != 0) return NULL;
+            if (drv.memset_d32_async(ptr, 0u, kCounterBytes / 4, (CUstream)(intptr_t)stream) != 0) return NULL;
+            g_counters[device][i].stream = stream;
+            g_counters[device][i].ptr = ptr;
+        }
+        if (same_stream(g_counters[device][i].stream, stream)) return (void*)(uintptr_t)g_counters[device][i].ptr;
+    }
+    return NULL;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1027,6 +1058,8 @@ static PyObject* ext_fwd(PyObject* self, PyObject* const* a, Py_ssize_t n) {
     mhakit_stream_config sc;
     DeviceScope scope;
     if (prepare_launch(&c, a[n - 1], &sc, &scope) != 0) goto fail;
+    f.workspace_ptr = fwd_counter(c.device, c.stream);  // the tile counter (NULL: none, the one-tile grid)
+    f.workspace_bytes = f.workspace_ptr != NULL ? kCounterBytes : 0;
     float ret;
     Py_BEGIN_ALLOW_THREADS
     ret = ((fwd_fn)lib->run)(&f, &sc);

@@ -184,7 +184,7 @@ size_t workspace_needed(const KernelInstance<Params>& inst, const Params& p) {
 template <class Params>
 float check_workspace(const KernelInstance<Params>& inst, const Params& p, const char* query) {
     const size_t need = workspace_needed(inst, p);
-    if (need <= p.workspace_bytes) return 0.f;
+    if (need <= p.workspace_bytes || (inst.workspace_optional && p.workspace_bytes == 0)) return 0.f;
     return fail(MHAKIT_ERROR_INVALID_ARGS,
                 "the workspace is too small: %s needs %zu bytes for these arguments and got %zu (ask %s)", inst.name,
                 need, p.workspace_bytes, query);

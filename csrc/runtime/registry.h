@@ -50,6 +50,9 @@ struct KernelInstance {
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)
+    // The workspace is wanted, not needed (the forward's persistent instances: a tile counter; without it they run
+    // the one-tile grid): a call that gives none is served; one that gives less than workspace_bytes is refused.
+    bool workspace_optional;
 };
 
 using FwdInstance = KernelInstance<FwdParams>;

@@ -54,6 +54,9 @@ struct FwdParams {
     const float* descale_v;
     void* workspace;
     size_t workspace_bytes;
+    // Persistent Hopper instances (catalogue `persistent`): the current device's multiprocessors, read by the runtime
+    // when such an instance got a workspace for its tile counter (0 otherwise: the one-tile grid).
+    int num_sms = 0;
 };
 
 // Lengths and row offsets of one sequence, in either mode.

@@ -16,11 +16,14 @@
 
 namespace mhakit {
 
+// A work tile: query (or key) block, head, batch; what every scheduler hands a CTA.
+struct WorkTile {
+    int block, head, batch;
+};
+
 template <bool kHeaviestFirst, bool kBatchInY = false>
 struct SingleTileScheduler {
-    struct Work {
-        int block, head, batch;
-    };
+    using Work = WorkTile;
 
     static dim3 grid(int blocks, int heads, int batch) {
         return kBatchInY ? dim3(blocks, batch, heads) : dim3(blocks, heads, batch);
@@ -64,6 +67,87 @@ struct SingleTileScheduler {
         const unsigned x = blockIdx.x;
 #endif
         return reverse ? int(gridDim.x - 1 - x) : int(x);
+    }
+#endif
+};
+
+}  // namespace mhakit
+
+namespace mhakit {
+
+// A persistent grid with a dynamic tile counter: grid = min(tiles, resident CTAs), CTA i starts on tile i and takes
+// each next tile from an atomicAdd on a 32-bit counter in the caller's workspace, so that the hardware's speed spread
+// and unequal causal tiles are balanced as the one-tile grid's dispatch balances them, while a CTA's prologue (its
+// pipelines, barriers, descriptor prefetch) is paid once and the next tile's K / V loads run under the current tile's
+// epilogue. Without a counter (counter == nullptr: no workspace) the grid is one CTA per tile and fetch() ends each
+// CTA after its first tile: the same kernel, the one-tile order.
+//
+// Tile order (decode): the (head, batch) pairs, head fastest (so the query heads that share a K/V head under GQA sit
+// together), go `section` at a time (sized on the host so that a section's K and V fit in a share of L2; the last
+// section may be smaller). Within a section, heaviest_first (causal and window masks: the last query block does the
+// most work) takes block blocks - 1 of every pair, then blocks - 2, ..: longest-processing-time first, so the light
+// tiles fill the tail; otherwise a pair's blocks run in order, one pair after another.
+//
+// The counter: every launch fetches exactly `total` times (total - grid tiles handed out plus one failing fetch per
+// CTA), so the fetch that returns total - 1 is the launch's last; its CTA puts the counter back to 0 for the next
+// launch. No memset launch, and a CUDA graph replays correctly. The workspace's counter must be 0 before the first
+// launch that uses it (a caller zeroes it once when it allocates it) and must not be shared by launches that can run
+// at the same time (one per stream).
+struct DynamicPersistentScheduler {
+    using Work = WorkTile;
+    struct Params {
+        int blocks;   // query blocks per (head, batch) pair
+        int heads;    // query heads
+        int pairs;    // heads x batch
+        int section;  // pairs per section (>= 1)
+        int total;    // blocks x pairs: the work tiles
+        bool heaviest_first;
+        int* counter;  // the caller's workspace (nullptr: one CTA per tile)
+    };
+
+    static Params params(int blocks, int heads, int batch, int section, bool heaviest_first, int* counter) {
+        Params p;
+        p.blocks = blocks;
+        p.heads = heads;
+        p.pairs = heads * batch;
+        p.section = section < 1 ? 1 : section > p.pairs ? p.pairs : section;
+        p.total = blocks * p.pairs;
+        p.heaviest_first = heaviest_first;
+        p.counter = counter;
+        return p;
+    }
+    // ctas: how many CTAs of the kernel are resident at once (SMs x CTAs per SM).
+    static dim3 grid(Params const& p, int ctas) {
+        return dim3(unsigned(p.counter != nullptr && ctas < p.total ? ctas : p.total));
+    }
+
+#if defined(__CUDACC__)
+    __device__ __forceinline__ static int first() { return int(blockIdx.x); }
+    __device__ __forceinline__ static Work decode(Params const& p, int t) {
+        const int per_section = p.section * p.blocks;
+        const int s = t / per_section;
+        const int first_pair = s * p.section;
+        const int size = p.pairs - first_pair < p.section ? p.pairs - first_pair : p.section;
+        const int i = t - s * per_section;
+        int pair;
+        Work w;
+        if (p.heaviest_first) {
+            w.block = p.blocks - 1 - i / size;
+            pair = first_pair + i % size;
+        } else {
+            w.block = i % p.blocks;
+            pair = first_pair + i / p.blocks;
+        }
+        w.head = pair % p.heads;
+        w.batch = pair / p.heads;
+        return w;
+    }
+    // The next tile of this CTA (>= total: none), by one thread.
+    __device__ __forceinline__ static int fetch(Params const& p) {
+        if (p.counter == nullptr) return p.total;
+        const int v = atomicAdd(p.counter, 1);
+        if (v == p.total - 1) atomicExch(p.counter, 0);  // the launch's last fetch: ready for the next launch
+        return v + int(gridDim.x);
     }
 #endif
 };

@@ -29,6 +29,12 @@
 // first transposes V into p.workspace (workspace_bytes(p)), then launches the attention kernel; without keys it
 // only writes O = 0 and LSE = -inf.
 //
+// Persistent (kPersistent, catalogue `persistent`; batch-mode plain fp16 / bf16 instances): with a workspace of
+// kCounterBytes (the tile counter, zeroed by the caller once when it allocates it and left zero by every call) and
+// p.num_sms, the grid is one CTA per multiprocessor walking the work tiles (DynamicPersistentScheduler); without one
+// the same kernel runs one CTA per tile, as the other instances do. workspace_bytes() asks for the counter; the
+// runtime lets a call without a workspace through (registry.h: workspace_optional).
+//
 // Tiles: kBlockM = 64 * (number of consumer warpgroups) in {128, 192}; kBlockN a multiple of 16 <= 256.
 // Measured on H200 (bf16/fp16, 16k tokens, .scratch/hopper): hdim 64: 192x128 (128x128 is ~10% better only for
 // causal s <= 1k); hdim 128: 128x128; hdim 256: 128x64. 128x176 (hdim 128) and 128x80 (hdim 256) were 25-35% slower,
@@ -60,13 +66,17 @@
 
 namespace mhakit::hopper {
 
-template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
+template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods,
+          bool kPersistent = false>
 struct FwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
     using ElementOut = typename DtypeOf<kDtype>::out;
-    using Impl = std::conditional_t<kMods,
-                                    HopperFwdKernelModsImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
-                                    HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>;
+    using Impl = std::conditional_t<
+        kMods, HopperFwdKernelModsImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
+        std::conditional_t<kPersistent,
+                           HopperFwdKernelPersistentImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
+                           HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>>;
+    static constexpr int kCounterBytes = 4;  // persistent: the tile counter (an int) at the workspace's start
     static constexpr bool kFp8 = Impl::kFp8;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
@@ -103,6 +113,7 @@ struct FwdKernel {
 
     // fp8: V transposed (hopper_fp8.hpp: VtLayout); nothing for the 16-bit types or a call without keys.
     static size_t workspace_bytes(const FwdParams& p) {
+        if constexpr (kPersistent) return kCounterBytes;
         if (!kFp8 || p.seqlen_k < 1) return 0;
         return VtLayout::bytes(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
     }
@@ -181,6 +192,17 @@ struct FwdKernel {
         params.descale_q = p.descale_q;
         params.descale_k = p.descale_k;
         params.descale_v = p.descale_v;
+        if constexpr (kPersistent) {
+            // Sections of (head, batch) pairs whose K and V (the pair's K/V head: shared under GQA) fill about 24 MB
+            // of the L2 (H100 / H200: 50 MB), so that the heaviest-first order of a section re-reads them from there.
+            const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.hdim_q + p.hdim_v) * int64_t(sizeof(Element));
+            const int64_t kv_pairs = (int64_t(24) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
+            const int section = int(kv_pairs * group < (int64_t(1) << 30) ? kv_pairs * group : (int64_t(1) << 30));
+            int* counter = p.workspace_bytes >= size_t(kCounterBytes) && p.num_sms > 0 ? static_cast<int*>(p.workspace)
+                                                                                       : nullptr;
+            params.sched = Impl::PersistentScheduler::params((p.seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch,
+                                                             section, kMasked, counter);
+        }
         return params;
     }
 
@@ -210,7 +232,8 @@ struct FwdKernel {
         cudaError_t err = prepare_device();
         if (err != cudaSuccess) return err;
         const typename Impl::Params params = make_params(p);
-        const dim3 grid = Impl::grid((p.max_seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
+        const dim3 grid = kPersistent ? Impl::PersistentScheduler::grid(params.sched, p.num_sms)  // one CTA per SM
+                                      : Impl::grid((p.max_seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
         const dim3 block(Impl::MaxThreadsPerBlock);
         cutlass::device_kernel<Impl><<<grid, block, Impl::SharedStorageSize, stream>>>(params);
         return cudaGetLastError();

@@ -3,8 +3,11 @@
 //   * intra-warpgroup overlap: the softmax of tile n runs while the P·V wgmma of tile n-1 is in flight;
 //   * inter-warpgroup ping-pong: named barriers make the consumer warpgroups take turns issuing their wgmmas, so
 //     one warpgroup's softmax overlaps the other's tensor-core work;
-//   * an epilogue that stages O through the warpgroup's own (by then idle) Q buffer in shared memory and writes it
-//     with 16-byte stores predicated on the real seqlen_q and head dim, plus the fp32 natural-log LSE.
+//   * an epilogue that stages O through the warpgroup's own (by then idle) Q buffer in shared memory (persistent
+//     instances where shared memory allows: a buffer of its own) and writes it with 16-byte stores predicated on the
+//     real seqlen_q and head dim, plus the fp32 natural-log LSE;
+//   * persistent instances (kPersistent, catalogue `persistent`): a grid of resident CTAs taking work tiles from a
+//     counter in the caller's workspace (DynamicPersistentScheduler; persistent() below).
 //
 // Types, tiled MMAs, TMA descriptors, smem layouts and the TMA load helpers (CollectiveLoadTma) come from
 // examples/88_hopper_fmha/collective/fmha_collective_tma_warpspecialized.hpp (included as a library from the
@@ -62,7 +65,7 @@ namespace mhakit::hopper {
 using namespace cute;
 
 template <class Element_, class ElementOut_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM,
-          int kBlockN, bool kMods>
+          int kBlockN, bool kMods, bool kPersistent = false>
 struct HopperFwdKernelBody {
     using Element = Element_;       // q, k, v
     using ElementOut = ElementOut_;  // o
@@ -70,6 +73,9 @@ struct HopperFwdKernelBody {
     static_assert(!kFp8 || (kBlockN % 32 == 0 && !kGroup && kHdimV == kHdim),
                   "fp8: kBlockN a multiple of 32 (the wgmma's k step), batch mode, equal head-dim buckets");
     static_assert(!(kFp8 && kMods), "fp8 instances have no score modifiers");
+    // kPersistent: a grid of resident CTAs walking work tiles (DynamicPersistentScheduler), batch-mode plain 16-bit
+    // instances only (group mode's empty blocks, the bias warp and fp8's O staging in the ring are one-tile code).
+    static_assert(!kPersistent || (!kGroup && !kMods && !kFp8), "persistent: batch-mode plain 16-bit instances");
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "kBlockN: a multiple of 16, at most 256");
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
@@ -98,6 +104,7 @@ struct HopperFwdKernelBody {
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
+    using PersistentScheduler = DynamicPersistentScheduler;
     using Mask = ForwardMask<kMasked, kBlockM, kBlockN>;
     using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHdim>>;
     struct UnusedFusion {};  // the collective's fusion hook; this kernel masks with Mask instead
@@ -152,10 +159,15 @@ struct HopperFwdKernelBody {
     static constexpr uint32_t kMmaRegs = kMmaRegsFit < 240 ? kMmaRegsFit : 240;
 
     // Named barriers (ids above CUTLASS' reserved ones): [0, NumMmaWG) ping-pong, [NumMmaWG, 2 NumMmaWG) epilogue,
-    // 2 NumMmaWG: every consumer done with the K/V ring (fp8's O staging).
+    // 2 NumMmaWG: every consumer done with the K/V ring (fp8's O staging). Persistent instances (never fp8): 2 NumMmaWG
+    // and 2 NumMmaWG + 1 hand the next tile from the producer warp to the consumers (TileFull: written; TileEmpty:
+    // read), at most 7 with three consumer warpgroups (CUTLASS reserves 8 of the 16).
     static constexpr uint32_t kBarSched = 0;
     static constexpr uint32_t kBarEpi = NumMmaWG;
     static constexpr uint32_t kBarRingFree = 2 * NumMmaWG;
+    static constexpr uint32_t kBarTileFull = 2 * NumMmaWG;
+    static constexpr uint32_t kBarTileEmpty = 2 * NumMmaWG + 1;
+    static constexpr int kTileThreads = 32 + NumMmaWG * 128;  // the producer warp and the consumers
 
     struct MainloopStorage {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> smem_q;
@@ -172,7 +184,20 @@ struct HopperFwdKernelBody {
     struct SharedStorageMods : SharedStoragePlain {
         typename Bias::Storage bias;  // the elementwise-bias ring
     };
-    using SharedStorage = std::conditional_t<(kBiasStages > 0), SharedStorageMods, SharedStoragePlain>;
+    struct SharedStoragePersistent : SharedStoragePlain {
+        int next_tile;  // the producer's fetch, for the consumers (kBarTileFull / kBarTileEmpty)
+    };
+    // Persistent, where shared memory allows (d64, d128; not d256, whose Q and 5-stage ring leave 3 KB): O staged in
+    // a buffer of its own (a Q stage's layout per warpgroup), so that a warpgroup gives its Q stage back after its
+    // last product and the next tile's Q loads during the epilogue.
+    struct SharedStoragePersistentO : SharedStoragePersistent {
+        cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
+    };
+    static constexpr bool kOwnO = kPersistent && int(sizeof(SharedStoragePersistentO)) <= kSmemLimit;
+    using SharedStorage = std::conditional_t<
+        (kBiasStages > 0), SharedStorageMods,
+        std::conditional_t<kOwnO, SharedStoragePersistentO,
+                           std::conditional_t<kPersistent, SharedStoragePersistent, SharedStoragePlain>>>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
     // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged in the K/V ring once every consumer is done with it.
@@ -198,6 +223,7 @@ struct HopperFwdKernelBody {
         const float* descale_q;  // fp8: device fp32 descale factors of q, k, v
         const float* descale_k;
         const float* descale_v;
+        typename PersistentScheduler::Params sched;  // kPersistent: the work tiles and the counter
     };
 
     using Sequence = HopperSequence;
@@ -216,7 +242,8 @@ struct HopperFwdKernelBody {
 
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
-        const Work work = Scheduler::work();
+        const Work work = kPersistent ? PersistentScheduler::decode(params.sched, PersistentScheduler::first())
+                                      : Scheduler::work();
         const Sequence seq = sequence(params, work.batch);
         if (work.block * kBlockM >= seq.sq) return;  // group mode: past this sequence's last query (the whole CTA)
 
@@ -255,13 +282,20 @@ struct HopperFwdKernelBody {
         }
         __syncthreads();
 
+        if constexpr (kPersistent) {
+            persistent(params, storage, pipe_q, pipe_kv, wg_idx, warp_in_wg);
+            return;
+        }
         const Mask mask(seq.mask, seq.sq, seq.sk);
         const KeyTiles tiles = mask.key_tiles(work.block);
 
         if (wg_idx == 0) {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
-            if (warp_in_wg == 0 && !tiles.visit.empty())
-                producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit);
+            if (warp_in_wg == 0 && !tiles.visit.empty()) {
+                StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
+                StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
+                producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit, wq, wkv);
+            }
             if constexpr (kBiasStages > 0) {  // the bias warp: the staged elementwise bias of each key tile, if any
                 if (warp_in_wg == 1 && per_score_mods(params.mods)) {
                     const BiasRows rows = bias_rows(params.mods, work.batch, work.head);
@@ -275,9 +309,65 @@ struct HopperFwdKernelBody {
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-            consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, tiles, wg_idx - 1);
+            StateQ rq;
+            rq.advance(wg_idx - 1);  // warpgroup w owns Q stage w
+            StateKV rkv;             // K0, V0, K1, V1, ... alternate in the ring
+            consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, tiles, wg_idx - 1, rq, rkv);
         }
 #endif
+    }
+
+    // The persistent grid (kPersistent): the producer warp and the consumer warpgroups walk the same work tiles, the
+    // pipelines' states running on from tile to tile. After issuing a tile's loads the producer fetches the CTA's
+    // next tile (DynamicPersistentScheduler::fetch) and hands it to the consumers through shared memory, which read
+    // it after their epilogue: kBarTileEmpty (the consumers have read the slot; they open it once at the start)
+    // before the producer writes, kBarTileFull after. So the producer runs at most one tile ahead, and the next
+    // tile's K / V go into the ring while the consumers finish the current one. Every tile loads Q, even one whose
+    // window holds no keys, so that each warpgroup's Q stage is taken and given back (after the epilogue, which
+    // stages O in it) once per tile on both sides.
+    CUTLASS_DEVICE void persistent(Params const& params, SharedStorage& storage, PipelineQ& pipe_q,
+                                   PipelineKV& pipe_kv, int wg_idx, int warp_in_wg) {
+        if constexpr (kPersistent) {
+            using cutlass::arch::NamedBarrier;
+            auto const& sp = params.sched;
+            int t = PersistentScheduler::first();
+            if (wg_idx == 0) {
+                cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
+                if (warp_in_wg != 0) return;
+                StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
+                StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
+                const bool lane0 = threadIdx.x % 32 == 0;
+                while (t < sp.total) {
+                    const Work work = PersistentScheduler::decode(sp, t);
+                    const Sequence seq = sequence(params, work.batch);
+                    const Mask mask(seq.mask, seq.sq, seq.sk);
+                    producer(params, storage, pipe_q, pipe_kv, work, seq, mask.key_tiles(work.block).visit, wq, wkv);
+                    int next = lane0 ? PersistentScheduler::fetch(sp) : 0;
+                    next = __shfl_sync(0xffffffffu, next, 0);
+                    NamedBarrier::sync(kTileThreads, kBarTileEmpty);
+                    if (lane0) storage.next_tile = next;
+                    NamedBarrier::arrive(kTileThreads, kBarTileFull);
+                    t = next;
+                }
+            } else {
+                cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
+                const int wg = wg_idx - 1;
+                NamedBarrier::arrive(kTileThreads, kBarTileEmpty);  // the slot is free for the first hand-over
+                StateQ rq;
+                rq.advance(wg);
+                StateKV rkv;
+                while (t < sp.total) {
+                    const Work work = PersistentScheduler::decode(sp, t);
+                    const Sequence seq = sequence(params, work.batch);
+                    const Mask mask(seq.mask, seq.sq, seq.sk);
+                    consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, mask.key_tiles(work.block), wg, rq,
+                             rkv);
+                    NamedBarrier::sync(kTileThreads, kBarTileFull);
+                    t = storage.next_tile;
+                    NamedBarrier::arrive(kTileThreads, kBarTileEmpty);
+                }
+            }
+        }
     }
 
     struct TileIter {
@@ -291,14 +381,15 @@ struct HopperFwdKernelBody {
 
     // One warp: Q tiles of all consumer warpgroups, then K/V tiles visit.begin .. visit.end-1 (K_n and V_n
     // alternate in one ring, so the consumers' wait order is K0 V0 K1 V1 ...).
+    // wq / wkv: the pipelines' write states, which a persistent CTA carries from tile to tile. A window without keys
+    // (visit empty) loads Q only (persistent instances; the one-tile kernel does not call the producer then).
     CUTLASS_DEVICE void producer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
-                                 Work const& work, Sequence const& seq, TileRange const& visit) {
+                                 Work const& work, Sequence const& seq, TileRange const& visit, StateQ& wq,
+                                 StateKV& wkv) {
         using LoadQ = typename Mainloop::LoadQ;
         using LoadK = typename Mainloop::LoadK;
         using IO = FwdTileIO<TileShapeQK, TileShapePV>;
         const int lane_predicate = cute::elect_one_sync();
-        StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
-        StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
 
         auto const& mp = params.mainloop;
         auto& sm = storage.mainloop;
@@ -332,9 +423,16 @@ struct HopperFwdKernelBody {
                 load_k.template step<false>(kv_it, st_k, wkv, lane_predicate, kv_count);
             }
         };
-        load_q.step(q_it, st_q, wq, lane_predicate, q_count);                     // Q of warpgroup 0
-        step_k();                                                                 // first K
-        while (q_count > 0) load_q.step(q_it, st_q, wq, lane_predicate, q_count);
+        if constexpr (kPersistent) {
+            // The first K before Q: a Q stage comes free only after its warpgroup's epilogue of the previous tile,
+            // a ring slot earlier.
+            step_k();
+            while (q_count > 0) load_q.step(q_it, st_q, wq, lane_predicate, q_count);
+        } else {
+            load_q.step(q_it, st_q, wq, lane_predicate, q_count);                 // Q of warpgroup 0
+            step_k();                                                             // first K
+            while (q_count > 0) load_q.step(q_it, st_q, wq, lane_predicate, q_count);
+        }
         load_v.template step<true>(kv_it, st_v, wkv, lane_predicate, kv_count);   // first V
         CUTLASS_PRAGMA_NO_UNROLL
         while (kv_count > 0) {
@@ -376,10 +474,12 @@ struct HopperFwdKernelBody {
 
     // One consumer warpgroup (64 query rows): S = Q·Kᵀ, mask, online softmax and O += P·V per key tile, with the
     // P·V of tile n-1 in flight during the softmax of tile n; then the epilogue. A sequence without keys visits no
-    // tile and goes straight to the epilogue (O = 0, LSE = -inf).
+    // tile and goes straight to the epilogue (O = 0, LSE = -inf). rq / rkv: the pipelines' read states (warpgroup w
+    // owns Q stage w; K0, V0, K1, V1, ... alternate in the ring), which a persistent CTA carries from tile to tile: it
+    // waits for Q even without keys and gives its Q stage back after the epilogue.
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
                                  Work const& work, Sequence const& seq, Mask const& mask, KeyTiles const& tiles,
-                                 int wg) {
+                                 int wg, StateQ& rq, StateKV& rkv) {
         using namespace cutlass::fmha::collective;
 
         const int tidx = int(threadIdx.x % 128);
@@ -450,9 +550,7 @@ struct HopperFwdKernelBody {
 
         OnlineSoftmax<R> softmax;
         clear(acc_o);
-        StateQ rq;
-        rq.advance(wg);  // warpgroup w owns Q stage w
-        StateKV rkv;     // K0, V0, K1, V1, ... alternate in the ring
+        if constexpr (kPersistent) pipe_q.consumer_wait(rq);
 
         // S = Q·K^T and O += P·V of the tiles in ring slot k / v, issued asynchronously (one wgmma batch each).
         auto issue_qk = [&](StateKV const& k) {
@@ -503,7 +601,7 @@ struct HopperFwdKernelBody {
                 if (wg == NumMmaWG - 1) NamedBarrier::arrive(2 * 128, kBarSched + 0);
             }
 
-            pipe_q.consumer_wait(rq);
+            if constexpr (!kPersistent) pipe_q.consumer_wait(rq);
 
             // ---- first tile: S = Q K^T, softmax ----
             sched_sync();
@@ -552,6 +650,12 @@ struct HopperFwdKernelBody {
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc_o);
             pipe_kv.consumer_release(rkv);
+            ++rkv;  // -> the next tile's K0
+        }
+
+        if constexpr (kOwnO) {  // every product that reads Q is done: the stage goes back to the producer
+            pipe_q.consumer_release(rq);
+            rq.advance(NumMmaWG);
         }
 
         // ---- normalise, LSE, O ----
@@ -579,10 +683,21 @@ struct HopperFwdKernelBody {
             cutlass::arch::NamedBarrier::sync(NumMmaWG * 128, kBarRingFree);
             ElementOut* stage = reinterpret_cast<ElementOut*>(storage.mainloop.smem_k.data()) + wg * StagedO::kElems;
             epi.store_o_rows(acc_o, thr_pv, StagedO{stage}, kBarEpi + wg, tidx);
+        } else if constexpr (kOwnO) {
+            // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer
+            Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
+            Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
+            epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
         } else {
             // (64, kHdimV), swizzled: the first columns of this warpgroup's Q buffer, free now
             Tensor sO = local_tile(sQ(_, _, rq.index()), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
             epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
+            if constexpr (kPersistent) {
+                // O's staging read, then the Q stage back to the producer (its next TMA write: the async proxy).
+                cutlass::arch::fence_view_async_shared();
+                pipe_q.consumer_release(rq);
+                rq.advance(NumMmaWG);
+            }
         }
     }
 };
@@ -594,5 +709,10 @@ struct HopperFwdKernelImpl
 template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct HopperFwdKernelModsImpl
     : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
+// The persistent grid (catalogue `persistent`; batch-mode plain instances): a type of its own, so that the one-tile
+// kernels keep their symbols and code.
+template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+struct HopperFwdKernelPersistentImpl
+    : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false, true> {};
 
 }  // namespace mhakit::hopper
