@@ -202,8 +202,8 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
         q_strides=bhs(qm), k_strides=bhs(km), v_strides=bhs(vm), o_strides=bhs(o), scale=scale,
         mask_type=_capi.MASK_TOP_LEFT if causal else _capi.MASK_NONE, window_left=-1,
         window_right=0 if causal else -1)
-    # The workspace mhakit_mha_fwd_workspace_size asks for: fp8, V transposed; a persistent instance, its tile counter,
-    # which starts at 0 (zeroed here, once) and which every call leaves at 0. torch's allocations are 256-byte aligned.
+    # The workspace mhakit_mha_fwd_workspace_size asks for: fp8, V transposed; a persistent instance, its tile counter
+    # (each call tags it anew: no zeroing needed). torch's allocations are 256-byte aligned.
     workspace = None
     try:
         need = lib.workspace_size(fargs)

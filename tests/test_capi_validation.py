@@ -119,10 +119,10 @@ def test_fp8_without_fp8_instances_is_unsupported_with_what_fp8_needs(lib):
     assert "fp8 runs on the hopper family only (sm_90a" in msg
     with pytest.raises(_capi.MhakitError, match="no fp8 forward kernel"):
         lib.workspace_size(args)
-    # a 16-bit call on a persistent Hopper instance (catalogue `persistent`) asks for its 4-byte tile counter, one on
+    # a 16-bit call on a persistent Hopper instance (catalogue `persistent`) asks for its 8-byte tile counter, one on
     # the generic family (a head dim that is not a multiple of 8) for nothing
     assert lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
-    assert lib.workspace_size(valid_args()) == 4
+    assert lib.workspace_size(valid_args()) == 8
     assert lib.workspace_size(valid_args(hdim_q=127, hdim_v=127)) == 0
 
 

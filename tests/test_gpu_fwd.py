@@ -91,8 +91,9 @@ def test_odd_head_dims_batch_mode(lib, case):
     assert "_generic_" in name  # [fwd.hopper] head_dim_multiple = 8
 
 
-def check_batch_mode(lib, case) -> str:
-    """Runs one batch-mode case against the reference; returns the kernel's name."""
+def check_batch_mode(lib, case, workspace=None) -> str:
+    """Runs one batch-mode case against the reference; returns the kernel's name. workspace: a CuPy buffer passed as
+    the call's workspace (None: none)."""
     dtype, b, hq, hk, sq, sk, d, dv, order, pad, mask, with_lse = case
     rng = np.random.default_rng(hash(case) % 2**32)
     m = reference.parse_mask(mask)
@@ -106,6 +107,10 @@ def check_batch_mode(lib, case) -> str:
         hdim_q=d, hdim_v=dv, seqlen_q=sq, seqlen_k=sk, q_strides=q.strides, k_strides=k.strides,
         v_strides=v.strides, o_strides=o.strides, lse_ptr=int(lse.data.ptr) if with_lse else None,
         lse_strides=(hq * sq, sq), mask_type=m.mask_type, window_left=m.left, window_right=m.right)
+    if workspace is not None:
+        need = lib.workspace_size(args)
+        assert 0 < need <= workspace.nbytes, lib.last_error()
+        args.workspace_ptr, args.workspace_bytes = int(workspace.data.ptr), int(workspace.nbytes)
     name = lib.kernel_name(args)
     assert name is not None, lib.last_error()
     lib.mha_fwd(args)
@@ -118,6 +123,26 @@ def check_batch_mode(lib, case) -> str:
     if with_lse:
         assert_close(cp.asnumpy(lse).reshape(b, hq, sq), ref_lse, tol, f"LSE ({name})")
     return name
+
+
+# The persistent Hopper instances (catalogue `persistent`): more work tiles than SMs, so CTAs take tiles from the
+# workspace's counter. The counter needs no zeroing: each call tags it anew, so a workspace full of garbage, one a
+# previous call left, and one that held other data in between must all give the reference's answer.
+PERSISTENT_CASES = [
+    ("bf16", 2, 16, 4, 1000, 1000, 128, 128, "bshd", 0, "t", True),
+    ("fp16", 4, 8, 8, 700, 700, 64, 64, "bhsd", 0, "0", True),
+    ("bf16", 2, 8, 8, 600, 800, 256, 256, "bshd", 0, "b", True),
+]
+
+
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_persistent_instances_need_no_zeroed_workspace(lib, case):
+    workspace = cp.full(256, 0xFF, dtype=cp.uint8)  # garbage: every word's tag and count all ones
+    assert "_hopper_" in check_batch_mode(lib, case, workspace)
+    assert "_hopper_" in check_batch_mode(lib, case, workspace)  # what the previous call left
+    workspace[:] = cp.asarray(np.random.default_rng(7).integers(0, 256, 256, dtype=np.uint8))  # other data
+    check_batch_mode(lib, case, workspace)
+    check_batch_mode(lib, case, workspace)
 
 
 GROUP_CASES = [

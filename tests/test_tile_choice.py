@@ -151,7 +151,7 @@ def _stub_library(specs, out: Path) -> Path:
         stubs += [f"bool {s.name}_supports(const FwdParams&) {{ return true; }}",
                   f"dev::Error {s.name}_run(const FwdParams&, dev::Stream) {{ return dev::kSuccess; }}"]
         if s.persistent:  # the tile counter the persistent instances ask for (the table points at the query)
-            stubs.append(f"size_t {s.name}_workspace_bytes(const FwdParams&) {{ return 4; }}")
+            stubs.append(f"size_t {s.name}_workspace_bytes(const FwdParams&) {{ return 8; }}")
     stubs.append("}  // namespace mhakit::instances")
     (out / "stubs.cu").write_text("\n".join(stubs) + "\n")
     sources = [table, out / "stubs.cu"] + [CSRC / "runtime" / f for f in
@@ -222,16 +222,16 @@ class TestRuntimeChoice:
 
     def test_persistent_instances_want_a_tile_counter_but_run_without_one(self, stub_lib):
         # The batch-mode plain instances of the d64 tiles are persistent (catalogue `persistent`): they ask for the
-        # 4-byte counter; group mode and "_mods" instances ask for nothing.
+        # 8-byte counter; group mode and "_mods" instances ask for nothing.
         from mhakit import _capi
-        assert stub_lib.workspace_size(_args(1024)) == 4 and stub_lib.workspace_size(_args(4096, masked=False)) == 4
+        assert stub_lib.workspace_size(_args(1024)) == 8 and stub_lib.workspace_size(_args(4096, masked=False)) == 8
         assert stub_lib.workspace_size(_args(9000, group_max=1024)) == 0
         assert stub_lib.workspace_size(_args(1024, softcap=30.0)) == 0
         # Without a workspace the call goes on (no GPU here: it stops at the device check, past the workspace's);
         # with one smaller than asked it is refused, naming the query.
         assert stub_lib.mha_fwd_raw(_args(1024)) != _capi.ERROR_INVALID_ARGS, stub_lib.last_error()
         small = _args(1024)
-        small.workspace_ptr, small.workspace_bytes = 4096, 2
+        small.workspace_ptr, small.workspace_bytes = 4096, 4
         assert stub_lib.mha_fwd_raw(small) == _capi.ERROR_INVALID_ARGS
         assert "the workspace is too small" in stub_lib.last_error()
         assert "mhakit_mha_fwd_workspace_size" in stub_lib.last_error()

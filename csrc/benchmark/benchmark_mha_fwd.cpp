@@ -59,7 +59,7 @@ void register_args(mhakit::bench::ArgParser& ap) {
     ap.add("lse", "0", "0 not store lse, 1 store lse")
         .add("kname", "0", "if set to 1 will print kernel name")
         .add("workspace", "1",
-             "1: pass the workspace mha_fwd_workspace_size asks for (zeroed once, then used by every call)\n"
+             "1: pass the workspace mha_fwd_workspace_size asks for (one buffer, used by every call)\n"
              "0: pass none (fp8 is then refused; a persistent instance runs one CTA per tile)")
         .add("init", "uf",
              "init method. ui or 0, uniform random int, ni, normalized random int\n"
@@ -321,9 +321,9 @@ int run(int argc, char** argv) {
         const float* d = static_cast<const float*>(descale_dev.get());
         args.q_descale_ptr = d, args.k_descale_ptr = d + 1, args.v_descale_ptr = d + 2;
     }
-    // The library's scratch (fp8: V transposed; a persistent instance: its tile counter, which must start at 0 and
-    // which every call leaves at 0, so it is zeroed once here and the warm-up, timed and validated calls reuse it); a
-    // refusal leaves it 0 and mha_fwd below says why.
+    // The library's scratch (fp8: V transposed; a persistent instance: its tile counter, which each call tags anew,
+    // zeroed here anyway; the warm-up, timed and validated calls reuse it); a refusal leaves it 0 and mha_fwd below
+    // says why.
     DeviceBuffer workspace_dev(pass_workspace ? mhakit::mha_fwd_workspace_size(args) : 0);
     workspace_dev.zero();
     args.workspace_ptr = pass_workspace ? workspace_dev.get() : nullptr;

@@ -108,12 +108,10 @@ typedef struct mhakit_fwd_args {
     const float* k_descale_ptr;  // device fp32 scalar dk
     const float* v_descale_ptr;  // device fp32 scalar dv
     // Scratch memory is the caller's: mhakit_mha_fwd_workspace_size() says how many bytes the chosen kernel needs (fp8:
-    // V transposed; a persistent fp16 / bf16 Hopper instance: 4, its tile counter; 0 for the others). The library
+    // V transposed; a persistent fp16 / bf16 Hopper instance: 8, its tile counter; 0 for the others). The library
     // allocates nothing. A persistent instance's counter is optional (without a workspace the call runs one CTA per
-    // tile, slower on short sequences) and has rules of its own: its first 4 bytes must be zero before the first
-    // call that uses it (zero the buffer once when you allocate it; every call leaves them zero again), the buffer
-    // must not be shared by calls that can run at the same time (one per stream), and it must not double as another
-    // call's scratch (an fp8 call's V, a backward's workspace) in between.
+    // tile, slower on short sequences); it needs no zeroing (each call tags it anew) and may hold other scratch
+    // between calls, but calls that can run at the same time must not share it (one workspace per stream).
     void* workspace_ptr;     // device scratch of at least that many bytes, MHAKIT_WORKSPACE_ALIGNMENT-aligned (NULL if 0)
     size_t workspace_bytes;  // its size
 } mhakit_fwd_args;

@@ -224,8 +224,8 @@ static int workspace_used(int device, int64_t stream) {
 }
 
 // The forward's tile counters: a persistent Hopper instance (catalogue `persistent`) takes its work tiles from a
-// counter in the call's workspace, which must be 0 before a launch and which each launch leaves at 0
-// (kernels/common/tile_scheduler.h). One zeroed buffer per (device, stream), allocated and zeroed on that stream at
+// counter in the call's workspace, which each call tags anew (kernels/common/tile_scheduler.h; zeroed here anyway).
+// One buffer per (device, stream), allocated and zeroed on that stream at
 // its first use and never freed (a graph may address it), so that calls on different streams never share one.
 // Inside a capture, and past the table's size, the call gets none and runs the one-tile grid (correct, not as fast): a
 // graph replayed on another stream beside eager calls on the capture stream would share that stream's counter.

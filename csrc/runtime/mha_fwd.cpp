@@ -2,6 +2,7 @@
 //
 // Order matters and is the contract of mha_fwd.h: validation and instance choice touch no CUDA API (so they run,
 // and are tested, on machines without a GPU); nothing is launched unless both succeed.
+#include <atomic>
 #include <cstdio>
 
 #include "kernels/common/fwd_params.h"
@@ -15,6 +16,15 @@ namespace mhakit {
 namespace {
 
 constexpr int E = MHAKIT_ERROR_INVALID_ARGS;
+
+// A new nonzero tag per call for a persistent instance's tile counter (kernels/common/tile_scheduler.h: a word left
+// with another tag, whatever the workspace held, is claimed afresh, so callers never zero it).
+unsigned next_counter_epoch() {
+    static std::atomic<unsigned> epoch{0};
+    unsigned e = epoch.fetch_add(1, std::memory_order_relaxed) + 1;
+    while (e == 0) e = epoch.fetch_add(1, std::memory_order_relaxed) + 1;
+    return e;
+}
 
 // Returns 0 when the arguments are consistent, else MHAKIT_ERROR_INVALID_ARGS with last_error set.
 // The fp8 forward's own conditions (mha_fwd.h): descale factors, batch mode, no score modifiers or dropout.
@@ -158,6 +168,7 @@ MHAKIT_EXPORT float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_str
     if (inst->workspace_optional && p.workspace_bytes > 0) {  // a persistent instance with its counter: its grid
         int smem_per_sm = 0;
         if (float dev = device_multiprocessors(&p.num_sms, &smem_per_sm)) return dev;
+        p.counter_epoch = next_counter_epoch();
     }
     if (sc.log_level > 0) std::printf("[mhakit] mha_fwd -> %s\n", inst->name);
     return run_or_time(inst->name, sc, [&](dev::Stream stream) { return inst->run(p, stream); });

@@ -57,6 +57,8 @@ struct FwdParams {
     // Persistent Hopper instances (catalogue `persistent`): the current device's multiprocessors, read by the runtime
     // when such an instance got a workspace for its tile counter (0 otherwise: the one-tile grid).
     int num_sms = 0;
+    // ... and the call's tag of that counter (nonzero, a new one per call: DynamicPersistentScheduler).
+    unsigned counter_epoch = 0;
 };
 
 // Lengths and row offsets of one sequence, in either mode.

@@ -88,11 +88,15 @@ namespace mhakit {
 // most work) takes block blocks - 1 of every pair, then blocks - 2, ..: longest-processing-time first, so the light
 // tiles fill the tail; otherwise a pair's blocks run in order, one pair after another.
 //
-// The counter: every launch fetches exactly `total` times (total - grid tiles handed out plus one failing fetch per
-// CTA), so the fetch that returns total - 1 is the launch's last; its CTA puts the counter back to 0 for the next
-// launch. No memset launch, and a CUDA graph replays correctly. The workspace's counter must be 0 before the first
-// launch that uses it (a caller zeroes it once when it allocates it) and must not be shared by launches that can run
-// at the same time (one per stream).
+// The counter: a 64-bit word in the caller's workspace, (epoch << 32) | tiles handed out, where the epoch is the
+// call's (FwdParams::counter_epoch: a nonzero number the runtime gives every call). A fetch that finds another
+// epoch in the word (0 after the previous launch, an older launch's leftover, or whatever a fresh or reused
+// workspace held) claims the word for this launch as its first fetch, so the caller never zeroes it and the
+// workspace may double as other scratch between calls. Every launch fetches exactly `total` times (total - grid
+// tiles handed out plus one failing fetch per CTA); the fetch that returns total - 1 is the launch's last and puts
+// the word back to 0, so that a CUDA graph's replays (which reuse the captured epoch) start from a word of another
+// epoch too. What the caller must not do: let two launches that can run at the same time share the word (one
+// workspace per stream). A garbage word holding this very epoch (one chance in 2^32) would skip tiles.
 struct DynamicPersistentScheduler {
     using Work = WorkTile;
     struct Params {
@@ -102,10 +106,12 @@ struct DynamicPersistentScheduler {
         int section;  // pairs per section (>= 1)
         int total;    // blocks x pairs: the work tiles
         bool heaviest_first;
-        int* counter;  // the caller's workspace (nullptr: one CTA per tile)
+        unsigned long long* counter;  // the caller's workspace (nullptr: one CTA per tile)
+        unsigned epoch;               // this launch's nonzero tag of the counter word
     };
 
-    static Params params(int blocks, int heads, int batch, int section, bool heaviest_first, int* counter) {
+    static Params params(int blocks, int heads, int batch, int section, bool heaviest_first,
+                         unsigned long long* counter, unsigned epoch) {
         Params p;
         p.blocks = blocks;
         p.heads = heads;
@@ -114,6 +120,7 @@ struct DynamicPersistentScheduler {
         p.total = blocks * p.pairs;
         p.heaviest_first = heaviest_first;
         p.counter = counter;
+        p.epoch = epoch;
         return p;
     }
     // ctas: how many CTAs of the kernel are resident at once (SMs x CTAs per SM).
@@ -145,8 +152,27 @@ struct DynamicPersistentScheduler {
     // The next tile of this CTA (>= total: none), by one thread.
     __device__ __forceinline__ static int fetch(Params const& p) {
         if (p.counter == nullptr) return p.total;
-        const int v = atomicAdd(p.counter, 1);
-        if (v == p.total - 1) atomicExch(p.counter, 0);  // the launch's last fetch: ready for the next launch
+        const unsigned long long tag = static_cast<unsigned long long>(p.epoch) << 32;
+        unsigned long long old = atomicAdd(p.counter, 1ull);
+        if ((old >> 32) != p.epoch) {
+            // Not this launch's word yet: claim it as ticket 0, unless another CTA did meanwhile (then its tag is
+            // there and the next add is ours); a CAS that loses to another CTA's add on the old word retries.
+            unsigned long long cur = old + 1;
+            for (;;) {
+                const unsigned long long seen = atomicCAS(p.counter, cur, tag | 1ull);
+                if (seen == cur) {
+                    old = tag;
+                    break;
+                }
+                if ((seen >> 32) == p.epoch) {
+                    old = atomicAdd(p.counter, 1ull);
+                    break;
+                }
+                cur = seen;
+            }
+        }
+        const int v = static_cast<int>(static_cast<unsigned>(old));
+        if (v == p.total - 1) atomicExch(p.counter, 0ull);  // the launch's last fetch: another epoch for the next
         return v + int(gridDim.x);
     }
 #endif

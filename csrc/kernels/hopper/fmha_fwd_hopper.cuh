@@ -30,8 +30,7 @@
 // only writes O = 0 and LSE = -inf.
 //
 // Persistent (kPersistent, catalogue `persistent`; batch-mode plain fp16 / bf16 instances): with a workspace of
-// kCounterBytes (the tile counter, zeroed by the caller once when it allocates it and left zero by every call) and
-// p.num_sms, the grid is one CTA per multiprocessor walking the work tiles (DynamicPersistentScheduler); without one
+// kCounterBytes (the tile counter, tagged with the call's p.counter_epoch: the caller never zeroes it) and p.num_sms, the grid is one CTA per multiprocessor walking the work tiles (DynamicPersistentScheduler); without one
 // the same kernel runs one CTA per tile, as the other instances do. workspace_bytes() asks for the counter; the
 // runtime lets a call without a workspace through (registry.h: workspace_optional).
 //
@@ -76,7 +75,7 @@ struct FwdKernel {
         std::conditional_t<kPersistent,
                            HopperFwdKernelPersistentImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
                            HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>>;
-    static constexpr int kCounterBytes = 4;  // persistent: the tile counter (an int) at the workspace's start
+    static constexpr int kCounterBytes = 8;  // persistent: the tile counter (epoch, count) at the workspace's start
     static constexpr bool kFp8 = Impl::kFp8;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
@@ -198,10 +197,10 @@ struct FwdKernel {
             const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.hdim_q + p.hdim_v) * int64_t(sizeof(Element));
             const int64_t kv_pairs = (int64_t(24) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
             const int section = int(kv_pairs * group < (int64_t(1) << 30) ? kv_pairs * group : (int64_t(1) << 30));
-            int* counter = p.workspace_bytes >= size_t(kCounterBytes) && p.num_sms > 0 ? static_cast<int*>(p.workspace)
-                                                                                       : nullptr;
+            const bool counted = p.workspace_bytes >= size_t(kCounterBytes) && p.num_sms > 0 && p.counter_epoch != 0;
+            auto* counter = counted ? static_cast<unsigned long long*>(p.workspace) : nullptr;
             params.sched = Impl::PersistentScheduler::params((p.seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch,
-                                                             section, kMasked, counter);
+                                                             section, kMasked, counter, p.counter_epoch);
         }
         return params;
     }
