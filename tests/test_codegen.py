@@ -278,16 +278,18 @@ class TestRendering:
         mods = render.render_instance(make_spec(mask="mask", mods=True))
         assert "/*mods=*/true>;" in mods and "the score modifiers' kernel in place of the plain one" in mods
         assert "score modifiers" not in generic
-        spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
+        spec = profiles.select("fwd", "sm_90a", "default", "fwd_d128_bf16_batch_mask_sm90a_hopper*").specs[0]
         hopper = render.render_instance(spec)
-        # The d256 tile is `persistent` (catalogue): its batch-mode plain instance asks for the persistent grid and
+        # The d128 tile is `persistent` (catalogue): its batch-mode plain instance asks for the persistent grid and
         # has a workspace query; its group-mode twin does not.
-        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 256, 256, /*group_mode=*/false, /*masked=*/true,\n                                 128, 64, /*mods=*/false, /*persistent=*/true>" in hopper
+        assert "hopper::FwdKernel<MHAKIT_DTYPE_BF16, 128, 128, /*group_mode=*/false, /*masked=*/true,\n                                 128, 128, /*mods=*/false, /*persistent=*/true>" in hopper
         assert f"size_t {spec.name}_workspace_bytes(" in hopper
         assert "score modifiers" not in hopper
-        group_spec = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_group_mask_sm90a_hopper*").specs[0]
+        group_spec = profiles.select("fwd", "sm_90a", "default", "fwd_d128_bf16_group_mask_sm90a_hopper*").specs[0]
         group_text = render.render_instance(group_spec)
-        assert "128, 64, /*mods=*/false>;" in group_text and "workspace_bytes" not in group_text
+        assert "128, 128, /*mods=*/false>;" in group_text and "workspace_bytes" not in group_text
+        d256 = profiles.select("fwd", "sm_90a", "default", "fwd_d256_bf16_batch_mask_sm90a_hopper*").specs[0]
+        assert not d256.persistent  # measured slower persistent: one CTA per tile
         assert spec.persistent and not group_spec.persistent
         table = render.render_dispatch("fwd", "sm_90a", [spec, group_spec])
         assert table.count("/*workspace_optional=*/true") == 1 and table.count("/*workspace_optional=*/false") == 1

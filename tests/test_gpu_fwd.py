@@ -131,7 +131,7 @@ def check_batch_mode(lib, case, workspace=None) -> str:
 PERSISTENT_CASES = [
     ("bf16", 2, 16, 4, 1000, 1000, 128, 128, "bshd", 0, "t", True),
     ("fp16", 4, 8, 8, 700, 700, 64, 64, "bhsd", 0, "0", True),
-    ("bf16", 2, 8, 8, 600, 800, 256, 256, "bshd", 0, "b", True),
+    ("bf16", 2, 8, 8, 600, 800, 128, 128, "bshd", 0, "b", True),
 ]
 
 
