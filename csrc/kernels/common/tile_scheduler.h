@@ -21,6 +21,25 @@ struct WorkTile {
     int block, head, batch;
 };
 
+#if defined(__CUDACC__)
+// Tile t of the heaviest-first interleaved order over blocks x pairs tiles (pairs: heads x batch, head fastest): the
+// pairs go `group` at a time (the last group may be smaller), and within a group tile after tile takes block
+// blocks - 1 of each pair, then block blocks - 2 of each, .. Shared by SingleTileScheduler::work_interleaved (t: the
+// CTA) and DynamicPersistentScheduler::decode (t: the fetched tile, a group: an L2 section).
+__device__ __forceinline__ WorkTile interleaved_tile(int t, int blocks, int heads, int pairs, int group) {
+    const int g = t / (group * blocks);
+    const int first = g * group;
+    const int size = pairs - first < group ? pairs - first : group;
+    const int i = t - first * blocks;
+    const int pair = first + i % size;
+    WorkTile w;
+    w.block = blocks - 1 - i / size;
+    w.head = pair % heads;
+    w.batch = pair / heads;
+    return w;
+}
+#endif
+
 template <bool kHeaviestFirst, bool kBatchInY = false>
 struct SingleTileScheduler {
     using Work = WorkTile;
@@ -44,17 +63,7 @@ struct SingleTileScheduler {
     // side by side as others finish, here CTAs of different pairs do. One division by run-time values per CTA.
     static dim3 grid_interleaved(int blocks, int heads, int batch) { return dim3(unsigned(blocks) * heads * batch); }
     __device__ __forceinline__ static Work work_interleaved(int blocks, int heads, int group) {
-        const int pairs = int(gridDim.x) / blocks;
-        const int g = int(blockIdx.x) / (group * blocks);
-        const int first = g * group;
-        const int size = pairs - first < group ? pairs - first : group;
-        const int p = int(blockIdx.x) - first * blocks;
-        const int pair = first + p % size;
-        Work w;
-        w.block = blocks - 1 - p / size;
-        w.head = pair % heads;
-        w.batch = pair / heads;
-        return w;
+        return interleaved_tile(int(blockIdx.x), blocks, heads, int(gridDim.x) / blocks, group);
     }
     // work(reverse).block again, for a kernel that would rather recompute it at each use than hold it in a register
     // for the CTA's life: %ctaid.x through a volatile move, which the compiler neither merges with other reads nor
@@ -71,12 +80,8 @@ struct SingleTileScheduler {
 #endif
 };
 
-}  // namespace mhakit
-
-namespace mhakit {
-
 // A persistent grid with a dynamic tile counter: grid = min(tiles, resident CTAs), CTA i starts on tile i and takes
-// each next tile from an atomicAdd on a 32-bit counter in the caller's workspace, so that the hardware's speed spread
+// each next tile from an atomic add on a counter word in the caller's workspace, so that the hardware's speed spread
 // and unequal causal tiles are balanced as the one-tile grid's dispatch balances them, while a CTA's prologue (its
 // pipelines, barriers, descriptor prefetch) is paid once and the next tile's K / V loads run under the current tile's
 // epilogue. Without a counter (counter == nullptr: no workspace) the grid is one CTA per tile and fetch() ends each
@@ -85,8 +90,8 @@ namespace mhakit {
 // Tile order (decode): the (head, batch) pairs, head fastest (so the query heads that share a K/V head under GQA sit
 // together), go `section` at a time (sized on the host so that a section's K and V fit in a share of L2; the last
 // section may be smaller). Within a section, heaviest_first (causal and window masks: the last query block does the
-// most work) takes block blocks - 1 of every pair, then blocks - 2, ..: longest-processing-time first, so the light
-// tiles fill the tail; otherwise a pair's blocks run in order, one pair after another.
+// most work) takes block blocks - 1 of every pair, then blocks - 2, .. (interleaved_tile): longest-processing-time
+// first, so the light tiles fill the tail; otherwise a pair's blocks run in order, one pair after another.
 //
 // The counter: a 64-bit word in the caller's workspace, (epoch << 32) | tiles handed out, where the epoch is the
 // call's (FwdParams::counter_epoch: a nonzero number the runtime gives every call). A fetch that finds another
@@ -131,20 +136,10 @@ struct DynamicPersistentScheduler {
 #if defined(__CUDACC__)
     __device__ __forceinline__ static int first() { return int(blockIdx.x); }
     __device__ __forceinline__ static Work decode(Params const& p, int t) {
-        const int per_section = p.section * p.blocks;
-        const int s = t / per_section;
-        const int first_pair = s * p.section;
-        const int size = p.pairs - first_pair < p.section ? p.pairs - first_pair : p.section;
-        const int i = t - s * per_section;
-        int pair;
+        if (p.heaviest_first) return interleaved_tile(t, p.blocks, p.heads, p.pairs, p.section);
+        const int pair = t / p.blocks;  // in order: sections change nothing
         Work w;
-        if (p.heaviest_first) {
-            w.block = p.blocks - 1 - i / size;
-            pair = first_pair + i % size;
-        } else {
-            w.block = i % p.blocks;
-            pair = first_pair + i / p.blocks;
-        }
+        w.block = t % p.blocks;
         w.head = pair % p.heads;
         w.batch = pair / p.heads;
         return w;
