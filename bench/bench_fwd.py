@@ -210,7 +210,7 @@ def run_case(lib, dtype_name: str, hdims: tuple[int, int], seqlen: int, causal: 
     except _capi.MhakitError:
         need = 0  # refused: the kernel-name query below says why
     if need > 0 or fp8:
-        workspace = torch.zeros(max(need, 1), device="cuda", dtype=torch.uint8)
+        workspace = torch.empty(max(need, 1), device="cuda", dtype=torch.uint8)
         fargs.workspace_ptr, fargs.workspace_bytes = workspace.data_ptr(), need
     cfg = _capi.make_stream_config(stream)
     fwd = lib.cdll.mhakit_mha_fwd

@@ -147,7 +147,6 @@ public:
     }
     // All bytes 0xFF: NaN in fp16, bf16 and fp32, so anything the kernel forgets to write fails validation.
     void poison() const { MHAKIT_CHECK_CUDA(dev::memset(ptr_, 0xFF, std::max<size_t>(bytes_, 256))); }
-    void zero() const { MHAKIT_CHECK_CUDA(dev::memset(ptr_, 0, std::max<size_t>(bytes_, 256))); }
 
 private:
     void* ptr_ = nullptr;

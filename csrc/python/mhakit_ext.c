@@ -84,7 +84,6 @@ static struct {
     CUresult (*event_destroy)(CUevent);
     CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
     CUresult (*stream_is_capturing)(CUstream, int*);
-    CUresult (*memset_d32_async)(CUdeviceptr, unsigned, size_t, CUstream);
 } drv;
 
 static int driver_load(void) {
@@ -103,7 +102,6 @@ static int driver_load(void) {
         {(void**)&drv.event_destroy, "cuEventDestroy_v2"},
         {(void**)&drv.mem_alloc_async, "cuMemAllocAsync"},
         {(void**)&drv.stream_is_capturing, "cuStreamIsCapturing"},
-        {(void**)&drv.memset_d32_async, "cuMemsetD32Async"},
     };
     for (size_t i = 0; h != NULL && i < sizeof(syms) / sizeof(syms[0]); ++i)
         if ((*syms[i].slot = dlsym(h, syms[i].name)) == NULL) h = NULL;
@@ -224,9 +222,9 @@ static int workspace_used(int device, int64_t stream) {
 }
 
 // The forward's tile counters: a persistent Hopper instance (catalogue `persistent`) takes its work tiles from a
-// counter in the call's workspace, which each call tags anew (kernels/common/tile_scheduler.h; zeroed here anyway).
-// One buffer per (device, stream), allocated and zeroed on that stream at
-// its first use and never freed (a graph may address it), so that calls on different streams never share one.
+// counter in the call's workspace, which each call tags anew (kernels/common/tile_scheduler.h: no zeroing). One
+// buffer per (device, stream), allocated on that stream at its first use and never freed (a graph may address it),
+// so that calls on different streams never share one.
 // Inside a capture, and past the table's size, the call gets none and runs the one-tile grid (correct, not as fast): a
 // graph replayed on another stream beside eager calls on the capture stream would share that stream's counter.
 // Every 16-bit forward call gets the buffer (kCounterBytes); instances without a persistent grid ignore it.
@@ -243,7 +241,6 @@ static void* fwd_counter(int device, int64_t stream) {
         if (g_counters[device][i].ptr == 0) {
             CUdeviceptr ptr = 0;
             if (drv.mem_alloc_async(&ptr, kCounterBytes, (CUstream)(intptr_t)stream) != 0) return NULL;
-            if (drv.memset_d32_async(ptr, 0u, kCounterBytes / 4, (CUstream)(intptr_t)stream) != 0) return NULL;
             g_counters[device][i].stream = stream;
             g_counters[device][i].ptr = ptr;
         }
