@@ -132,6 +132,9 @@ PERSISTENT_CASES = [
     ("bf16", 2, 16, 4, 1000, 1000, 128, 128, "bshd", 0, "t", True),
     ("fp16", 4, 8, 8, 700, 700, 64, 64, "bhsd", 0, "0", True),
     ("bf16", 2, 8, 8, 600, 800, 128, 128, "bshd", 0, "b", True),
+    # (192, 128): O staged in padded rows of its own (the d64 / d128 tiles: a Q stage's swizzled layout)
+    ("bf16", 2, 16, 4, 1000, 1000, 192, 128, "bshd", 0, "t", True),
+    ("fp16", 4, 8, 8, 517, 900, 192, 128, "bhsd", 0, "b", True),
 ]
 
 

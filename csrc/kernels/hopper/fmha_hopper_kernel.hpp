@@ -187,11 +187,17 @@ struct HopperFwdKernelBody {
     struct SharedStoragePersistent : SharedStoragePlain {
         int next_tile;  // the producer's fetch, for the consumers (kBarTileFull / kBarTileEmpty)
     };
-    // Persistent, where shared memory allows (d64, d128; not d256, whose Q and 5-stage ring leave 3 KB): O staged in
-    // a buffer of its own (a Q stage's layout per warpgroup), so that a warpgroup gives its Q stage back after its
-    // last product and the next tile's Q loads during the epilogue.
+    // O staged as padded rows (StagedRows): fp8's, in the K/V ring once every consumer is done with it, and the
+    // persistent (192, 128) tile's own buffer below; 64 x kHdimV 16-bit elements per consumer warpgroup.
+    using StagedO = StagedRows<ElementOut, 64, kHdimV>;
+    // Persistent, where shared memory allows (d64, d128, (192, 128); not d192 or d256, whose Q and K/V ring leave
+    // 35 KB / 3 KB): O staged in a buffer of its own, so that a warpgroup gives its Q stage back after its last
+    // product and the next tile's Q loads during the epilogue. Equal head dims: a Q stage's swizzled layout per
+    // warpgroup; hdim_v < hdim_q: StagedO's padded rows per warpgroup (a Q stage would be hdim_q wide: 14 KB more
+    // than (192, 128) has).
+    static constexpr int kOwnOElems = kSplitDims ? NumMmaWG * StagedO::kElems : int(cute::cosize_v<SmemLayoutQ>);
     struct SharedStoragePersistentO : SharedStoragePersistent {
-        cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
+        cute::array_aligned<ElementOut, kOwnOElems, (kSplitDims ? 128 : 1024)> smem_o;
     };
     static constexpr bool kOwnO = kPersistent && int(sizeof(SharedStoragePersistentO)) <= kSmemLimit;
     using SharedStorage = std::conditional_t<
@@ -200,8 +206,6 @@ struct HopperFwdKernelBody {
                            std::conditional_t<kPersistent, SharedStoragePersistent, SharedStoragePlain>>>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
-    // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged in the K/V ring once every consumer is done with it.
-    using StagedO = StagedRows<ElementOut, 64, kHdimV>;
     static_assert(!kFp8 || NumMmaWG * StagedO::kElems * int(sizeof(ElementOut)) <=
                                int(sizeof(cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>>)),
                   "fp8: the K/V ring must hold the consumers' O tiles");
@@ -683,6 +687,9 @@ struct HopperFwdKernelBody {
             cutlass::arch::NamedBarrier::sync(NumMmaWG * 128, kBarRingFree);
             ElementOut* stage = reinterpret_cast<ElementOut*>(storage.mainloop.smem_k.data()) + wg * StagedO::kElems;
             epi.store_o_rows(acc_o, thr_pv, StagedO{stage}, kBarEpi + wg, tidx);
+        } else if constexpr (kOwnO && kSplitDims) {
+            // this warpgroup's padded rows of the O buffer
+            epi.store_o_rows(acc_o, thr_pv, StagedO{storage.smem_o.data() + wg * StagedO::kElems}, kBarEpi + wg, tidx);
         } else if constexpr (kOwnO) {
             // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer
             Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
