@@ -189,11 +189,9 @@ class TestProfiles:
         every = profiles.enumerate_specs("fwd", "sm_90a", candidates=True)
         block_ns = {dict(s.algorithm.tile)["block_n"] for s in every.specs if s.name.startswith(fp8_d128)}
         assert len(block_ns) >= 2 and all(n % 32 == 0 and n <= 256 for n in block_ns)
-        # (and the 16-bit short-sequence candidates of tools/verify_tilechoice.sh, masked, and of
-        # tools/verify_p192.sh, d64 unmasked)
-        short = tuple(f"fwd_d{d}_{dt}_{m}_{k}_sm90a_hopper_{t}"
-                      for d, k, t in ((64, "mask", "b128x96"), (128, "mask", "b128x160"), (256, "mask", "b128x96"),
-                                      (64, "nmask", "b128x128"))
+        # (and the 16-bit masked short-sequence candidates of tools/verify_tilechoice.sh)
+        short = tuple(f"fwd_d{d}_{dt}_{m}_mask_sm90a_hopper_{t}" for d, t in ((64, "b128x96"), (128, "b128x160"),
+                                                                             (256, "b128x96"))
                       for dt in ("fp16", "bf16") for m in ("batch", "group"))
         assert set(short) <= every.candidates
         assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
