@@ -187,23 +187,37 @@ struct HopperFwdKernelBody {
     struct SharedStoragePersistent : SharedStoragePlain {
         int next_tile;  // the producer's fetch, for the consumers (kBarTileFull / kBarTileEmpty)
     };
-    // O staged as padded rows (StagedRows): fp8's, in the K/V ring once every consumer is done with it, and the
-    // persistent (192, 128) tile's own buffer below; 64 x kHdimV 16-bit elements per consumer warpgroup.
+    // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged as padded rows in the K/V ring once every
+    // consumer is done with it.
     using StagedO = StagedRows<ElementOut, 64, kHdimV>;
-    // Persistent, where shared memory allows (d64, d128, (192, 128); not d192 or d256, whose Q and K/V ring leave
-    // 35 KB / 3 KB): O staged in a buffer of its own, so that a warpgroup gives its Q stage back after its last
-    // product and the next tile's Q loads during the epilogue. Equal head dims: a Q stage's swizzled layout per
-    // warpgroup; hdim_v < hdim_q: StagedO's padded rows per warpgroup (a Q stage would be hdim_q wide: 14 KB more
-    // than (192, 128) has).
-    static constexpr int kOwnOElems = kSplitDims ? NumMmaWG * StagedO::kElems : int(cute::cosize_v<SmemLayoutQ>);
-    struct SharedStoragePersistentO : SharedStoragePersistent {
-        cute::array_aligned<ElementOut, kOwnOElems, (kSplitDims ? 128 : 1024)> smem_o;
+    // Persistent, where shared memory allows: O staged in a buffer of its own, so that a warpgroup gives its Q stage
+    // back after its last product and the next tile's Q loads during the epilogue. Equal head dims where a Q stage's
+    // swizzled layout per warpgroup fits (d64, d128): that layout. Otherwise (192: 35 KB left; (192, 128): a Q stage
+    // would be 192 columns wide) padded rows of kOCols columns per warpgroup, the largest multiple of 64 up to hdim_v
+    // that fits (a row pitch of 64·k + 8 elements puts the 8 rows of a fragment store in different banks), written out
+    // in ceil(hdim_v / kOCols) passes of columns ((192, 128): one pass of 128; 192: 128 + 64); none fits: O stays in
+    // the Q buffer (d256: 3 KB left).
+    struct SharedStoragePersistentQO : SharedStoragePersistent {
+        cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
     };
-    static constexpr bool kOwnO = kPersistent && int(sizeof(SharedStoragePersistentO)) <= kSmemLimit;
+    static constexpr bool kOwnOSwizzled =
+        kPersistent && !kSplitDims && int(sizeof(SharedStoragePersistentQO)) <= kSmemLimit;
+    static constexpr int kORowsFree = kSmemLimit - int(sizeof(SharedStoragePersistent)) - 128;  // 128: the alignment
+    static constexpr int kOColsFit = (kORowsFree / (NumMmaWG * 64 * int(sizeof(ElementOut))) - 8) / 64 * 64;
+    static constexpr int kOCols = kOColsFit < kHdimV ? kOColsFit : kHdimV;
+    static constexpr bool kOwnORows = kPersistent && !kOwnOSwizzled && kOCols >= 64;
+    using StagedOCols = StagedRows<ElementOut, 64, (kOwnORows ? kOCols : 8)>;
+    struct SharedStoragePersistentRO : SharedStoragePersistent {
+        cute::array_aligned<ElementOut, NumMmaWG * StagedOCols::kElems, 128> smem_o;
+    };
+    static constexpr bool kOwnO = kOwnOSwizzled || kOwnORows;
+    static_assert(!(kPersistent && kHdim == 192) || kOwnO, "the persistent 192 tiles stage O in a buffer of their own");
     using SharedStorage = std::conditional_t<
         (kBiasStages > 0), SharedStorageMods,
-        std::conditional_t<kOwnO, SharedStoragePersistentO,
-                           std::conditional_t<kPersistent, SharedStoragePersistent, SharedStoragePlain>>>;
+        std::conditional_t<kOwnOSwizzled, SharedStoragePersistentQO,
+                           std::conditional_t<kOwnORows, SharedStoragePersistentRO,
+                                              std::conditional_t<kPersistent, SharedStoragePersistent,
+                                                                 SharedStoragePlain>>>>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
     static_assert(!kFp8 || NumMmaWG * StagedO::kElems * int(sizeof(ElementOut)) <=
@@ -687,10 +701,11 @@ struct HopperFwdKernelBody {
             cutlass::arch::NamedBarrier::sync(NumMmaWG * 128, kBarRingFree);
             ElementOut* stage = reinterpret_cast<ElementOut*>(storage.mainloop.smem_k.data()) + wg * StagedO::kElems;
             epi.store_o_rows(acc_o, thr_pv, StagedO{stage}, kBarEpi + wg, tidx);
-        } else if constexpr (kOwnO && kSplitDims) {
-            // this warpgroup's padded rows of the O buffer
-            epi.store_o_rows(acc_o, thr_pv, StagedO{storage.smem_o.data() + wg * StagedO::kElems}, kBarEpi + wg, tidx);
-        } else if constexpr (kOwnO) {
+        } else if constexpr (kOwnORows) {
+            // this warpgroup's padded rows of the O buffer, kOCols columns at a time
+            epi.store_o_rows(acc_o, thr_pv, StagedOCols{storage.smem_o.data() + wg * StagedOCols::kElems}, kBarEpi + wg,
+                             tidx);
+        } else if constexpr (kOwnOSwizzled) {
             // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer
             Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
             Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));

@@ -92,20 +92,29 @@ struct FwdEpilogue {
         }
     }
 
-    // The same O through a padded StagedRows tile of free shared memory (fp8: the warpgroup's Q buffer is half the
-    // size of its 16-bit O); bar_id as above.
-    template <class TensorAcc, class ThrMma>
+    // The same O through a padded StagedRows tile of free shared memory, kCols columns at a time (fp8: the K/V ring,
+    // the warpgroup's Q buffer being half the size of its 16-bit O, one pass; the persistent 192 tile: its own 128
+    // columns, two passes); bar_id as above.
+    template <class TensorAcc, class ThrMma, int kCols>
     CUTLASS_DEVICE void store_o_rows(TensorAcc const& acc_o, ThrMma const& thr_pv,
-                                     StagedRows<Element, 64, kHdim> const& tile, uint32_t bar_id, int tidx) const {
+                                     StagedRows<Element, 64, kCols> const& tile, uint32_t bar_id, int tidx) const {
         using namespace cute;
+        static_assert(kCols <= kHdim);
         Tensor c = thr_pv.partition_C(make_identity_tensor(Shape<_64, Int<kHdim>>{}));
         static_assert(decltype(size(c))::value == decltype(size(acc_o))::value);
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < decltype(size(acc_o))::value / 2; ++k)
-            tile.put(get<0>(c(2 * k)), get<1>(c(2 * k)), detail::pack2<Element>(acc_o(2 * k), acc_o(2 * k + 1)));
-        cutlass::arch::NamedBarrier::sync(128, bar_id);
         const int rows = seqlen_q - row0 < 64 ? seqlen_q - row0 : 64;
-        tile.store(o + int64_t(row0) * o_row, o_row, rows, hdim_v, tidx, 128);
+        CUTLASS_PRAGMA_UNROLL
+        for (int c0 = 0; c0 < kHdim; c0 += kCols) {
+            if (c0 > 0) cutlass::arch::NamedBarrier::sync(128, bar_id);  // the previous pass's reads are done
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < decltype(size(acc_o))::value / 2; ++k) {
+                const int col = get<1>(c(2 * k));
+                if (kCols == kHdim || (col >= c0 && col < c0 + kCols))
+                    tile.put(get<0>(c(2 * k)), col - c0, detail::pack2<Element>(acc_o(2 * k), acc_o(2 * k + 1)));
+            }
+            cutlass::arch::NamedBarrier::sync(128, bar_id);
+            tile.store(o + int64_t(row0) * o_row + c0, o_row, rows, hdim_v - c0, tidx, 128);
+        }
     }
 };
 
