@@ -1,0 +1,143 @@
+"""decode_tma's wgmma tile (catalogue `warpgroups`, `min_rows`): the catalogue and codegen carry it (name, template,
+dispatch row, rules), and the runtime gives it exactly the calls with at least min_rows packed rows per kv head
+(seqlen_q x nhead_q / nhead_k) and the mma.sync tile every other call, through the real C ABI of a library whose
+split-KV instances are host stubs (built with nvcc, no GPU: kernel_name launches nothing)."""
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from codegen import profiles, render, rules
+from codegen.spec import Algorithm, KernelSpec
+
+REPO = Path(__file__).resolve().parent.parent
+CSRC = REPO / "csrc"
+FAKE = 0x7F0000000000  # 16-byte aligned, never dereferenced
+
+PREFIX = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_"
+
+
+def d128_bf16_specs():
+    return [s for s in profiles.select("fwd", "sm_90a", "default", PREFIX).specs]
+
+
+def wgmma_spec() -> KernelSpec:
+    (spec,) = [s for s in d128_bf16_specs() if "warpgroups" in dict(s.algorithm.tile)]
+    return spec
+
+
+def min_rows() -> int:
+    return dict(wgmma_spec().algorithm.tile)["min_rows"]
+
+
+class TestCatalogue:
+    def test_the_d128_bucket_has_one_wgmma_tile_beside_the_mma_sync_one(self):
+        names = sorted(s.name for s in d128_bf16_specs())
+        assert names == [PREFIX + "b32x64w4", PREFIX + "b64x64g1"], names
+        tile = dict(wgmma_spec().algorithm.tile)
+        assert tile["warpgroups"] == 1 and tile["block_m"] == 64 and tile["min_rows"] == 64
+
+    def test_the_template_and_the_dispatch_row(self):
+        spec = wgmma_spec()
+        src = render.render_instance(spec)
+        assert '#include "kernels/decode/fmha_fwd_splitkv_wgmma.cuh"' in src
+        assert "decode::SplitkvWgmmaKernel<MHAKIT_DTYPE_BF16, 128, 128, /*warpgroups=*/1," in src
+        assert "SplitkvTmaKernel" not in src
+        table = render.render_dispatch("fwd", "sm_90a", d128_bf16_specs())
+        assert f"/*min_rows=*/{min_rows()}," in table and "/*min_rows=*/0," in table
+
+    @pytest.mark.parametrize("tile, message", [
+        (dict(block_m=64, block_n=64, warpgroups=3, stages=3), "1 or 2 warpgroups"),
+        (dict(block_m=128, block_n=64, warpgroups=1, stages=3), "block_m = 64 x warpgroups"),
+        (dict(block_m=64, block_n=128, warpgroups=1, stages=3), "block_n = 64"),
+        (dict(block_m=64, block_n=64, warpgroups=1, warps=4, stages=3), "no warps"),
+        (dict(block_m=64, block_n=64, warpgroups=1, stages=3, min_rows=0), r"min_rows must be in \[1, 99999\]"),
+    ])
+    def test_the_rule_refuses_inconsistent_wgmma_tiles(self, tile, message):
+        good = wgmma_spec()
+        spec = KernelSpec(good.signature, Algorithm("decode_tma", "sm_90a", tuple(tile.items())), good.priority,
+                          good.template, good.guards)
+        reasons = rules.violations(spec)
+        assert any(__import__("re").search(message, r) for r in reasons), reasons
+        assert rules.violations(good) == []
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The runtime's choice through mhakit_mha_fwd_splitkv_kernel_name, host stubs for the instances
+# ------------------------------------------------------------------------------------------------------------------
+
+def _stub_library(specs, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    table = out / "dispatch.cu"
+    table.write_text(render.render_dispatch("fwd", "sm_90a", specs))
+    stubs = ['#include "runtime/registry.h"', "namespace mhakit::instances {"]
+    for s in specs:
+        stubs += [f"bool {s.name}_supports(const SplitkvParams&) {{ return true; }}",
+                  f"int {s.name}_num_splits(const SplitkvParams&, int) {{ return 1; }}",
+                  f"dev::Error {s.name}_run(const SplitkvParams&, dev::Stream) {{ return dev::kSuccess; }}"]
+    stubs.append("}  // namespace mhakit::instances")
+    (out / "stubs.cu").write_text("\n".join(stubs) + "\n")
+    sources = [table, out / "stubs.cu"] + [CSRC / "runtime" / f for f in
+                                           ("mha_fwd.cpp", "mha_fwd_splitkv.cpp", "api_common.cpp", "error.cpp",
+                                            "device.cpp")]
+    lib = out / "libmha_fwd.so"
+    cmd = ["nvcc", "-std=c++17", "-shared", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-arch=sm_90a",
+           f"-I{CSRC}", f"-I{CSRC / 'include'}", *map(str, sources), "-o", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return lib
+
+
+def _args(sq, hq, hk, d=128):
+    from mhakit import _capi
+    b, cap = 2, 4096
+    a = _capi.MhakitFwdSplitkvArgs()
+    a.data_type = _capi.DTYPE_BF16
+    a.q_ptr = a.k_cache_ptr = a.v_cache_ptr = a.o_ptr = a.seqlen_k_ptr = FAKE
+    a.seqlen_q, a.max_seqlen_k, a.batch = sq, cap, b
+    a.nhead_q, a.nhead_k, a.hdim_q, a.hdim_v = hq, hk, d, d
+    a.num_splits = 1
+    a.scale_s = 1.0 / math.sqrt(d)
+    a.stride_q, a.nhead_stride_q, a.batch_stride_q = hq * d, d, sq * hq * d
+    a.stride_o, a.nhead_stride_o, a.batch_stride_o = hq * d, d, sq * hq * d
+    for t in "kv":
+        setattr(a, f"stride_{t}", hk * d)
+        setattr(a, f"nhead_stride_{t}", d)
+        setattr(a, f"batch_stride_{t}", cap * hk * d)
+    a.window_size_left = a.window_size_right = -1
+    return a
+
+
+@pytest.fixture(scope="module")
+def stub_lib(tmp_path_factory):
+    from mhakit import _capi
+    return _capi.load_library(_stub_library(d128_bf16_specs(), tmp_path_factory.mktemp("decwg") / "full"))
+
+
+@pytest.mark.compile
+class TestRuntimeChoice:
+    @pytest.mark.parametrize("sq, hq, hk", [(1, 32, 8), (4, 32, 8), (16, 8, 8), (8, 32, 8), (16, 24, 8), (2, 8, 1),
+                                            (16, 32, 8), (16, 64, 8), (8, 64, 8), (1, 64, 1), (64, 8, 8),
+                                            (4, 128, 8)])
+    def test_packed_rows_pick_the_tile(self, stub_lib, sq, hq, hk):
+        rows = sq * hq // hk
+        want = PREFIX + ("b64x64g1" if rows >= min_rows() else "b32x64w4")
+        assert stub_lib.splitkv_kernel_name(_args(sq, hq, hk)) == want, stub_lib.last_error()
+
+    def test_the_wgmma_tile_alone_serves_every_call(self, tmp_path):
+        from mhakit import _capi
+        lib = _capi.load_library(_stub_library([wgmma_spec()], tmp_path / "wgmma_only"))
+        for sq, hq, hk in [(1, 8, 8), (16, 32, 8)]:
+            assert lib.splitkv_kernel_name(_args(sq, hq, hk)) == wgmma_spec().name, lib.last_error()
+
+    def test_a_smaller_head_dim_keeps_the_tightest_bucket(self, tmp_path):
+        """d64 calls with 64 packed rows go to the d64 mma.sync instance (the tightest bucket outranks min_rows)."""
+        from mhakit import _capi
+        specs = profiles.select("fwd", "sm_90a", "default", "splitkv_d64_bf16_batch_mask_sm90a_decode_tma_,"
+                                + PREFIX).specs
+        lib = _capi.load_library(_stub_library(specs, tmp_path / "d64"))
+        name = lib.splitkv_kernel_name(_args(16, 32, 8, d=64))
+        assert name is not None and name.startswith("splitkv_d64_bf16_batch_mask_sm90a_decode_tma_b"), name
