@@ -98,16 +98,16 @@ class TestNames:
         # (decode_tma's wgmma tile: g<warpgroups> instead of w<warps>)
         decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+(w|g)\d+$")
         assert all(pattern.match(n) or decode.match(n) for n in names), [n for n in names if not pattern.match(n)]
-        # decode 2 x 3 buckets, decode_tma 2 x (64, 128) mma.sync + 2 x 128 wgmma
-        assert sum(bool(decode.match(n)) for n in names) == 6 + 4 + 2
+        # decode 2 x 3 buckets, decode_tma 2 x (64, 128) mma.sync + 2 x (64, 128 x 2) wgmma
+        assert sum(bool(decode.match(n)) for n in names) == 6 + 4 + 6
 
 
 class TestProfiles:
     def test_counts(self):
         # minimal: hopper + generic, masked and unmasked, one masked modifier instance of each, one decode and one
         # decode_tma instance
-        # (+ 1: decode_tma's wgmma tile beside its mma.sync one)
-        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 2 + 1 + 1 + 1
+        # (+ 2: decode_tma's wgmma tiles, one and two warpgroups, beside its mma.sync one)
+        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 2 + 1 + 1 + 2
         assert len(profiles.select("bwd", "sm_90a", "minimal").specs) == 4 + 2
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
         # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
@@ -116,11 +116,11 @@ class TestProfiles:
         # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper modifier instances (forward and backward): bf16 x 64 / 128 / 256
         # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
         # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`; the ranged d64 masked tile
-        # (128 x 128 up to max_seqlen_q 1024, plain only): 2 dtypes x 2 modes in both; decode_tma's wgmma tile (2
-        # dtypes x the 128 bucket)
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4 + 2
+        # (128 x 128 up to max_seqlen_q 1024, plain only): 2 dtypes x 2 modes in both; decode_tma's wgmma tiles (2
+        # dtypes x (d64 one warpgroup, d128 one and two warpgroups))
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4 + 6
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4 + 2
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4 + 6
         # (the unmasked (192, 128) backward tile is plain only: no nmask "_mods" instance, 2 dtypes x 2 modes)
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48 - 4
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
@@ -315,9 +315,9 @@ class TestRendering:
         specs = [s for s in everything if s.signature.api == "fwd"]
         splitkv = [s for s in everything if s.signature.api == "splitkv"]
         assert f"const int kNumFwdInstances = {len(specs)};" in text
-        assert len(splitkv) == 3 and "const int kNumSplitkvInstances = 3;" in text
+        assert len(splitkv) == 4 and "const int kNumSplitkvInstances = 4;" in text
         tma, = [s for s in splitkv if s.algorithm.family == "decode_tma" and "warps" in dict(s.algorithm.tile)]
-        wg, = [s for s in splitkv if s.algorithm.family == "decode_tma" and "warpgroups" in dict(s.algorithm.tile)]
+        wg, = [s for s in splitkv if dict(s.algorithm.tile).get("warpgroups") == 1]
         plain, = [s for s in splitkv if s.algorithm.family == "decode"]
         # each with its family's priority and static guards (decode_tma: TMA's 16-byte units, whole 16-byte chunks)
         assert (f'{{"{plain.name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/1,\n'
@@ -336,7 +336,7 @@ class TestRendering:
         hopper = [s for s in specs if s.algorithm.family == "hopper"]
         assert hopper and all(not s.guards.equal_head_dims and s.guards.align_bytes == 16 for s in hopper)
         assert text.count("/*equal_head_dims=*/false,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
-        assert text.count("/*head_dim_multiple=*/8,") == len(hopper) + 2  # + decode_tma (mma.sync and wgmma)
+        assert text.count("/*head_dim_multiple=*/8,") == len(hopper) + 3  # + decode_tma (mma.sync, 2 x wgmma)
         assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper) + 1  # + decode
         assert text.count("/*mods=*/true,") == sum(s.signature.mods for s in specs) == 2
         assert text.count("/*mods=*/false,") == len(specs) - 2

@@ -5,6 +5,7 @@ split-KV instances are host stubs (built with nvcc, no GPU: kernel_name launches
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -24,21 +25,27 @@ def d128_bf16_specs():
     return [s for s in profiles.select("fwd", "sm_90a", "default", PREFIX).specs]
 
 
-def wgmma_spec() -> KernelSpec:
-    (spec,) = [s for s in d128_bf16_specs() if "warpgroups" in dict(s.algorithm.tile)]
-    return spec
+def wgmma_specs() -> dict[int, KernelSpec]:
+    """The bucket's wgmma tiles by their warpgroups."""
+    return {dict(s.algorithm.tile)["warpgroups"]: s for s in d128_bf16_specs()
+            if "warpgroups" in dict(s.algorithm.tile)}
 
 
-def min_rows() -> int:
-    return dict(wgmma_spec().algorithm.tile)["min_rows"]
+def wgmma_spec(warpgroups: int = 1) -> KernelSpec:
+    return wgmma_specs()[warpgroups]
+
+
+def min_rows(warpgroups: int = 1) -> int:
+    return dict(wgmma_spec(warpgroups).algorithm.tile)["min_rows"]
 
 
 class TestCatalogue:
-    def test_the_d128_bucket_has_one_wgmma_tile_beside_the_mma_sync_one(self):
+    def test_the_d128_bucket_has_two_wgmma_tiles_beside_the_mma_sync_one(self):
         names = sorted(s.name for s in d128_bf16_specs())
-        assert names == [PREFIX + "b32x64w4", PREFIX + "b64x64g1"], names
-        tile = dict(wgmma_spec().algorithm.tile)
-        assert tile["warpgroups"] == 1 and tile["block_m"] == 64 and tile["min_rows"] == 64
+        assert names == [PREFIX + "b128x64g2", PREFIX + "b32x64w4", PREFIX + "b64x64g1"], names
+        one, two = dict(wgmma_spec(1).algorithm.tile), dict(wgmma_spec(2).algorithm.tile)
+        assert one["block_m"] == 64 and one["min_rows"] == 64
+        assert two["block_m"] == 128 and two["min_rows"] == 128
 
     def test_the_template_and_the_dispatch_row(self):
         spec = wgmma_spec()
@@ -46,8 +53,10 @@ class TestCatalogue:
         assert '#include "kernels/decode/fmha_fwd_splitkv_wgmma.cuh"' in src
         assert "decode::SplitkvWgmmaKernel<MHAKIT_DTYPE_BF16, 128, 128, /*warpgroups=*/1," in src
         assert "SplitkvTmaKernel" not in src
+        assert "/*warpgroups=*/2," in render.render_instance(wgmma_spec(2))
         table = render.render_dispatch("fwd", "sm_90a", d128_bf16_specs())
-        assert f"/*min_rows=*/{min_rows()}," in table and "/*min_rows=*/0," in table
+        assert f"/*min_rows=*/{min_rows(1)}," in table and f"/*min_rows=*/{min_rows(2)}," in table
+        assert "/*min_rows=*/0," in table
 
     @pytest.mark.parametrize("tile, message", [
         (dict(block_m=64, block_n=64, warpgroups=3, stages=3), "1 or 2 warpgroups"),
@@ -61,8 +70,8 @@ class TestCatalogue:
         spec = KernelSpec(good.signature, Algorithm("decode_tma", "sm_90a", tuple(tile.items())), good.priority,
                           good.template, good.guards)
         reasons = rules.violations(spec)
-        assert any(__import__("re").search(message, r) for r in reasons), reasons
-        assert rules.violations(good) == []
+        assert any(re.search(message, r) for r in reasons), reasons
+        assert rules.violations(good) == [] and rules.violations(wgmma_spec(2)) == []
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -121,10 +130,13 @@ def stub_lib(tmp_path_factory):
 class TestRuntimeChoice:
     @pytest.mark.parametrize("sq, hq, hk", [(1, 32, 8), (4, 32, 8), (16, 8, 8), (8, 32, 8), (16, 24, 8), (2, 8, 1),
                                             (16, 32, 8), (16, 64, 8), (8, 64, 8), (1, 64, 1), (64, 8, 8),
-                                            (4, 128, 8)])
+                                            (4, 128, 8), (12, 64, 8), (32, 64, 8), (127, 8, 8)])
     def test_packed_rows_pick_the_tile(self, stub_lib, sq, hq, hk):
+        """Below the one-warpgroup tile's min_rows the mma.sync tile; from it the wgmma tile with the largest
+        min_rows the call meets."""
         rows = sq * hq // hk
-        want = PREFIX + ("b64x64g1" if rows >= min_rows() else "b32x64w4")
+        want = (wgmma_spec(2).name if rows >= min_rows(2) else wgmma_spec(1).name if rows >= min_rows(1)
+                else PREFIX + "b32x64w4")
         assert stub_lib.splitkv_kernel_name(_args(sq, hq, hk)) == want, stub_lib.last_error()
 
     def test_the_wgmma_tile_alone_serves_every_call(self, tmp_path):
