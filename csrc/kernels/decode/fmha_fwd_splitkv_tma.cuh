@@ -197,7 +197,7 @@ __device__ __forceinline__ void load_tail(unsigned char* dst, RowPtr&& row_ptr, 
 // slots at smem (full / empty barriers per slot, see the file comment). Shared by the mma.sync consumers here and the
 // wgmma consumers (fmha_fwd_splitkv_wgmma.cuh). kAsyncReaders: the consumers read the slots through the async proxy
 // (wgmma), so the lanes that fill the cache-end block with cp.async (generic proxy writes) fence them into the async
-// proxy before the slot is signalled full; and they read every box of a slot, so every box is loaded.
+// proxy before the slot is signalled full.
 template <class Cfg, int kStages, bool kAsyncReaders>
 __device__ __forceinline__ void produce_blocks(unsigned char* smem, uint64_t* full_bar, uint64_t* empty_bar,
                                                const CUtensorMap& tma_k, const CUtensorMap& tma_v,
@@ -213,11 +213,8 @@ __device__ __forceinline__ void produce_blocks(unsigned char* smem, uint64_t* fu
     const CacheRows<const uint16_t> vc = cache_rows<true, const uint16_t>(p, b, hk);
     const bool paged = kc.pages != nullptr;
     const int cache_b = (!paged && p.cache_batch_idx != nullptr) ? __ldg(p.cache_batch_idx + b) : b;
-    // Boxes that hold real columns (a bucket wider than the head dim leaves the last ones unread by mma.sync
-    // consumers) and their bytes. wgmma consumers run every k step of the bucket, so they get every box (TMA fills a
-    // box's columns past the head dim with zeros, and load_tail does the same).
-    const int boxes_k = kAsyncReaders ? Cfg::kBoxesK : (p.hdim_q + kBoxCols - 1) / kBoxCols;
-    const int boxes_v = kAsyncReaders ? Cfg::kBoxesV : (p.hdim_v + kBoxCols - 1) / kBoxCols;
+    // Boxes that hold real columns (a bucket wider than the head dim leaves the last ones unread) and their bytes.
+    const int boxes_k = (p.hdim_q + kBoxCols - 1) / kBoxCols, boxes_v = (p.hdim_v + kBoxCols - 1) / kBoxCols;
     const uint32_t tx_bytes = uint32_t(boxes_k + boxes_v) * kBoxBytes;
     constexpr uint64_t kEvictFirst = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);  // each byte read once
     int lane_page = 0;  // paged: the page of block (i & ~31) + lane

@@ -22,8 +22,10 @@
 //   S = Q·Kᵀ   wgmma m64n64k16, A = Q from registers (loaded once from global memory as A fragments), B = K from the
 //              slot: keys x head dim, 128-byte rows, i.e. GMMA's K-major SW128 layout (8-row groups 1024 bytes apart;
 //              k step kk at byte 32 (kk % 4) of box kk / 4). Every k step of the bucket runs (no run-time trip
-//              count: a wgmma under a branch made ptxas inject warpgroup.arrive around each), so the producer loads
-//              every box, zero past the head dim, and Q's fragments are zero there too;
+//              count: a wgmma under a branch made ptxas inject warpgroup.arrive around each), so every column past
+//              the head dim must hold zeros: Q's fragments are zero there, TMA zero-fills a box's columns past the
+//              head dim, and the boxes TMA never loads (a bucket one box wider than the head dim) are zeroed in
+//              every slot once at the kernel's start (no load writes them later; the cp.async tail writes zeros);
 //   mask (causal / window / cache end per packed row, as the mma.sync kernel), online softmax, P to 16-bit A
 //   fragments in registers;
 //   O += P·V   wgmma m64n{d_v}k16, A = P from registers, B = V from the slot: keys x head dim is MN-major for this
@@ -181,6 +183,26 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&q)[Cfg::kHdimQ / 16]
     }
 }
 
+// The K and V boxes of every slot that hold no real column (a bucket one box wider than the head dim: the producer
+// loads only boxes with real columns) set to zero, by all threads, once; then fenced into the async proxy, which
+// wgmma reads through. A call whose head dims fill the bucket does nothing here.
+template <class Cfg>
+__device__ __forceinline__ void zero_unloaded_boxes(unsigned char* smem, const SplitkvParams& p, int tid) {
+    const int boxes_k = (p.hdim_q + kBoxCols - 1) / kBoxCols, boxes_v = (p.hdim_v + kBoxCols - 1) / kBoxCols;
+    if (boxes_k == Cfg::kBoxesK && boxes_v == Cfg::kBoxesV) return;
+    constexpr int kChunks = Cfg::kBoxBytes / 16;  // 16-byte chunks per box
+    for (int s = 0; s < Cfg::kStages; ++s) {
+        unsigned char* slot = smem + s * Cfg::kSlotBytes;
+        for (int x = boxes_k; x < Cfg::kBoxesK; ++x)
+            for (int c = tid; c < kChunks; c += Cfg::kThreads)
+                reinterpret_cast<uint4*>(slot + x * Cfg::kBoxBytes)[c] = make_uint4(0u, 0u, 0u, 0u);
+        for (int x = boxes_v; x < Cfg::kBoxesV; ++x)
+            for (int c = tid; c < kChunks; c += Cfg::kThreads)
+                reinterpret_cast<uint4*>(slot + Cfg::kKBytes + x * Cfg::kBoxBytes)[c] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::kMaxRegs)
     splitkv_wgmma_kernel(const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
@@ -218,6 +240,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::kMaxRegs)
         }
         cutlass::arch::fence_barrier_init();
     }
+    zero_unloaded_boxes<Cfg>(smem, p, tid);
     __syncthreads();
 
     // ---------------- producer warp ----------------
