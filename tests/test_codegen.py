@@ -198,8 +198,10 @@ class TestProfiles:
                                                                              (256, "b128x96"))
                       for dt in ("fp16", "bf16") for m in ("batch", "group"))
         assert set(short) <= every.candidates
+        # (decode_tma's wgmma tiles without their software pipeline: b64x64g1o0s3, b128x64g2o0s6)
         assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
                                                       "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x"))
+                                        or re.fullmatch(r"splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b\d+x64g\do0s\d", n)
                                         for n in every.candidates - set(short))
         assert not profiles.enumerate_specs("fwd", "sm_90a").candidates
         for profile in ("minimal", "default", "all"):
@@ -216,7 +218,13 @@ class TestProfiles:
         # neither its stages nor a prefetch of 0, so that candidates differing only in their ring are named apart
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
         rings = {tma + "s3p2": (3, 2), tma + "s2": (2, 0), tma + "s4": (4, 0), tma + "c1s2": (2, 0), tma + "s3l256": (3, 0)}
-        assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings)
+        # the wgmma tiles' candidates without the software pipeline (overlap = 0: o0, and their stages)
+        serial = {tma[:-len("b32x64w4")] + "b64x64g1o0s3", tma[:-len("b32x64w4")] + "b128x64g2o0s6"}
+        assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings) | serial
+        for name in serial:
+            (spec,) = profiles.select("fwd", "sm_90a", "candidates", name).specs
+            assert dict(spec.algorithm.tile)["overlap"] == 0
+            assert "/*overlap=*/false" in render.render_instance(spec)
         assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
         for name, (stages, prefetch) in rings.items():
             sel = profiles.select("fwd", "sm_90a", "candidates", name)

@@ -54,6 +54,7 @@ class TestCatalogue:
         assert "decode::SplitkvWgmmaKernel<MHAKIT_DTYPE_BF16, 128, 128, /*warpgroups=*/1," in src
         assert "SplitkvTmaKernel" not in src
         assert "/*warpgroups=*/2," in render.render_instance(wgmma_spec(2))
+        assert "/*overlap=*/true>;" in src  # the software-pipelined loop unless the tile says overlap = 0
         table = render.render_dispatch("fwd", "sm_90a", d128_bf16_specs())
         assert f"/*min_rows=*/{min_rows(1)}," in table and f"/*min_rows=*/{min_rows(2)}," in table
         assert "/*min_rows=*/0," in table
@@ -64,6 +65,7 @@ class TestCatalogue:
         (dict(block_m=64, block_n=128, warpgroups=1, stages=3), "block_n = 64"),
         (dict(block_m=64, block_n=64, warpgroups=1, warps=4, stages=3), "no warps"),
         (dict(block_m=64, block_n=64, warpgroups=1, stages=3, min_rows=0), r"min_rows must be in \[1, 99999\]"),
+        (dict(block_m=64, block_n=64, warpgroups=1, stages=3, overlap=2), r"overlap is 0 or 1"),
     ])
     def test_the_rule_refuses_inconsistent_wgmma_tiles(self, tile, message):
         good = wgmma_spec()

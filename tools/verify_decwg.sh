@@ -9,19 +9,24 @@
 #   base    $BASE: the bf16 d128 split-KV instances (decode, decode_tma b32x64w4: main's tile for every call)
 #   branch  this tree: the bf16 d128 and d64 split-KV instances (decode; decode_tma b32x64w4, the mma.sync tile, below
 #           64 packed rows per kv head; b64x64g1, one wgmma warpgroup, from 64 rows; d128 b128x64g2, two warpgroups in
-#           one CTA, from 128 rows) + benchmark_mha_fwd
+#           one CTA, from 128 rows) + benchmark_mha_fwd. Their consumer loop is software-pipelined (overlap = 1).
+#   g1o0    the catalogue candidate b64x64g1o0s3 (overlap = 0: S, softmax, P·V one block at a time) as the only
+#           decode_tma instance (+ decode): the fallback if the pipelined loop is wrong, and its speed
+#   g2o0    likewise b128x64g2o0s6 (two warpgroups, overlap = 0)
 # Steps (each under `timeout`; a failing step does not stop the later ones; logs under $OUT, summary.txt first):
-#   1. build base and branch at once (-j 8 each). Expected ~60-90 s (the wgmma instances ~15 s of a core each).
+#   1. build base (-j 4), branch (-j 8) and the two candidates (-j 2 each, own object dirs) at once. Expected
+#      ~60-90 s (a wgmma instance ~15 s of a core, the mma.sync decode_tma one ~25 s).
 #   2. correctness (~40-70 s, all at once): host-validated runs (-v=1 -kname=1: each must say valid:y AND name the
 #      expected instance): 64 packed rows (32/8 x 16, 16/4 x 16, 64/8 x 8), 96 (a chunk of 64 + one with 32 padded
 #      rows), 128 (two warpgroups), 192 (a padded two-warpgroup chunk), 48 and 32 rows (the mma.sync tile); paged 64 /
 #      256 and contiguous; ragged lengths incl. 0 and non-multiples of 64; appended rows; cache_batch_idx; forced
 #      splits and the heuristic; causal (bottom-right), window, top-left and generic masks; d64, d72 / d96 (partial
 #      box), d128 x d_v 64 (a V box past the head dim); compute-sanitizer memcheck on a paged split case with
-#      appended rows of each wgmma instance.
+#      appended rows of each wgmma instance; five of the runs on each candidate library (expected: the candidate).
 #   3. timing (~130-170 s): bench/bench_decode.py --lib <lib> (issue 10's rows, bf16 d128), base and branch
 #      interleaved, two reps: rep 1 --sq 1,4,16 (branch with 64-token pages too, and FA2), rep 2 --sq 16 (the rows
-#      the branch changes; s_q 1 and 4 run on the same mma.sync kernel in both). cuDNN in every run.
+#      the branch changes; s_q 1 and 4 run on the same mma.sync kernel in both). cuDNN in every run. Between the
+#      reps, while time is left, the candidates at --sq 16 (g1o0 serves every row there, g2o0 too).
 #   4. table.md: TB/s per row, branch / base, branch over the better peer; summary.txt.
 # The script stops starting timing runs when ~300 s have passed (budget 330 s).
 set -uo pipefail
@@ -46,23 +51,25 @@ d64g1=splitkv_d64_bf16_batch_mask_sm90a_decode_tma_b64x64g1
 d64w4=splitkv_d64_bf16_batch_mask_sm90a_decode_tma_b32x64w4
 
 # ---------------- 1. build ----------------
-build() {  # variant, tree, filter, seconds, extra compile.py arguments
-    local name=$1 tree=$2 filter=$3 secs=$4 t0
-    shift 4
+build() {  # variant, tree, profile, filter, object dir, seconds, extra compile.py arguments
+    local name=$1 tree=$2 profile=$3 filter=$4 objs=$5 secs=$6 t0
+    shift 6
     t0=$(date +%s)
     mkdir -p "$tree/build/decwg/$name"
     (cd "$tree/build/decwg/$name" && timeout "$secs" python3 "$tree/compile.py" --api fwd --arch sm_90a \
-        --profile default --filter "$filter" --build-dir "$tree/build/decwg/obj" -j 8 "$@") \
+        --profile "$profile" --filter "$filter" --build-dir "$tree/build/decwg/$objs" "$@") \
         >"$out/build_$name.log" 2>&1
     note "build $name: rc=$? in $(elapsed "$t0"): $(tail -1 "$out/build_$name.log")"
 }
 t0=$(date +%s)
 if [ -n "$base_tree" ] && [ -f "$base_tree/compile.py" ]; then
-    build base "$base_tree" "${pre}_decode_" 150 &
+    build base "$base_tree" default "${pre}_decode_" obj 150 -j 4 &
 else
     note "build base: BASE is not set to an export of main (1a0356e): no base library"
 fi
-build branch "$repo" "${pre}_decode_,splitkv_d64_bf16_batch_mask_sm90a_decode_" 150 --benchmark
+build g1o0 "$repo" candidates "${pre}_decode_b32x64w4,${g1}o0s3" obj_g1o0 150 -j 2 &
+build g2o0 "$repo" candidates "${pre}_decode_b32x64w4,${g2}o0s6" obj_g2o0 150 -j 2 &
+build branch "$repo" default "${pre}_decode_,splitkv_d64_bf16_batch_mask_sm90a_decode_" obj 150 -j 8 --benchmark
 wait
 note "builds in $(elapsed "$t0")"
 lib_base=$base_tree/build/decwg/base/libmha_fwd.so
@@ -95,15 +102,15 @@ runs=(
     "$d64g1|-b=2 -h=32 -h_k=8 -s=16 -s_k=1111,250 -d=64 -page_block_size=64 -mask=b -s_knew=1 -num_splits=0 -lse=1"
     "$d64w4|-b=2 -h=8 -h_k=2 -s=3 -s_k=700,33 -d=64 -mask=b -num_splits=0 -lse=1"
 )
-check_one() {  # index: one host-validated run, its verdict line first
-    local spec=${runs[$1]} want args log d
-    want=${spec%%|*}
+check_one() {  # variant, index[, expected instance]: one host-validated run, its verdict line
+    local lib=$repo/build/decwg/$1/libmha_fwd.so spec=${runs[$2]} want args log d
+    want=${3:-${spec%%|*}}
     args=${spec#*|}
-    log=$out/check_$1.log
+    log=$out/check_$1_$2.log
     d=-d=128
     case " $args " in *" -d="*) d= ;; esac
     # shellcheck disable=SC2086
-    LD_LIBRARY_PATH="$(dirname "$lib_branch")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 100 "$exe" -prec=bf16 \
+    LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 100 "$exe" -prec=bf16 \
         $d -v=1 -kname=1 -warmup=1 -repeat=2 $args >"$log" 2>&1
     local rc=$? valid got
     valid=$(grep -o 'valid:[yn]' "$log" | head -1)
@@ -111,7 +118,7 @@ check_one() {  # index: one host-validated run, its verdict line first
     if [ "$rc" = 0 ] && [ "$valid" = valid:y ] && [ "$got" = "$want" ]; then
         echo "ok   $args -> $got"
     else
-        echo "FAIL $args: rc=$rc ${valid:-no verdict}, instance ${got:-none} (want $want); see check_$1.log"
+        echo "FAIL $args: rc=$rc ${valid:-no verdict}, instance ${got:-none} (want $want); see check_$1_$2.log"
     fi
 }
 memcheck() {  # log name, benchmark_mha_fwd arguments
@@ -128,15 +135,26 @@ if [ -x "$exe" ]; then
         -s_knew=2 -lse=1 &
     memcheck memcheck_g2.log -b=2 -h=64 -h_k=8 -s=16 -s_k=2000,65 -page_block_size=256 -num_splits=3 -mask=b \
         -s_knew=1 -lse=1 &
-    for i in "${!runs[@]}"; do
-        check_one "$i" >"$out/verdict_$i.txt" &
+    jobs_list=()
+    for i in "${!runs[@]}"; do jobs_list+=("branch $i"); done
+    # the candidates: 64 rows (contiguous, paged split with appended rows, top-left mask), 128 rows (paged split), 192
+    for v in g1o0 g2o0; do
+        [ -f "$repo/build/decwg/$v/libmha_fwd.so" ] || continue
+        for i in 0 1 6 12 14; do jobs_list+=("$v $i ${pre}_decode_tma_b$([ $v = g1o0 ] && echo 64x64g1o0s3 || echo 128x64g2o0s6)"); done
+    done
+    for j in "${jobs_list[@]}"; do
+        set -- $j
+        check_one "$@" >"$out/verdict_$1_$2.txt" &
         # at most 8 checks at once beside the two memchecks (each validates on one host core)
         while [ "$(jobs -rp | wc -l)" -ge 10 ]; do sleep 0.2; done
     done
     wait
-    cat "$out"/verdict_*.txt >"$out/checks.txt" 2>/dev/null
-    note "checks: $(grep -c '^ok' "$out/checks.txt") of ${#runs[@]} ok, $(grep -c '^FAIL' "$out/checks.txt") FAIL"
-    grep '^FAIL' "$out/checks.txt" >>"$summary"
+    for v in branch g1o0 g2o0; do
+        cat "$out"/verdict_${v}_*.txt >"$out/checks_$v.txt" 2>/dev/null || continue
+        [ -s "$out/checks_$v.txt" ] || continue
+        note "checks $v: $(grep -c '^ok' "$out/checks_$v.txt") of $(wc -l <"$out/checks_$v.txt") ok, $(grep -c '^FAIL' "$out/checks_$v.txt") FAIL"
+        grep '^FAIL' "$out/checks_$v.txt" >>"$summary"
+    done
     for f in "$out"/memcheck_*.log; do
         [ -f "$f" ] && note "$(basename "$f" .log): $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$f") $(tail -1 "$f"), $(grep -o 'valid:[yn]' "$f" | head -1), $(grep -o 'mha_fwd_splitkv -> [a-z0-9_]*' "$f" | head -1)"
     done
@@ -159,6 +177,8 @@ bench() {  # run name, library, bench_decode.py arguments
 t0=$(date +%s)
 bench base1 "$lib_base" --sq 1,4,16 --page 0 --peers cudnn
 bench branch1 "$lib_branch" --sq 1,4,16 --page 64 --peers cudnn,fa2 --show-kernel
+bench g1o0 "$repo/build/decwg/g1o0/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
+bench g2o0 "$repo/build/decwg/g2o0/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
 bench base2 "$lib_base" --sq 16 --page 0 --peers cudnn
 bench branch2 "$lib_branch" --sq 16 --page 0 --peers cudnn --show-kernel
 note "timing in $(elapsed "$t0")"
@@ -173,7 +193,7 @@ def load(name):
                 for r in json.load(open(os.path.join(out, f"bench_{name}.json")))["rows"]}
     except (OSError, ValueError, KeyError):
         return {}
-runs = {n: load(n) for n in ("base1", "branch1", "base2", "branch2")}
+runs = {n: load(n) for n in ("base1", "branch1", "base2", "branch2", "g1o0", "g2o0")}
 def get(n, k, f="mhakit_tbs"):
     r = runs[n].get(k)
     return None if r is None else r.get(f)
@@ -187,10 +207,11 @@ def ok(n, k):
     return "" if r.get("verified") is not False and r.get("paged_matches") is not False else " FAIL"
 keys = sorted({k for rows in runs.values() for k in rows})
 print("TB/s of K + V read (bench_decode.py, bf16 d128; rep 1 / rep 2); branch / base on the better of each's reps;")
-print("x peer: branch's better rep over the better of cuDNN (any run) and FA2")
+print("x peer: branch's better rep over the better of cuDNN (any run) and FA2; g1o0 / g2o0: the overlap = 0")
+print("candidates, each the only decode_tma instance of its library (g1o0: 64-row chunks, g2o0: 128-row chunks)")
 print()
-print("| s_q | b | h_q/h_k | s_k | packed rows | base | branch | branch p64 | branch/base | cuDNN | FA2 | x peer | >= 3.5 |")
-print("|---" * 13 + "|")
+print("| s_q | b | h_q/h_k | s_k | packed rows | base | branch | branch p64 | branch/base | g1o0 | g2o0 | cuDNN | FA2 | x peer | >= 3.5 |")
+print("|---" * 15 + "|")
 for k in keys:
     sq, b, hq, hk, sk = k
     base = [get("base1", k), get("base2", k)]
@@ -203,12 +224,13 @@ for k in keys:
     xp = f"{bbr / peer:.2f}" if bbr and peer else "-"
     print(f"| {sq} | {b} | {hq}/{hk} | {sk} | {sq * hq // hk} | {fmt(base[0])} / {fmt(base[1])}{ok('base1', k)} | "
           f"{fmt(br[0])} / {fmt(br[1])}{ok('branch1', k)}{ok('branch2', k)} | {fmt(get('branch1', k, 'mhakit_paged_tbs'))} | "
-          f"{ratio} | {fmt(cudnn)} | {fmt(fa2)} | {xp} | {'y' if bbr and bbr >= 3.5 else 'n'} |")
+          f"{ratio} | {fmt(get('g1o0', k))}{ok('g1o0', k)} | {fmt(get('g2o0', k))}{ok('g2o0', k)} | {fmt(cudnn)} | "
+          f"{fmt(fa2)} | {xp} | {'y' if bbr and bbr >= 3.5 else 'n'} |")
 PY
 note "table: $out/table.md"
-cat "$out"/bench_branch*.md 2>/dev/null | grep -o 'mha_fwd_splitkv -> [a-z0-9_]*' | sort | uniq -c \
+cat "$out"/bench_branch*.md "$out"/bench_g?o0.md 2>/dev/null | grep -o 'mha_fwd_splitkv -> [a-z0-9_]*' | sort | uniq -c \
     >"$out/bench_instances.txt"
-note "bench instances (branch, first calls): $(awk '{printf "%s %s; ", $1, $4}' "$out/bench_instances.txt")"
+note "bench instances (branch and candidates, first calls): $(awk '{printf "%s %s; ", $1, $4}' "$out/bench_instances.txt")"
 note "whole run in $(elapsed "$t_all")"
 { echo; echo "---- table.md"; cat "$out/table.md"; } >>"$summary"
 echo

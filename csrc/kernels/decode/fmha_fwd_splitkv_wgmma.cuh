@@ -51,8 +51,11 @@ using namespace tma_detail;
 namespace GMMA = cute::SM90::GMMA;
 
 template <mhakit_dtype kDtype_, int kHdimQ_, int kHdimV_, int kWarpgroups_, int kBlockN_, int kStages_,
-          int kCtasPerSm_>
+          int kCtasPerSm_, bool kOverlap_>
 struct WgmmaConfig {
+    // The consumer loop: software-pipelined (S of block i and P·V of block i - 1 in flight together, the softmax
+    // beside the latter) or one block at a time (the catalogue tile's `overlap`).
+    static constexpr bool kOverlap = kOverlap_;
     static constexpr mhakit_dtype kDtype = kDtype_;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_, kWarpgroups = kWarpgroups_, kStages = kStages_;
     static constexpr int kPrefetch = 0;  // produce_blocks' L2 prefetch: none
@@ -135,6 +138,55 @@ __device__ __forceinline__ void fence_operands(float (&acc)[1][kN][4]) {
     for (int n = 0; n < kN; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(acc[0][n][e]);
+}
+
+template <int kK>
+__device__ __forceinline__ void fence_operands(uint32_t (&frag)[1][kK][4]) {
+#pragma unroll
+    for (int k = 0; k < kK; ++k)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(frag[0][k][e]);
+}
+
+// The online softmax of OnlineSoftmax<1>::update in two halves, so that the first can run while the previous
+// block's P·V is still in flight: softmax_scores turns S (masked) into P and updates the rows' max and sum, and gives
+// the factor alpha[hf] that O's rows must take; rescale_o applies it (skipped when every factor of the warp is 1, as
+// update<kSkipUnitRescale = true> does). Rows that have seen no key keep max -inf without NaN (update's rule).
+template <int kNT>
+__device__ __forceinline__ void softmax_scores(generic::detail::OnlineSoftmax<1>& sm, float (&s)[1][kNT][4],
+                                               float scale_log2, float (&alpha)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float mx = sm.row_max[0][hf];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[0][nt][2 * hf], s[0][nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+        alpha[hf] = ptx::ex2(sm.row_max[0][hf] * scale_log2 - m_scaled);
+        sm.row_max[0][hf] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+            const float p0 = ptx::ex2(fmaf(s[0][nt][2 * hf], scale_log2, -m_scaled));
+            const float p1 = ptx::ex2(fmaf(s[0][nt][2 * hf + 1], scale_log2, -m_scaled));
+            s[0][nt][2 * hf] = p0;
+            s[0][nt][2 * hf + 1] = p1;
+            sum += p0 + p1;
+        }
+        sm.row_sum[0][hf] = sm.row_sum[0][hf] * alpha[hf] + sum;
+    }
+}
+template <int kOT>
+__device__ __forceinline__ void rescale_o(float (&acc_o)[1][kOT][4], const float (&alpha)[2]) {
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
+#pragma unroll
+    for (int nt = 0; nt < kOT; ++nt) {
+        acc_o[0][nt][0] *= alpha[0];
+        acc_o[0][nt][1] *= alpha[0];
+        acc_o[0][nt][2] *= alpha[1];
+        acc_o[0][nt][3] *= alpha[1];
+    }
 }
 
 // A shared-memory matrix descriptor with the 128-byte swizzle (layout type 1): start address, leading and stride
@@ -262,39 +314,101 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::kMaxRegs)
     float acc_o[1][W::kOT][4];
     zero_fragments(acc_o);
     generic::detail::OnlineSoftmax<1> softmax;
-    for (int i = 0; i < n_blocks; ++i) {
-        const int st = i % kStages, use = i / kStages, blk = keys.blk_begin + i;
-        Barrier::wait(&full_bar[st], use & 1);
-        const uint32_t slot = ring + uint32_t(st * Cfg::kSlotBytes);
-
-        // S = Q·Kᵀ (the first k step overwrites S).
-        float s[1][W::kNT][4];
-        fence_operands(s);
-        cute::warpgroup_arrive();
+    float s[1][W::kNT][4];
+    uint32_t p_frag[1][W::kKV][4];
+    // S of block i: issued (not waited for) into s.
+    auto issue_s = [&](int i) {
+        const uint32_t slot = ring + uint32_t((i % kStages) * Cfg::kSlotBytes);
 #pragma unroll
         for (int kk = 0; kk < W::kKQ; ++kk)
             gmma_rs<OpS>(s, q_frag[kk], k_desc<kBoxBytes>(slot, kk),
                          kk == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
         cute::warpgroup_commit_batch();
-        cute::warpgroup_wait<0>();
-        fence_operands(s);
-
-        if (!keys.full.contains(blk)) generic::detail::mask_s<W>(s, row_lo, row_hi, blk * kBlockN);
-        softmax.template update<true>(s, acc_o, p.scale_log2);
-        uint32_t p_frag[1][W::kKV][4];
-        generic::detail::pack_p<W>(p_frag, s);
-
-        // O += P·V.
-        fence_operands(acc_o);
-        cute::warpgroup_arrive();
+    };
+    // O += P·V of block i (P in p_frag): issued, not waited for.
+    auto issue_pv = [&](int i) {
+        const uint32_t slot_v = ring + uint32_t((i % kStages) * Cfg::kSlotBytes + Cfg::kKBytes);
 #pragma unroll
         for (int kk = 0; kk < W::kKV; ++kk)
-            gmma_rs<OpO>(acc_o, p_frag[0][kk], v_desc<kBoxBytes>(slot + Cfg::kKBytes, kk), GMMA::ScaleOut::One);
+            gmma_rs<OpO>(acc_o, p_frag[0][kk], v_desc<kBoxBytes>(slot_v, kk), GMMA::ScaleOut::One);
         cute::warpgroup_commit_batch();
-        cute::warpgroup_wait<0>();
-        fence_operands(acc_o);
-        __syncwarp();  // every lane's wgmmas, which read the slot, are complete
-        if (lane == 0) Barrier::arrive(&empty_bar[st]);
+    };
+    auto wait_full = [&](int i) { Barrier::wait(&full_bar[i % kStages], (i / kStages) & 1); };
+    auto release = [&](int i) {
+        __syncwarp();  // every lane's wgmmas that read the slot are complete
+        if (lane == 0) Barrier::arrive(&empty_bar[i % kStages]);
+    };
+    // S of block i (complete) masked, into P and the rows' new max and sum; alpha: the factor O must take.
+    auto scores = [&](int i, float (&alpha)[2]) {
+        const int blk = keys.blk_begin + i;
+        if (!keys.full.contains(blk)) generic::detail::mask_s<W>(s, row_lo, row_hi, blk * kBlockN);
+        softmax_scores(softmax, s, p.scale_log2, alpha);
+    };
+
+    if constexpr (Cfg::kOverlap) {
+        // Software pipeline (one warpgroup's own overlap, as FlashAttention-3's): S(i) and P(i - 1)·V are issued
+        // together, the softmax of block i runs while P(i - 1)·V is in flight, O takes block i's rescale only once
+        // that product is complete (wait_group 0), and slot i - 1 is released then.
+        if (n_blocks > 0) {
+            wait_full(0);
+            fence_operands(s);
+            cute::warpgroup_arrive();
+            issue_s(0);
+            cute::warpgroup_wait<0>();
+            fence_operands(s);
+            float alpha[2];
+            scores(0, alpha);  // O is zero: no rescale
+            generic::detail::pack_p<W>(p_frag, s);
+        }
+        for (int i = 1; i < n_blocks; ++i) {
+            wait_full(i);
+            fence_operands(s);
+            fence_operands(acc_o);
+            fence_operands(p_frag);
+            cute::warpgroup_arrive();
+            issue_s(i);
+            issue_pv(i - 1);
+            cute::warpgroup_wait<1>();  // S(i) complete (groups complete in order); P(i - 1)·V may still run
+            fence_operands(s);
+            float alpha[2];
+            scores(i, alpha);
+            cute::warpgroup_wait<0>();  // P(i - 1)·V complete: O and P's registers and slot i - 1 are free
+            fence_operands(acc_o);
+            fence_operands(p_frag);
+            release(i - 1);
+            rescale_o(acc_o, alpha);
+            generic::detail::pack_p<W>(p_frag, s);
+        }
+        if (n_blocks > 0) {
+            fence_operands(acc_o);
+            fence_operands(p_frag);
+            cute::warpgroup_arrive();
+            issue_pv(n_blocks - 1);
+            cute::warpgroup_wait<0>();
+            fence_operands(acc_o);
+            release(n_blocks - 1);
+        }
+    } else {
+        // One block at a time: S, softmax, P·V, release.
+        for (int i = 0; i < n_blocks; ++i) {
+            wait_full(i);
+            fence_operands(s);
+            cute::warpgroup_arrive();
+            issue_s(i);
+            cute::warpgroup_wait<0>();
+            fence_operands(s);
+            float alpha[2];
+            scores(i, alpha);
+            rescale_o(acc_o, alpha);
+            generic::detail::pack_p<W>(p_frag, s);
+            fence_operands(acc_o);
+            fence_operands(p_frag);
+            cute::warpgroup_arrive();
+            issue_pv(i);
+            cute::warpgroup_wait<0>();
+            fence_operands(acc_o);
+            release(i);
+        }
     }
 
     // ---- the tile's rows (each owned by one warp) go out through shared memory (the ring is free) ----
@@ -308,14 +422,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::kMaxRegs)
 
 // The wgmma instance of decode_tma: kWarpgroups consumer warpgroups of 64 packed rows each (the catalogue tile's
 // `warpgroups`), block_n = 64 keys per slot, `stages` slots, an optional cap of CTAs per SM, the L2 promotion of the
-// tensor maps. Serves every call the mma.sync instance serves (its run-time guard is the same); the runtime gives it
+// tensor maps (absent: the mma.sync kernel's 128), the consumer loop's software pipeline (`overlap`). Serves every call the mma.sync instance serves (its run-time guard is the same); the runtime gives it
 // the calls with at least the tile's min_rows packed rows per kv head (catalogue).
-template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kWarpgroups, int kBlockN, int kStages, int kCtasPerSm = 0,
-          int kL2Promotion = 128>
+template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kWarpgroups, int kBlockN, int kStages, int kCtasPerSm,
+          bool kOverlap, int kL2Promotion = 128>
 struct SplitkvWgmmaKernel {
     static_assert(kL2Promotion == 0 || kL2Promotion == 64 || kL2Promotion == 128 || kL2Promotion == 256,
                   "an L2 promotion a tensor map has");
-    using Cfg = wgmma_detail::WgmmaConfig<kDtype, kHdimQ, kHdimV, kWarpgroups, kBlockN, kStages, kCtasPerSm>;
+    using Cfg =
+        wgmma_detail::WgmmaConfig<kDtype, kHdimQ, kHdimV, kWarpgroups, kBlockN, kStages, kCtasPerSm, kOverlap>;
 
     static long long packed_rows(const SplitkvParams& p) { return (long long)(p.nhead_q / p.nhead_k) * p.seqlen_q; }
     static long long row_chunks(const SplitkvParams& p) { return (packed_rows(p) + Cfg::kRows - 1) / Cfg::kRows; }
