@@ -86,7 +86,7 @@ def wgmma_decode_tiles_agree(spec: KernelSpec, cat) -> Optional[str]:
     if "warpgroups" not in tile:
         return None
     wg = tile["warpgroups"]
-    if tile.get("overlap", 1) not in (0, 1):
+    if tile.get("overlap", 0) not in (0, 1):
         return f"overlap is 0 or 1 (got {tile['overlap']})"
     if wg not in (1, 2) or tile.get("block_m") != 64 * wg or tile.get("block_n") != 64 or "warps" in tile:
         return (f"a wgmma decode tile has 1 or 2 warpgroups, block_m = 64 x warpgroups, block_n = 64 and no warps "

@@ -59,8 +59,8 @@ class Algorithm:
             token += f"w{values['warps']}"
         if "warpgroups" in values:  # decode_tma: wgmma consumers, this many warpgroups
             token += f"g{values['warpgroups']}"
-        if values.get("overlap", 1) == 0:  # decode_tma wgmma: the consumer loop without its software pipeline
-            token += "o0"
+        if values.get("overlap"):  # decode_tma wgmma: the software-pipelined consumer loop (none: no token)
+            token += f"o{values['overlap']}"
         if values.get("ctas_per_sm"):  # decode_tma: a cap of CTAs per SM (none: no token)
             token += f"c{values['ctas_per_sm']}"
         if self.candidate and "stages" in values:

@@ -95,8 +95,8 @@ class TestNames:
         assert len(names) == len(set(names))
         pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16|fp8bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
         # the forward library's split-KV (decode) instances: batch "mode", one mask class serving every mask
-        # (decode_tma's wgmma tile: g<warpgroups> instead of w<warps>)
-        decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+(w|g)\d+$")
+        # (decode_tma's wgmma tile: g<warpgroups> instead of w<warps>, o1 where its consumer loop is pipelined)
+        decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+(w\d+|g\d+(o1)?)$")
         assert all(pattern.match(n) or decode.match(n) for n in names), [n for n in names if not pattern.match(n)]
         # decode 2 x 3 buckets, decode_tma 2 x (64, 128) mma.sync + 2 x (64, 128 x 2) wgmma
         assert sum(bool(decode.match(n)) for n in names) == 6 + 4 + 6
@@ -198,10 +198,10 @@ class TestProfiles:
                                                                              (256, "b128x96"))
                       for dt in ("fp16", "bf16") for m in ("batch", "group"))
         assert set(short) <= every.candidates
-        # (decode_tma's wgmma tiles without their software pipeline: b64x64g1o0s3, b128x64g2o0s6)
+        # (decode_tma's wgmma tiles with the other consumer loop: b64x64g1o1s3, b128x64g2s6)
         assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
                                                       "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x"))
-                                        or re.fullmatch(r"splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b\d+x64g\do0s\d", n)
+                                        or re.fullmatch(r"splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b\d+x64g\d(o1)?s\d", n)
                                         for n in every.candidates - set(short))
         assert not profiles.enumerate_specs("fwd", "sm_90a").candidates
         for profile in ("minimal", "default", "all"):
@@ -218,13 +218,13 @@ class TestProfiles:
         # neither its stages nor a prefetch of 0, so that candidates differing only in their ring are named apart
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
         rings = {tma + "s3p2": (3, 2), tma + "s2": (2, 0), tma + "s4": (4, 0), tma + "c1s2": (2, 0), tma + "s3l256": (3, 0)}
-        # the wgmma tiles' candidates without the software pipeline (overlap = 0: o0, and their stages)
-        serial = {tma[:-len("b32x64w4")] + "b64x64g1o0s3", tma[:-len("b32x64w4")] + "b128x64g2o0s6"}
-        assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings) | serial
-        for name in serial:
+        # the wgmma tiles' candidates with the other consumer loop (overlap = 1: o1; and their stages)
+        loops = {tma[:-len("b32x64w4")] + "b64x64g1o1s3": True, tma[:-len("b32x64w4")] + "b128x64g2s6": False}
+        assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings) | set(loops)
+        for name, overlap in loops.items():
             (spec,) = profiles.select("fwd", "sm_90a", "candidates", name).specs
-            assert dict(spec.algorithm.tile)["overlap"] == 0
-            assert "/*overlap=*/false" in render.render_instance(spec)
+            assert bool(dict(spec.algorithm.tile).get("overlap")) == overlap
+            assert f"/*overlap=*/{'true' if overlap else 'false'}" in render.render_instance(spec)
         assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
         for name, (stages, prefetch) in rings.items():
             sel = profiles.select("fwd", "sm_90a", "candidates", name)

@@ -8,11 +8,11 @@
 # Libraries (each tree's build/decwg/<variant>/libmha_fwd.so, objects in its build/decwg/obj):
 #   base    $BASE: the bf16 d128 split-KV instances (decode, decode_tma b32x64w4: main's tile for every call)
 #   branch  this tree: the bf16 d128 and d64 split-KV instances (decode; decode_tma b32x64w4, the mma.sync tile, below
-#           64 packed rows per kv head; b64x64g1, one wgmma warpgroup, from 64 rows; d128 b128x64g2, two warpgroups in
-#           one CTA, from 128 rows) + benchmark_mha_fwd. Their consumer loop is software-pipelined (overlap = 1).
-#   g1o0    the catalogue candidate b64x64g1o0s3 (overlap = 0: S, softmax, P·V one block at a time) as the only
-#           decode_tma instance (+ decode): the fallback if the pipelined loop is wrong, and its speed
-#   g2o0    likewise b128x64g2o0s6 (two warpgroups, overlap = 0)
+#           64 packed rows per kv head; b64x64g1, one wgmma warpgroup, from 64 rows, one block at a time; d128
+#           b128x64g2o1, two warpgroups in one CTA, from 128 rows, software-pipelined: overlap = 1) + benchmark_mha_fwd
+#   g1o1    the catalogue candidate b64x64g1o1s3 (one warpgroup, pipelined) as the only decode_tma instance (+ decode)
+#   g2s6    likewise b128x64g2s6 (two warpgroups, one block at a time): each the other loop of a chosen tile, for its
+#           speed, and the fallback should the chosen loop be wrong
 # Steps (each under `timeout`; a failing step does not stop the later ones; logs under $OUT, summary.txt first):
 #   1. build base (-j 4), branch (-j 8) and the two candidates (-j 2 each, own object dirs) at once. Expected
 #      ~60-90 s (a wgmma instance ~15 s of a core, the mma.sync decode_tma one ~25 s).
@@ -26,7 +26,7 @@
 #   3. timing (~130-170 s): bench/bench_decode.py --lib <lib> (issue 10's rows, bf16 d128), base and branch
 #      interleaved, two reps: rep 1 --sq 1,4,16 (branch with 64-token pages too, and FA2), rep 2 --sq 16 (the rows
 #      the branch changes; s_q 1 and 4 run on the same mma.sync kernel in both). cuDNN in every run. Between the
-#      reps, while time is left, the candidates at --sq 16 (g1o0 serves every row there, g2o0 too).
+#      reps, while time is left, the candidates at --sq 16 (g1o1 serves every row there, g2s6 too).
 #   4. table.md: TB/s per row, branch / base, branch over the better peer; summary.txt.
 # The script stops starting timing runs when ~300 s have passed (budget 330 s).
 set -uo pipefail
@@ -45,7 +45,7 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm -
 
 pre=splitkv_d128_bf16_batch_mask_sm90a
 g1=${pre}_decode_tma_b64x64g1
-g2=${pre}_decode_tma_b128x64g2
+g2=${pre}_decode_tma_b128x64g2o1
 w4=${pre}_decode_tma_b32x64w4
 d64g1=splitkv_d64_bf16_batch_mask_sm90a_decode_tma_b64x64g1
 d64w4=splitkv_d64_bf16_batch_mask_sm90a_decode_tma_b32x64w4
@@ -67,8 +67,8 @@ if [ -n "$base_tree" ] && [ -f "$base_tree/compile.py" ]; then
 else
     note "build base: BASE is not set to an export of main (1a0356e): no base library"
 fi
-build g1o0 "$repo" candidates "${pre}_decode_b32x64w4,${g1}o0s3" obj_g1o0 150 -j 2 &
-build g2o0 "$repo" candidates "${pre}_decode_b32x64w4,${g2}o0s6" obj_g2o0 150 -j 2 &
+build g1o1 "$repo" candidates "${pre}_decode_b32x64w4,${g1}o1s3" obj_g1o1 150 -j 2 &
+build g2s6 "$repo" candidates "${pre}_decode_b32x64w4,${pre}_decode_tma_b128x64g2s6" obj_g2s6 150 -j 2 &
 build branch "$repo" default "${pre}_decode_,splitkv_d64_bf16_batch_mask_sm90a_decode_" obj 150 -j 8 --benchmark
 wait
 note "builds in $(elapsed "$t0")"
@@ -138,9 +138,9 @@ if [ -x "$exe" ]; then
     jobs_list=()
     for i in "${!runs[@]}"; do jobs_list+=("branch $i"); done
     # the candidates: 64 rows (contiguous, paged split with appended rows, top-left mask), 128 rows (paged split), 192
-    for v in g1o0 g2o0; do
+    for v in g1o1 g2s6; do
         [ -f "$repo/build/decwg/$v/libmha_fwd.so" ] || continue
-        for i in 0 1 6 12 14; do jobs_list+=("$v $i ${pre}_decode_tma_b$([ $v = g1o0 ] && echo 64x64g1o0s3 || echo 128x64g2o0s6)"); done
+        for i in 0 1 6 12 14; do jobs_list+=("$v $i ${pre}_decode_tma_b$([ $v = g1o1 ] && echo 64x64g1o1s3 || echo 128x64g2s6)"); done
     done
     for j in "${jobs_list[@]}"; do
         set -- $j
@@ -149,7 +149,7 @@ if [ -x "$exe" ]; then
         while [ "$(jobs -rp | wc -l)" -ge 10 ]; do sleep 0.2; done
     done
     wait
-    for v in branch g1o0 g2o0; do
+    for v in branch g1o1 g2s6; do
         cat "$out"/verdict_${v}_*.txt >"$out/checks_$v.txt" 2>/dev/null || continue
         [ -s "$out/checks_$v.txt" ] || continue
         note "checks $v: $(grep -c '^ok' "$out/checks_$v.txt") of $(wc -l <"$out/checks_$v.txt") ok, $(grep -c '^FAIL' "$out/checks_$v.txt") FAIL"
@@ -177,8 +177,8 @@ bench() {  # run name, library, bench_decode.py arguments
 t0=$(date +%s)
 bench base1 "$lib_base" --sq 1,4,16 --page 0 --peers cudnn
 bench branch1 "$lib_branch" --sq 1,4,16 --page 64 --peers cudnn,fa2 --show-kernel
-bench g1o0 "$repo/build/decwg/g1o0/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
-bench g2o0 "$repo/build/decwg/g2o0/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
+bench g1o1 "$repo/build/decwg/g1o1/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
+bench g2s6 "$repo/build/decwg/g2s6/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
 bench base2 "$lib_base" --sq 16 --page 0 --peers cudnn
 bench branch2 "$lib_branch" --sq 16 --page 0 --peers cudnn --show-kernel
 note "timing in $(elapsed "$t0")"
@@ -193,7 +193,7 @@ def load(name):
                 for r in json.load(open(os.path.join(out, f"bench_{name}.json")))["rows"]}
     except (OSError, ValueError, KeyError):
         return {}
-runs = {n: load(n) for n in ("base1", "branch1", "base2", "branch2", "g1o0", "g2o0")}
+runs = {n: load(n) for n in ("base1", "branch1", "base2", "branch2", "g1o1", "g2s6")}
 def get(n, k, f="mhakit_tbs"):
     r = runs[n].get(k)
     return None if r is None else r.get(f)
@@ -207,10 +207,11 @@ def ok(n, k):
     return "" if r.get("verified") is not False and r.get("paged_matches") is not False else " FAIL"
 keys = sorted({k for rows in runs.values() for k in rows})
 print("TB/s of K + V read (bench_decode.py, bf16 d128; rep 1 / rep 2); branch / base on the better of each's reps;")
-print("x peer: branch's better rep over the better of cuDNN (any run) and FA2; g1o0 / g2o0: the overlap = 0")
-print("candidates, each the only decode_tma instance of its library (g1o0: 64-row chunks, g2o0: 128-row chunks)")
+print("x peer: branch's better rep over the better of cuDNN (any run) and FA2; g1o1 / g2s6: the candidates with")
+print("the other consumer loop, each the only decode_tma instance of its library (g1o1: 64-row chunks, pipelined;")
+print("g2s6: 128-row chunks, one block at a time)")
 print()
-print("| s_q | b | h_q/h_k | s_k | packed rows | base | branch | branch p64 | branch/base | g1o0 | g2o0 | cuDNN | FA2 | x peer | >= 3.5 |")
+print("| s_q | b | h_q/h_k | s_k | packed rows | base | branch | branch p64 | branch/base | g1o1 | g2s6 | cuDNN | FA2 | x peer | >= 3.5 |")
 print("|---" * 15 + "|")
 for k in keys:
     sq, b, hq, hk, sk = k
@@ -224,11 +225,11 @@ for k in keys:
     xp = f"{bbr / peer:.2f}" if bbr and peer else "-"
     print(f"| {sq} | {b} | {hq}/{hk} | {sk} | {sq * hq // hk} | {fmt(base[0])} / {fmt(base[1])}{ok('base1', k)} | "
           f"{fmt(br[0])} / {fmt(br[1])}{ok('branch1', k)}{ok('branch2', k)} | {fmt(get('branch1', k, 'mhakit_paged_tbs'))} | "
-          f"{ratio} | {fmt(get('g1o0', k))}{ok('g1o0', k)} | {fmt(get('g2o0', k))}{ok('g2o0', k)} | {fmt(cudnn)} | "
+          f"{ratio} | {fmt(get('g1o1', k))}{ok('g1o1', k)} | {fmt(get('g2s6', k))}{ok('g2s6', k)} | {fmt(cudnn)} | "
           f"{fmt(fa2)} | {xp} | {'y' if bbr and bbr >= 3.5 else 'n'} |")
 PY
 note "table: $out/table.md"
-cat "$out"/bench_branch*.md "$out"/bench_g?o0.md 2>/dev/null | grep -o 'mha_fwd_splitkv -> [a-z0-9_]*' | sort | uniq -c \
+cat "$out"/bench_branch*.md "$out"/bench_g1o1.md "$out"/bench_g2s6.md 2>/dev/null | grep -o 'mha_fwd_splitkv -> [a-z0-9_]*' | sort | uniq -c \
     >"$out/bench_instances.txt"
 note "bench instances (branch and candidates, first calls): $(awk '{printf "%s %s; ", $1, $4}' "$out/bench_instances.txt")"
 note "whole run in $(elapsed "$t_all")"

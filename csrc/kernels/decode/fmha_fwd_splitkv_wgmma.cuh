@@ -54,7 +54,8 @@ template <mhakit_dtype kDtype_, int kHdimQ_, int kHdimV_, int kWarpgroups_, int 
           int kCtasPerSm_, bool kOverlap_>
 struct WgmmaConfig {
     // The consumer loop: software-pipelined (S of block i and P·V of block i - 1 in flight together, the softmax
-    // beside the latter) or one block at a time (the catalogue tile's `overlap`).
+    // beside the latter; slot i - 1 is held until block i has arrived) or one block at a time (each slot released as
+    // soon as its P·V is done): the catalogue tile's `overlap`.
     static constexpr bool kOverlap = kOverlap_;
     static constexpr mhakit_dtype kDtype = kDtype_;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_, kWarpgroups = kWarpgroups_, kStages = kStages_;
@@ -422,8 +423,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::kMaxRegs)
 
 // The wgmma instance of decode_tma: kWarpgroups consumer warpgroups of 64 packed rows each (the catalogue tile's
 // `warpgroups`), block_n = 64 keys per slot, `stages` slots, an optional cap of CTAs per SM, the L2 promotion of the
-// tensor maps (absent: the mma.sync kernel's 128), the consumer loop's software pipeline (`overlap`). Serves every call the mma.sync instance serves (its run-time guard is the same); the runtime gives it
-// the calls with at least the tile's min_rows packed rows per kv head (catalogue).
+// tensor maps (absent: the mma.sync kernel's 128), the consumer loop's software pipeline (`overlap`). Serves every
+// call the mma.sync instance serves (its run-time guard is the same); the runtime gives it the calls with at least the
+// tile's min_rows packed rows per kv head (catalogue).
 template <mhakit_dtype kDtype, int kHdimQ, int kHdimV, int kWarpgroups, int kBlockN, int kStages, int kCtasPerSm,
           bool kOverlap, int kL2Promotion = 128>
 struct SplitkvWgmmaKernel {
