@@ -156,3 +156,56 @@ class TestRuntimeChoice:
         lib = _capi.load_library(_stub_library(specs, tmp_path / "d64"))
         name = lib.splitkv_kernel_name(_args(16, 32, 8, d=64))
         assert name is not None and name.startswith("splitkv_d64_bf16_batch_mask_sm90a_decode_tma_b"), name
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The kernel's shared-memory matrix descriptors against CuTe's make_gmma_desc for the same layouts (nvcc to PTX, no GPU)
+# ------------------------------------------------------------------------------------------------------------------
+
+DESC_PROGRAM = r"""
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include "kernels/decode/fmha_fwd_splitkv_wgmma.cuh"
+using namespace cute;
+using T = cutlass::bfloat16_t;
+__global__ void descriptors(uint64_t* out) {
+    __shared__ alignas(1024) T smem[64 * 128 * 2];
+    // The ring's V block (64 keys x 128 columns: two 64-column boxes of 64 rows x 128 bytes, SW128) as the B operand
+    // of O = P.V: (N = head dim, K = keys), one k step = 16 keys. Element (n, k) at (n / 64) x 4096 + k x 64 + n % 64.
+    using VL = Layout<Shape<Shape<_64, _2>, Shape<_8, _2>>, Stride<Stride<_1, _4096>, Stride<_64, _512>>>;
+    auto vt = make_tensor(make_smem_ptr(smem), ComposedLayout<Swizzle<3, 4, 3>, smem_ptr_flag_bits<16>, VL>{});
+    // The K block's first box as the B operand of S = Q.K^T: (N = 64 keys, K = 16 columns), element (n, k) at n x 64 + k.
+    using KL = Layout<Shape<Shape<_8, _8>, _16>, Stride<Stride<_64, _512>, _1>>;
+    auto kt = make_tensor(make_smem_ptr(smem), ComposedLayout<Swizzle<3, 4, 3>, smem_ptr_flag_bits<16>, KL>{});
+    // CuTe's descriptors OR the runtime shared address into constant fields: out[0], out[1] hold those fields at
+    // address 0 minus the address; the kernel's own at address 0 are plain constants.
+    const uint64_t addr = uint64_t(cast_smem_ptr_to_uint(smem)) >> 4;
+    out[0] = SM90::GMMA::make_gmma_desc<SM90::GMMA::Major::MN>(vt).desc_ ^ addr;
+    out[1] = SM90::GMMA::make_gmma_desc<SM90::GMMA::Major::K>(kt).desc_ ^ addr;
+    out[2] = mhakit::decode::wgmma_detail::v_desc<64 * 128>(0u, 0);
+    out[3] = mhakit::decode::wgmma_detail::k_desc<64 * 128>(0u, 0);
+}
+"""
+
+
+@pytest.mark.compile
+def test_descriptors_match_cute(tmp_path):
+    """v_desc / k_desc (128-byte swizzle, MN-major V with the box stride as LBO, K-major K, 8-row groups 1024 bytes
+    apart) encode what CuTe's make_gmma_desc encodes for the ring's V and K layouts."""
+    import cutlass_library
+    cutlass_include = Path(cutlass_library.__file__).parent / "source" / "include"
+    src = tmp_path / "desc.cu"
+    src.write_text(DESC_PROGRAM)
+    ptx = tmp_path / "desc.ptx"
+    cmd = ["nvcc", "-std=c++17", "-arch=sm_90a", "--expt-relaxed-constexpr", f"-I{CSRC}", f"-I{CSRC / 'include'}",
+           f"-I{cutlass_include}", "-ptx", str(src), "-o", str(ptx)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = ptx.read_text()
+    # Every 64-bit constant with the layout type in bits 62-63: CuTe's two (xor'd with the address at run time) and
+    # the kernel's two (stored as constants) must be the same two values.
+    consts = [int(c) for c in re.findall(r"\b(\d{18,20})\b", text) if int(c) >> 62 == 1]
+    assert len(set(consts)) == 2 and len(consts) >= 4, consts
+    for c in set(consts):
+        lbo, sbo = ((c >> 16) & 0x3FFF) * 16, ((c >> 32) & 0x3FFF) * 16
+        assert (lbo, sbo) in {(64 * 128, 1024), (16, 1024)}, (lbo, sbo)
