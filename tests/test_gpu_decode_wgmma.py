@@ -6,7 +6,7 @@ with 32 padded rows), 128 (64/8 x 16: two warpgroups), 192 (a padded two-warpgro
 of 64 and 256 rows; ragged cache lengths incl. 0 and lengths inside a block (the producer's cp.async tail, whose
 rows past the end are NaN in the cache); causal and sliding-window masks (bottom-right, per packed row's query);
 appended rows; cache_batch_idx; forced splits (2, 5, 7: some parts empty) and the heuristic; fp16 and bf16; d64;
-d72 and d96 (a partial box), d128 x d_v 64 (a V box past the head dim)."""
+d72 and d96 (a partial box), d128 x d_v 64 and d64 x d_v 128 (a V or K box past the head dim: zeroed once per slot)."""
 from __future__ import annotations
 
 import re
@@ -58,6 +58,7 @@ CASES = [
     ("fp16", 2, 16, 32, 8, 72, 72, [300, 999], 0, 0, False, {}, 2),                           # partial box
     ("bf16", 2, 16, 64, 8, 96, 96, [640, 1], 64, 0, False, {"causal": True}, 0),
     ("bf16", 2, 16, 32, 8, 128, 64, [1500, 64], 0, 1, False, {}, 0),                          # d != d_v
+    ("fp16", 2, 16, 32, 8, 64, 128, [700, 1], 64, 0, False, {}, 2),                           # a K box unloaded
     ("bf16", 2, 16, 32, 8, 128, 128, [0, 0], 64, 0, False, {}, 0),                            # empty caches
     ("bf16", 2, 16, 16, 8, 128, 128, [900, 90], 0, 0, False, {"causal": True}, 0),            # 32: mma.sync
 ]

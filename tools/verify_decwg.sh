@@ -21,14 +21,15 @@
 #      rows), 128 (two warpgroups), 192 (a padded two-warpgroup chunk), 48 and 32 rows (the mma.sync tile); paged 64 /
 #      256 and contiguous; ragged lengths incl. 0 and non-multiples of 64; appended rows; cache_batch_idx; forced
 #      splits and the heuristic; causal (bottom-right), window, top-left and generic masks; d64, d72 / d96 (partial
-#      box), d128 x d_v 64 (a V box past the head dim); compute-sanitizer memcheck on a paged split case with
+#      box), d128 x d_v 64 and d64 x d_v 128 (a V or K box past the head dim, zeroed once per slot); compute-sanitizer memcheck on a paged split case with
 #      appended rows of each wgmma instance; five of the runs on each candidate library (expected: the candidate).
 #   3. timing (~130-170 s): bench/bench_decode.py --lib <lib> (issue 10's rows, bf16 d128), base and branch
 #      interleaved, two reps: rep 1 --sq 1,4,16 (branch with 64-token pages too, and FA2), rep 2 --sq 16 (the rows
-#      the branch changes; s_q 1 and 4 run on the same mma.sync kernel in both). cuDNN in every run. Between the
-#      reps, while time is left, the candidates at --sq 16 (g1o1 serves every row there, g2s6 too).
+#      the branch changes; s_q 1 and 4 run on the same mma.sync kernel in both). cuDNN in every run. Then, while
+#      time is left, the candidates at --sq 16 (g1o1 serves every row there, g2s6 too). Rough times: rep 1 ~35 s
+#      (base) / ~50 s (branch, paged too), rep 2 and each candidate ~15-20 s.
 #   4. table.md: TB/s per row, branch / base, branch over the better peer; summary.txt.
-# The script stops starting timing runs when ~300 s have passed (budget 330 s).
+# The script starts no timing run after ~280 s (each is cut at ~325 s; budget 330 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -91,6 +92,7 @@ runs=(
     "$g1|-b=2 -h=32 -h_k=8 -s=16 -s_k=300,1024 -mask=g:30,5 -num_splits=0 -lse=1"
     "$g1|-b=2 -h=32 -h_k=8 -s=16 -s_k=300,999 -d=72 -num_splits=2 -lse=1"
     "$g1|-b=2 -h=32 -h_k=8 -s=16 -s_k=1500,64 -d=128 -d_v=64 -s_knew=1 -num_splits=0 -lse=1"
+    "$g1|-b=2 -h=32 -h_k=8 -s=16 -s_k=700,1 -d=64 -d_v=128 -page_block_size=64 -num_splits=2 -lse=1"
     "$g1|-b=2 -h=32 -h_k=8 -s=16 -s_k=0 -s_knew=5 -page_block_size=64 -mask=b -lse=1"
     "$g2|-b=2 -h=64 -h_k=8 -s=16 -s_k=5000,63 -num_splits=0 -lse=1"
     "$g2|-b=2 -h=64 -h_k=8 -s=16 -s_k=2048,777 -page_block_size=64 -mask=b -s_knew=3 -num_splits=7 -lse=1"
@@ -177,10 +179,10 @@ bench() {  # run name, library, bench_decode.py arguments
 t0=$(date +%s)
 bench base1 "$lib_base" --sq 1,4,16 --page 0 --peers cudnn
 bench branch1 "$lib_branch" --sq 1,4,16 --page 64 --peers cudnn,fa2 --show-kernel
-bench g1o1 "$repo/build/decwg/g1o1/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
-bench g2s6 "$repo/build/decwg/g2s6/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
 bench base2 "$lib_base" --sq 16 --page 0 --peers cudnn
 bench branch2 "$lib_branch" --sq 16 --page 0 --peers cudnn --show-kernel
+bench g1o1 "$repo/build/decwg/g1o1/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
+bench g2s6 "$repo/build/decwg/g2s6/libmha_fwd.so" --sq 16 --page 0 --peers cudnn --show-kernel
 note "timing in $(elapsed "$t0")"
 
 # ---------------- 4. table ----------------
