@@ -235,6 +235,15 @@ cat "$out"/bench_branch*.md "$out"/bench_g1o1.md "$out"/bench_g2s6.md 2>/dev/nul
     >"$out/bench_instances.txt"
 note "bench instances (branch and candidates, first calls): $(awk '{printf "%s %s; ", $1, $4}' "$out/bench_instances.txt")"
 note "whole run in $(elapsed "$t_all")"
-{ echo; echo "---- table.md"; cat "$out/table.md"; } >>"$summary"
+# key lines first: the verdicts, then the s_q = 16 rows (the ones the branch changes), then the log of the steps
+{
+    echo "KEY: $(grep -h '^checks \|^memcheck_' "$summary" | tr '\n' ';')"
+    grep '^| 16 ' "$out/table.md" | awk -F'|' '{printf "KEY s_q=16 b=%s %s s_k=%s rows=%s: base %s, branch %s, branch/base %s, g1o1 %s, g2s6 %s, cuDNN %s, FA2 %s\n", $3, $4, $5, $6, $7, $8, $10, $11, $12, $13, $14}' | tr -s ' '
+    echo
+    cat "$summary"
+    echo
+    echo "---- table.md"
+    cat "$out/table.md"
+} >"$summary.new" && mv "$summary.new" "$summary"
 echo
 cat "$summary"
