@@ -32,6 +32,9 @@
 //              product (N = head dim contiguous), SW128: 64-column boxes kBoxBytes apart (LBO), 8-key groups 1024
 //              bytes apart (SBO), k step kk 16 rows = 2048 bytes further; wgmma's transpose bit takes it as is.
 //   wgmma.wait_group 0, then each warp releases the slot (one arrival per consumer warp on its empty barrier).
+// Two loops over the blocks (the tile's `overlap`): one block at a time as above, or software-pipelined: S of block i
+// and P(i - 1)·V issued together, block i's softmax while the latter runs, O rescaled once it is complete, slot i - 1
+// released then (held until block i has arrived: one slot fewer in flight, for math that overlaps).
 // Q from registers rather than a swizzled shared tile: Q is read once per CTA either way, and the 16 KB (32 KB) a
 // shared Q tile would take is a third ring slot at two CTAs per SM. The cache-end block, written by the producer's
 // lanes with cp.async (generic proxy), is fenced into the async proxy before its slot is signalled full
