@@ -112,7 +112,7 @@ def test_instance_choice_serves_every_head_dim_up_to_the_bucket(lib):
     # wgmma tiles: one warpgroup from 64, two from 128
     wgmma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_"
     for sq, want in [(8, tma), (15, tma), (16, wgmma + "b64x64g1"), (31, wgmma + "b64x64g1"),
-                     (32, wgmma + "b128x64g2o1"), (1000, wgmma + "b128x64g2o1")]:
+                     (32, wgmma + "b128x64g2"), (1000, wgmma + "b128x64g2")]:
         assert lib.splitkv_kernel_name(valid_args(seqlen_q=sq)) == want, sq
     # alignment (static guard): base pointers and used strides in 16-byte units
     assert lib.splitkv_kernel_name(valid_args(k_cache_ptr=FAKE + 8)) == name

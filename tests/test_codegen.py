@@ -198,7 +198,7 @@ class TestProfiles:
                                                                              (256, "b128x96"))
                       for dt in ("fp16", "bf16") for m in ("batch", "group"))
         assert set(short) <= every.candidates
-        # (decode_tma's wgmma tiles with the other consumer loop: b64x64g1o1s3, b128x64g2s6)
+        # (decode_tma's one-warpgroup wgmma tile with the other consumer loop: b64x64g1o1s3)
         assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
                                                       "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x"))
                                         or re.fullmatch(r"splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b\d+x64g\d(o1)?s\d", n)
@@ -218,8 +218,8 @@ class TestProfiles:
         # neither its stages nor a prefetch of 0, so that candidates differing only in their ring are named apart
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
         rings = {tma + "s3p2": (3, 2), tma + "s2": (2, 0), tma + "s4": (4, 0), tma + "c1s2": (2, 0), tma + "s3l256": (3, 0)}
-        # the wgmma tiles' candidates with the other consumer loop (overlap = 1: o1; and their stages)
-        loops = {tma[:-len("b32x64w4")] + "b64x64g1o1s3": True, tma[:-len("b32x64w4")] + "b128x64g2s6": False}
+        # the one-warpgroup wgmma tile's candidate with the other consumer loop (overlap = 1: o1; and its stages)
+        loops = {tma[:-len("b32x64w4")] + "b64x64g1o1s3": True}
         assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings) | set(loops)
         for name, overlap in loops.items():
             (spec,) = profiles.select("fwd", "sm_90a", "candidates", name).specs

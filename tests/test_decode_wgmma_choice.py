@@ -42,7 +42,7 @@ def min_rows(warpgroups: int = 1) -> int:
 class TestCatalogue:
     def test_the_d128_bucket_has_two_wgmma_tiles_beside_the_mma_sync_one(self):
         names = sorted(s.name for s in d128_bf16_specs())
-        assert names == [PREFIX + "b128x64g2o1", PREFIX + "b32x64w4", PREFIX + "b64x64g1"], names
+        assert names == [PREFIX + "b128x64g2", PREFIX + "b32x64w4", PREFIX + "b64x64g1"], names
         one, two = dict(wgmma_spec(1).algorithm.tile), dict(wgmma_spec(2).algorithm.tile)
         assert one["block_m"] == 64 and one["min_rows"] == 64
         assert two["block_m"] == 128 and two["min_rows"] == 128
@@ -54,8 +54,9 @@ class TestCatalogue:
         assert "decode::SplitkvWgmmaKernel<MHAKIT_DTYPE_BF16, 128, 128, /*warpgroups=*/1," in src
         assert "SplitkvTmaKernel" not in src
         assert "/*warpgroups=*/2," in render.render_instance(wgmma_spec(2))
-        # one block at a time unless the tile says overlap = 1 (the two-warpgroup tile does)
-        assert "/*overlap=*/false>;" in src and "/*overlap=*/true>;" in render.render_instance(wgmma_spec(2))
+        # one block at a time unless the tile says overlap = 1 (no chosen tile does: the two-warpgroup pipelined loop
+        # failed on the H200 and the kernel refuses it)
+        assert "/*overlap=*/false>;" in src and "/*overlap=*/false>;" in render.render_instance(wgmma_spec(2))
         table = render.render_dispatch("fwd", "sm_90a", d128_bf16_specs())
         assert f"/*min_rows=*/{min_rows(1)}," in table and f"/*min_rows=*/{min_rows(2)}," in table
         assert "/*min_rows=*/0," in table

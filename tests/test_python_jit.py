@@ -145,7 +145,7 @@ class TestDerive:
             assert e.api == "fwd" and e.instance_names == [f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_"
                                                            + tile[bucket]]
         wgmma = {64: ["splitkv_d64_fp16_batch_mask_sm90a_decode_tma_b64x64g1"],
-                 128: ["splitkv_d128_fp16_batch_mask_sm90a_decode_tma_b128x64g2o1",
+                 128: ["splitkv_d128_fp16_batch_mask_sm90a_decode_tma_b128x64g2",
                        "splitkv_d128_fp16_batch_mask_sm90a_decode_tma_b64x64g1"]}
         for hq, hv, bucket in [(128, 128, 128), (8, 64, 64), (72, 128, 128), (128, 64, 128)]:
             e = jit.derive_entry("splitkv", "sm_90a", "fp16", hq, hv, "batch", True)

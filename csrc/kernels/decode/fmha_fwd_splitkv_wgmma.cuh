@@ -60,6 +60,8 @@ struct WgmmaConfig {
     // beside the latter; slot i - 1 is held until block i has arrived) or one block at a time (each slot released as
     // soon as its P·V is done): the catalogue tile's `overlap`.
     static constexpr bool kOverlap = kOverlap_;
+    static_assert(!(kOverlap && kWarpgroups_ == 2),
+                  "the pipelined loop with two warpgroups failed on the H200 (2026-11-24: no result, a memcheck error)");
     static constexpr mhakit_dtype kDtype = kDtype_;
     static constexpr int kHdimQ = kHdimQ_, kHdimV = kHdimV_, kWarpgroups = kWarpgroups_, kStages = kStages_;
     static constexpr int kPrefetch = 0;  // produce_blocks' L2 prefetch: none
