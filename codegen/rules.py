@@ -76,6 +76,24 @@ def tiles_have_block_sizes(spec: KernelSpec, cat) -> Optional[str]:
     return None
 
 
+def wgmma_decode_tiles_agree(spec: KernelSpec, cat) -> Optional[str]:
+    """decode_tma's wgmma tiles (a `warpgroups` knob): 64 packed rows per warpgroup (block_m = 64 x warpgroups), 64
+    keys per slot (one m64n64 wgmma per k step of S), one or two warpgroups; and `min_rows`, the packed rows from
+    which the runtime prefers a split-KV tile, within what its score can hold (1 .. 99999)."""
+    tile = dict(spec.algorithm.tile)
+    if "min_rows" in tile and not 1 <= tile["min_rows"] <= 99999:
+        return f"min_rows must be in [1, 99999] (got {tile['min_rows']})"
+    if "warpgroups" not in tile:
+        return None
+    wg = tile["warpgroups"]
+    if tile.get("overlap", 0) not in (0, 1):
+        return f"overlap is 0 or 1 (got {tile['overlap']})"
+    if wg not in (1, 2) or tile.get("block_m") != 64 * wg or tile.get("block_n") != 64 or "warps" in tile:
+        return (f"a wgmma decode tile has 1 or 2 warpgroups, block_m = 64 x warpgroups, block_n = 64 and no warps "
+                f"(got warpgroups={wg}, block_m={tile.get('block_m')}, block_n={tile.get('block_n')})")
+    return None
+
+
 def ck_group_mode_pads_sequences(spec: KernelSpec, cat) -> Optional[str]:
     """CK-tile forward: a group-mode kernel cannot know whether a sequence fills its last tile, so it must pad both
     sequence dimensions (the padding flags of each variant are catalogue data: ck.fwd_pads)."""
@@ -95,6 +113,7 @@ RULES: tuple[Rule, ...] = (
     modifier_instances_need_score_mods,
     family_built_for_arch,
     tiles_have_block_sizes,
+    wgmma_decode_tiles_agree,
     ck_group_mode_pads_sequences,
 )
 

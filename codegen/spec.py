@@ -57,6 +57,10 @@ class Algorithm:
         token = "b" + "x".join(str(v) for k, v in self.tile if k in BLOCK_TOKEN_KEYS)
         if "warps" in values:
             token += f"w{values['warps']}"
+        if "warpgroups" in values:  # decode_tma: wgmma consumers, this many warpgroups
+            token += f"g{values['warpgroups']}"
+        if values.get("overlap"):  # decode_tma wgmma: the software-pipelined consumer loop (none: no token)
+            token += f"o{values['overlap']}"
         if values.get("ctas_per_sm"):  # decode_tma: a cap of CTAs per SM (none: no token)
             token += f"c{values['ctas_per_sm']}"
         if self.candidate and "stages" in values:
@@ -167,6 +171,8 @@ class KernelSpec:
             "seqlen_q_min": self.seqlen_q[0] if self.seqlen_q else 0,
             "seqlen_q_max": self.seqlen_q[1] if self.seqlen_q else 0,
             "persistent": "true" if self.persistent else "false",
+            # split-KV: packed rows per kv head from which the runtime prefers this instance (0: no preference)
+            "min_rows": int(dict(a.tile).get("min_rows", 0)),
         }
 
     @property

@@ -93,9 +93,10 @@ def test_null_pointers_to_the_entry_points(lib):
 
 
 def test_instance_choice_serves_every_head_dim_up_to_the_bucket(lib):
-    """The minimal library holds the bf16 d128 instance of both split-KV families: decode_tma (priority 10) where
-    its static guards (16-byte alignment, head dims multiples of 8) and run-time guard (pages of whole 64-key blocks,
-    strides TMA takes) hold, decode for every other call."""
+    """The minimal library holds the bf16 d128 instances of both split-KV families: decode_tma (priority 10; its
+    mma.sync tile and its wgmma tiles, by packed rows) where its static guards (16-byte alignment, head dims
+    multiples of 8) and run-time guard (pages of whole 64-key blocks, strides TMA takes) hold, decode for every other
+    call."""
     tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
     name = "splitkv_d128_bf16_batch_mask_sm90a_decode_b32x64w4"
     assert lib.splitkv_kernel_name(valid_args()) == tma, lib.last_error()
@@ -107,9 +108,12 @@ def test_instance_choice_serves_every_head_dim_up_to_the_bucket(lib):
         assert lib.splitkv_kernel_name(paged) == want, page
     window = valid_args(mask_type=_capi.MASK_BOTTOM_RIGHT, window_size_left=128, window_size_right=0)
     assert lib.splitkv_kernel_name(window) == tma
-    # packed rows per kv head: up to 32 (4 x 8) the key split, more (4 x 16, 4 x 1000) the row split
-    for sq in (8, 16, 1000):
-        assert lib.splitkv_kernel_name(valid_args(seqlen_q=sq)) == tma
+    # packed rows per kv head (4 x s_q): up to 32 the mma.sync tile (the key split), from 64 (catalogue min_rows) the
+    # wgmma tiles: one warpgroup from 64, two from 128
+    wgmma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_"
+    for sq, want in [(8, tma), (15, tma), (16, wgmma + "b64x64g1"), (31, wgmma + "b64x64g1"),
+                     (32, wgmma + "b128x64g2"), (1000, wgmma + "b128x64g2")]:
+        assert lib.splitkv_kernel_name(valid_args(seqlen_q=sq)) == want, sq
     # alignment (static guard): base pointers and used strides in 16-byte units
     assert lib.splitkv_kernel_name(valid_args(k_cache_ptr=FAKE + 8)) == name
     assert lib.splitkv_kernel_name(valid_args(stride_v=8 * 128 + 4)) == name

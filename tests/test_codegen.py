@@ -95,16 +95,19 @@ class TestNames:
         assert len(names) == len(set(names))
         pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16|fp8bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
         # the forward library's split-KV (decode) instances: batch "mode", one mask class serving every mask
-        decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+w\d+$")
+        # (decode_tma's wgmma tile: g<warpgroups> instead of w<warps>, o1 where its consumer loop is pipelined)
+        decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+(w\d+|g\d+(o1)?)$")
         assert all(pattern.match(n) or decode.match(n) for n in names), [n for n in names if not pattern.match(n)]
-        assert sum(bool(decode.match(n)) for n in names) == 6 + 4  # decode 2 x 3 buckets, decode_tma 2 x (64, 128)
+        # decode 2 x 3 buckets, decode_tma 2 x (64, 128) mma.sync + 2 x (64, 128 x 2) wgmma
+        assert sum(bool(decode.match(n)) for n in names) == 6 + 4 + 6
 
 
 class TestProfiles:
     def test_counts(self):
         # minimal: hopper + generic, masked and unmasked, one masked modifier instance of each, one decode and one
         # decode_tma instance
-        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 2 + 1 + 1
+        # (+ 2: decode_tma's wgmma tiles, one and two warpgroups, beside its mma.sync one)
+        assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 2 + 1 + 1 + 2
         assert len(profiles.select("bwd", "sm_90a", "minimal").specs) == 4 + 2
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
         # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
@@ -113,10 +116,11 @@ class TestProfiles:
         # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper modifier instances (forward and backward): bf16 x 64 / 128 / 256
         # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
         # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`; the ranged d64 masked tile
-        # (128 x 128 up to max_seqlen_q 1024, plain only): 2 dtypes x 2 modes in both
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4
+        # (128 x 128 up to max_seqlen_q 1024, plain only): 2 dtypes x 2 modes in both; decode_tma's wgmma tiles (2
+        # dtypes x (d64 one warpgroup, d128 one and two warpgroups))
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4 + 6
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4 + 6
         # (the unmasked (192, 128) backward tile is plain only: no nmask "_mods" instance, 2 dtypes x 2 modes)
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48 - 4
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
@@ -194,8 +198,10 @@ class TestProfiles:
                                                                              (256, "b128x96"))
                       for dt in ("fp16", "bf16") for m in ("batch", "group"))
         assert set(short) <= every.candidates
+        # (decode_tma's one-warpgroup wgmma tile with the other consumer loop: b64x64g1o1s3)
         assert every.candidates and all(n.startswith((fp8_d128, "fwd_d128_fp8fp16_batch",
                                                       "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x"))
+                                        or re.fullmatch(r"splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b\d+x64g\d(o1)?s\d", n)
                                         for n in every.candidates - set(short))
         assert not profiles.enumerate_specs("fwd", "sm_90a").candidates
         for profile in ("minimal", "default", "all"):
@@ -212,7 +218,13 @@ class TestProfiles:
         # neither its stages nor a prefetch of 0, so that candidates differing only in their ring are named apart
         tma = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_b32x64w4"
         rings = {tma + "s3p2": (3, 2), tma + "s2": (2, 0), tma + "s4": (4, 0), tma + "c1s2": (2, 0), tma + "s3l256": (3, 0)}
-        assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings)
+        # the one-warpgroup wgmma tile's candidate with the other consumer loop (overlap = 1: o1; and its stages)
+        loops = {tma[:-len("b32x64w4")] + "b64x64g1o1s3": True}
+        assert {n for n in every.candidates if n.startswith("splitkv")} == set(rings) | set(loops)
+        for name, overlap in loops.items():
+            (spec,) = profiles.select("fwd", "sm_90a", "candidates", name).specs
+            assert bool(dict(spec.algorithm.tile).get("overlap")) == overlap
+            assert f"/*overlap=*/{'true' if overlap else 'false'}" in render.render_instance(spec)
         assert [s.name for s in profiles.select("fwd", "sm_90a", "all", tma).specs] == [tma]
         for name, (stages, prefetch) in rings.items():
             sel = profiles.select("fwd", "sm_90a", "candidates", name)
@@ -311,14 +323,18 @@ class TestRendering:
         specs = [s for s in everything if s.signature.api == "fwd"]
         splitkv = [s for s in everything if s.signature.api == "splitkv"]
         assert f"const int kNumFwdInstances = {len(specs)};" in text
-        assert len(splitkv) == 2 and "const int kNumSplitkvInstances = 2;" in text
-        tma, = [s for s in splitkv if s.algorithm.family == "decode_tma"]
+        assert len(splitkv) == 4 and "const int kNumSplitkvInstances = 4;" in text
+        tma, = [s for s in splitkv if s.algorithm.family == "decode_tma" and "warps" in dict(s.algorithm.tile)]
+        wg, = [s for s in splitkv if dict(s.algorithm.tile).get("warpgroups") == 1]
         plain, = [s for s in splitkv if s.algorithm.family == "decode"]
         # each with its family's priority and static guards (decode_tma: TMA's 16-byte units, whole 16-byte chunks)
         assert (f'{{"{plain.name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/1,\n'
                 "     /*equal_head_dims=*/false, /*align_bytes=*/2,\n     /*head_dim_multiple=*/1,") in text
         assert (f'{{"{tma.name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/10,\n'
-                "     /*equal_head_dims=*/false, /*align_bytes=*/16,\n     /*head_dim_multiple=*/8,") in text
+                "     /*equal_head_dims=*/false, /*align_bytes=*/16,\n     /*head_dim_multiple=*/8, /*min_rows=*/0,") in text
+        # the wgmma tile: the same family's row, with the packed rows from which the runtime prefers it
+        assert (f'{{"{wg.name}", MHAKIT_DTYPE_BF16, 128, 128, /*priority=*/10,\n'
+                "     /*equal_head_dims=*/false, /*align_bytes=*/16,\n     /*head_dim_multiple=*/8, /*min_rows=*/64,") in text
         alone = render.render_dispatch("fwd", "sm_90a", splitkv)  # a decode-only library: an empty mha_fwd table
         assert "kFwdInstances[1] = {\n};" in alone and "const int kNumFwdInstances = 0;" in alone
         assert 'const BuiltArch kFwdBuiltArch = {"sm_90a", 9, 0, /*arch_specific=*/true};' in text
@@ -328,7 +344,7 @@ class TestRendering:
         hopper = [s for s in specs if s.algorithm.family == "hopper"]
         assert hopper and all(not s.guards.equal_head_dims and s.guards.align_bytes == 16 for s in hopper)
         assert text.count("/*equal_head_dims=*/false,\n     /*deterministic=*/true, /*align_bytes=*/16") == len(hopper)
-        assert text.count("/*head_dim_multiple=*/8,") == len(hopper) + 1  # + decode_tma
+        assert text.count("/*head_dim_multiple=*/8,") == len(hopper) + 3  # + decode_tma (mma.sync, 2 x wgmma)
         assert text.count("/*head_dim_multiple=*/1,") == len(specs) - len(hopper) + 1  # + decode
         assert text.count("/*mods=*/true,") == sum(s.signature.mods for s in specs) == 2
         assert text.count("/*mods=*/false,") == len(specs) - 2

@@ -14,7 +14,7 @@ def test_list_prints_names_and_count(tmp_path):
     proc = run_compile(["--api", "fwd", "--profile", "minimal", "--arch", "sm_90a", "--list"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[-1] == "8 fwd instances for sm_90a (profile minimal)"
+    assert lines[-1] == "10 fwd instances for sm_90a (profile minimal)"
     assert "splitkv_d128_bf16_batch_mask_sm90a_decode_b32x64w4" in lines
     assert "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4" in lines  # the profile's one modifier instance
     assert "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128" in lines

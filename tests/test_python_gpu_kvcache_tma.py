@@ -4,7 +4,8 @@ mhakit.reference.attention_fwd_kvcache: which family serves a call (the instance
 64-key blocks: decode_tma), pages of 16 and head dims that are not multiples of 8 (refused by its guards: the decode
 family serves them); ragged cache lengths incl. 0 and lengths that end inside a block (the producer's cp.async tail);
 GQA 1 / 3 / 4 / 8; s_q 1 / 4 / 8 / 16: the one-row-tile kernel, the key split (up to 32 packed rows) and the row
-split (48, 64 and 128 rows: one chunk with padded rows, one, two); forced splits (2, 3, 7: some parts empty) and the
+split (48 rows: one chunk with padded rows; 64 and 128 rows now go to the wgmma tiles, which the family's name
+pattern below still matches; tests/test_gpu_decode_wgmma.py checks which tile); forced splits (2, 3, 7: some parts empty) and the
 heuristic; causal and sliding-window masks; appended rows; cache_batch_idx; d64, d128, d72 and d != d_v (a V box
 left unread). Caches hold NaN past each
 batch's length (make_case), so a kernel that computed on those rows fails."""

@@ -136,17 +136,21 @@ class TestDerive:
     def test_splitkv_entries_live_in_the_forward_library(self):
         """mha_fwd_kvcache's calls derive entries of the decode families (one instance per bucket serves every
         mask), built as libmha_fwd.so: on sm_90a the decode_tma instance first where its static guards admit the head
-        dims (multiples of 8 within 64 / 128) with the decode one as the fallback, else decode alone; mha_fwd's
+        dims (multiples of 8 within 64 / 128; with its mma.sync tile its wgmma tiles, which the runtime picks
+        by the call's packed rows) with the decode one as the fallback, else decode alone; mha_fwd's
         entries never pull a decode instance in."""
         tile = {64: "b64x64w4", 128: "b32x64w4", 256: "b16x32w2"}
         for hq, hv, bucket in [(59, 100, 128), (200, 64, 256), (72, 256, 256)]:
             e = jit.derive_entry("splitkv", "sm_90a", "fp16", hq, hv, "batch", True)
             assert e.api == "fwd" and e.instance_names == [f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_"
                                                            + tile[bucket]]
+        wgmma = {64: ["splitkv_d64_fp16_batch_mask_sm90a_decode_tma_b64x64g1"],
+                 128: ["splitkv_d128_fp16_batch_mask_sm90a_decode_tma_b128x64g2",
+                       "splitkv_d128_fp16_batch_mask_sm90a_decode_tma_b64x64g1"]}
         for hq, hv, bucket in [(128, 128, 128), (8, 64, 64), (72, 128, 128), (128, 64, 128)]:
             e = jit.derive_entry("splitkv", "sm_90a", "fp16", hq, hv, "batch", True)
             assert e.api == "fwd" and e.instance_names == [
-                f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_tma_{'b32x64w4'}",
+                *sorted([f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_tma_{'b32x64w4'}", *wgmma[bucket]]),
                 f"splitkv_d{bucket}_fp16_batch_mask_sm90a_decode_{tile[bucket]}"]
         assert jit.derive_entry("splitkv", "sm_80", "bf16", 128, 128, "batch", True).instance_names == [
             "splitkv_d128_bf16_batch_mask_sm80_decode_b32x64w4"]
@@ -544,7 +548,7 @@ class TestPrebuild:
         # four mha_fwd libraries, four with modifier instances (generic alone: what Hopper refuses; hopper + generic; a sink:
         # hopper's modifier instance + a plain generic one, masked or not) and two split-KV ones (decode alone,
         # decode_tma + decode)
-        assert len(paths) == 10 and builder.calls == 10 and compiled == [8]
+        assert len(paths) == 10 and builder.calls == 10 and compiled == [10]
         from mhakit import _ext
         assert _ext.compiler() is None or _ext.cached(cache) is not None, "prebuild fills in the C call path too"
         assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 10

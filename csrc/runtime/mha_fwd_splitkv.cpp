@@ -126,7 +126,17 @@ bool splitkv_guards_hold(const SplitkvInstance& inst, const SplitkvParams& p) {
     return tensors_aligned(p, input_bytes(inst.dtype), inst.align_bytes);
 }
 
-// The instance of the highest priority (then the tightest head-dim bucket) whose dtype and guards fit the call.
+// How an instance's tile suits the call's packed rows per kv head (catalogue `min_rows`): its min_rows when the call
+// has at least that many rows (the largest threshold met wins), 0 for a tile without one, -1 for a tile whose
+// threshold the call is below (it still serves the call where nothing else of its bucket was built).
+long rows_fit(const SplitkvInstance& inst, const SplitkvParams& p) {
+    if (inst.min_rows == 0) return 0;
+    const long long rows = (long long)(p.nhead_q / p.nhead_k) * p.seqlen_q;
+    return rows >= inst.min_rows ? inst.min_rows : -1;
+}
+
+// The instance of the highest priority (then the tightest head-dim bucket, then the tile whose min_rows the call's
+// packed rows meet: rows_fit) whose dtype and guards fit the call.
 const SplitkvInstance* choose(const SplitkvParams& p, int dtype) {
     const SplitkvInstance* best = nullptr;
     long best_score = 0;
@@ -136,7 +146,7 @@ const SplitkvInstance* choose(const SplitkvParams& p, int dtype) {
         if (!splitkv_guards_hold(inst, p)) continue;
         if (!inst.supports(p)) continue;
         const long padding = (inst.hdim_q - p.hdim_q) + (inst.hdim_v - p.hdim_v);
-        const long score = inst.priority * 100000L - padding;
+        const long score = (inst.priority * 100000L - padding) * 100000L + rows_fit(inst, p);
         if (best == nullptr || score > best_score) best = &inst, best_score = score;
     }
     return best;

@@ -69,6 +69,10 @@ struct SplitkvInstance {
     bool equal_head_dims;   // serves only hdim_q == hdim_v
     int align_bytes;        // every tensor's base pointer and used strides a multiple of this many bytes
     int head_dim_multiple;  // serves only hdim_q and hdim_v that are multiples of this
+    // The packed rows per kv head (seqlen_q x nhead_q / nhead_k) from which the runtime prefers this instance over
+    // the family's others of the same bucket (catalogue tile `min_rows`; 0: no such preference). Below it the
+    // instance still serves a call that nothing else built serves.
+    int min_rows;
     bool (*supports)(const SplitkvParams&);                    // run-time guard (pure host arithmetic)
     int (*num_splits)(const SplitkvParams&, int smem_per_sm);  // the split heuristic for num_splits = 0
     dev::Error (*run)(const SplitkvParams&, dev::Stream);      // append, attend, combine; no sync, no allocation

@@ -193,6 +193,100 @@ __device__ __forceinline__ void load_tail(unsigned char* dst, RowPtr&& row_ptr, 
     ptx::cp_async_wait<0>();
 }
 
+// The producer warp's loop: blocks [keys.blk_begin, + keys.n_blocks) of batch b, kv head hk into the ring of kStages
+// slots at smem (full / empty barriers per slot, see the file comment). Shared by the mma.sync consumers here and the
+// wgmma consumers (fmha_fwd_splitkv_wgmma.cuh). kAsyncReaders: the consumers read the slots through the async proxy
+// (wgmma), so the lanes that fill the cache-end block with cp.async (generic proxy writes) fence them into the async
+// proxy before the slot is signalled full.
+template <class Cfg, int kStages, bool kAsyncReaders>
+__device__ __forceinline__ void produce_blocks(unsigned char* smem, uint64_t* full_bar, uint64_t* empty_bar,
+                                               const CUtensorMap& tma_k, const CUtensorMap& tma_v,
+                                               const SplitkvParams& p, const SplitKeys& keys, int b, int hk, int lane) {
+    using Barrier = cutlass::arch::ClusterTransactionBarrier;
+    constexpr int kBlockN = Cfg::kBlockN, kBoxBytes = Cfg::kBoxBytes;
+    const int n_blocks = keys.n_blocks;
+    if (lane == 0) {
+        cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_k));
+        cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_v));
+    }
+    const CacheRows<const uint16_t> kc = cache_rows<false, const uint16_t>(p, b, hk);
+    const CacheRows<const uint16_t> vc = cache_rows<true, const uint16_t>(p, b, hk);
+    const bool paged = kc.pages != nullptr;
+    const int cache_b = (!paged && p.cache_batch_idx != nullptr) ? __ldg(p.cache_batch_idx + b) : b;
+    // Boxes that hold real columns (a bucket wider than the head dim leaves the last ones unread) and their bytes.
+    const int boxes_k = (p.hdim_q + kBoxCols - 1) / kBoxCols, boxes_v = (p.hdim_v + kBoxCols - 1) / kBoxCols;
+    const uint32_t tx_bytes = uint32_t(boxes_k + boxes_v) * kBoxBytes;
+    constexpr uint64_t kEvictFirst = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);  // each byte read once
+    int lane_page = 0;  // paged: the page of block (i & ~31) + lane
+    int lane_page_ahead = 0;  // paged, prefetching: the page of block ((i + kPrefetch) & ~31) + lane
+    for (int i = 0; i < n_blocks; ++i) {
+        const int n0 = (keys.blk_begin + i) * kBlockN;
+        if (paged && (i & 31) == 0) {
+            const int j = i + lane;
+            lane_page = j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
+        }
+        const int page = paged ? __shfl_sync(0xffffffffu, lane_page, i & 31) : 0;
+        if constexpr (Cfg::kPrefetch > 0) {
+            // L2 prefetch of block i + kPrefetch (a whole block past the ring's first fill), so that its bytes
+            // are on their way kPrefetch loads before the slot for it frees.
+            const int ahead = i + Cfg::kPrefetch;
+            if (paged && (i == 0 || (ahead & 31) == 0)) {
+                const int j = (ahead & ~31) + lane;
+                lane_page_ahead =
+                    j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
+            }
+            const int page_ahead = paged ? __shfl_sync(0xffffffffu, lane_page_ahead, ahead & 31) : 0;
+            const int a0 = (keys.blk_begin + ahead) * kBlockN;
+            if (lane == 0 && ahead >= kStages && ahead < n_blocks && keys.sk - a0 >= kBlockN) {
+                const int row = paged ? kc.in_page(a0) : a0;
+                const int outer = paged ? page_ahead : cache_b;
+                for (int x = 0; x < boxes_k; ++x)
+                    cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_k, x * kBoxCols, row, hk, outer);
+                for (int x = 0; x < boxes_v; ++x)
+                    cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_v, x * kBoxCols, row, hk, outer);
+            }
+        }
+        const int st = i % kStages, use = i / kStages;
+        if (use > 0) Barrier::wait(&empty_bar[st], (use - 1) & 1);
+        unsigned char* slot = smem + st * Cfg::kSlotBytes;
+        const int valid = keys.sk - n0;
+        if (valid >= kBlockN) {
+            if (lane == 0) {
+                Barrier::arrive_and_expect_tx(&full_bar[st], tx_bytes);
+                const int row = paged ? kc.in_page(n0) : n0;
+                const int outer = paged ? page : cache_b;
+                for (int x = 0; x < boxes_k; ++x)
+                    cute::SM90_TMA_LOAD_4D::copy(&tma_k, &full_bar[st], kEvictFirst, slot + x * kBoxBytes,
+                                                 x * kBoxCols, row, hk, outer);
+                for (int x = 0; x < boxes_v; ++x)
+                    cute::SM90_TMA_LOAD_4D::copy(&tma_v, &full_bar[st], kEvictFirst,
+                                                 slot + Cfg::kKBytes + x * kBoxBytes, x * kBoxCols, row, hk,
+                                                 outer);
+            }
+        } else {
+            const int v_rows = valid > 0 ? valid : 0;
+            if (paged) {
+                load_tail<kBlockN, Cfg::kBoxesK>(
+                    slot, [&](int r) { return kc.row_in_page(page, n0 + r); }, v_rows, p.hdim_q, kc.base, lane);
+                load_tail<kBlockN, Cfg::kBoxesV>(
+                    slot + Cfg::kKBytes, [&](int r) { return vc.row_in_page(page, n0 + r); }, v_rows, p.hdim_v,
+                    vc.base, lane);
+            } else {
+                load_tail<kBlockN, Cfg::kBoxesK>(
+                    slot, [&](int r) { return kc.base + int64_t(n0 + r) * kc.row_stride; }, v_rows, p.hdim_q,
+                    kc.base, lane);
+                load_tail<kBlockN, Cfg::kBoxesV>(
+                    slot + Cfg::kKBytes, [&](int r) { return vc.base + int64_t(n0 + r) * vc.row_stride; },
+                    v_rows, p.hdim_v, vc.base, lane);
+            }
+            // wgmma reads the slot through the async proxy: each lane's completed copies are made visible to it.
+            if constexpr (kAsyncReaders) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncwarp();  // every lane's copies are complete (each waited for its own)
+            if (lane == 0) Barrier::arrive(&full_bar[st]);
+        }
+    }
+}
+
 template <class Cfg, int kMT, bool kRowSplit>
 __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem<kMT, kRowSplit>::kMaxRegs))
     splitkv_tma_kernel(const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
@@ -238,84 +332,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
     // ---------------- producer warp ----------------
     if (warp == kWarps) {
         if (n_blocks == 0) return;
-        if (lane == 0) {
-            cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_k));
-            cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_v));
-        }
-        const CacheRows<const uint16_t> kc = cache_rows<false, const uint16_t>(p, b, hk);
-        const CacheRows<const uint16_t> vc = cache_rows<true, const uint16_t>(p, b, hk);
-        const bool paged = kc.pages != nullptr;
-        const int cache_b = (!paged && p.cache_batch_idx != nullptr) ? __ldg(p.cache_batch_idx + b) : b;
-        // Boxes that hold real columns (a bucket wider than the head dim leaves the last ones unread) and their bytes.
-        const int boxes_k = (p.hdim_q + kBoxCols - 1) / kBoxCols, boxes_v = (p.hdim_v + kBoxCols - 1) / kBoxCols;
-        const uint32_t tx_bytes = uint32_t(boxes_k + boxes_v) * kBoxBytes;
-        constexpr uint64_t kEvictFirst = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);  // each byte read once
-        int lane_page = 0;  // paged: the page of block (i & ~31) + lane
-        int lane_page_ahead = 0;  // paged, prefetching: the page of block ((i + kPrefetch) & ~31) + lane
-        for (int i = 0; i < n_blocks; ++i) {
-            const int n0 = (keys.blk_begin + i) * kBlockN;
-            if (paged && (i & 31) == 0) {
-                const int j = i + lane;
-                lane_page = j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
-            }
-            const int page = paged ? __shfl_sync(0xffffffffu, lane_page, i & 31) : 0;
-            if constexpr (Cfg::kPrefetch > 0) {
-                // L2 prefetch of block i + kPrefetch (a whole block past the ring's first fill), so that its bytes
-                // are on their way kPrefetch loads before the slot for it frees.
-                const int ahead = i + Cfg::kPrefetch;
-                if (paged && (i == 0 || (ahead & 31) == 0)) {
-                    const int j = (ahead & ~31) + lane;
-                    lane_page_ahead =
-                        j < n_blocks ? __ldg(kc.pages + kc.page_slot((keys.blk_begin + j) * kBlockN)) : 0;
-                }
-                const int page_ahead = paged ? __shfl_sync(0xffffffffu, lane_page_ahead, ahead & 31) : 0;
-                const int a0 = (keys.blk_begin + ahead) * kBlockN;
-                if (lane == 0 && ahead >= kStages && ahead < n_blocks && keys.sk - a0 >= kBlockN) {
-                    const int row = paged ? kc.in_page(a0) : a0;
-                    const int outer = paged ? page_ahead : cache_b;
-                    for (int x = 0; x < boxes_k; ++x)
-                        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_k, x * kBoxCols, row, hk, outer);
-                    for (int x = 0; x < boxes_v; ++x)
-                        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&tma_v, x * kBoxCols, row, hk, outer);
-                }
-            }
-            const int st = i % kStages, use = i / kStages;
-            if (use > 0) Barrier::wait(&empty_bar[st], (use - 1) & 1);
-            unsigned char* slot = smem + st * Cfg::kSlotBytes;
-            const int valid = keys.sk - n0;
-            if (valid >= kBlockN) {
-                if (lane == 0) {
-                    Barrier::arrive_and_expect_tx(&full_bar[st], tx_bytes);
-                    const int row = paged ? kc.in_page(n0) : n0;
-                    const int outer = paged ? page : cache_b;
-                    for (int x = 0; x < boxes_k; ++x)
-                        cute::SM90_TMA_LOAD_4D::copy(&tma_k, &full_bar[st], kEvictFirst, slot + x * kBoxBytes,
-                                                     x * kBoxCols, row, hk, outer);
-                    for (int x = 0; x < boxes_v; ++x)
-                        cute::SM90_TMA_LOAD_4D::copy(&tma_v, &full_bar[st], kEvictFirst,
-                                                     slot + Cfg::kKBytes + x * kBoxBytes, x * kBoxCols, row, hk,
-                                                     outer);
-                }
-            } else {
-                const int v_rows = valid > 0 ? valid : 0;
-                if (paged) {
-                    load_tail<kBlockN, Cfg::kBoxesK>(
-                        slot, [&](int r) { return kc.row_in_page(page, n0 + r); }, v_rows, p.hdim_q, kc.base, lane);
-                    load_tail<kBlockN, Cfg::kBoxesV>(
-                        slot + Cfg::kKBytes, [&](int r) { return vc.row_in_page(page, n0 + r); }, v_rows, p.hdim_v,
-                        vc.base, lane);
-                } else {
-                    load_tail<kBlockN, Cfg::kBoxesK>(
-                        slot, [&](int r) { return kc.base + int64_t(n0 + r) * kc.row_stride; }, v_rows, p.hdim_q,
-                        kc.base, lane);
-                    load_tail<kBlockN, Cfg::kBoxesV>(
-                        slot + Cfg::kKBytes, [&](int r) { return vc.base + int64_t(n0 + r) * vc.row_stride; },
-                        v_rows, p.hdim_v, vc.base, lane);
-                }
-                __syncwarp();  // every lane's copies are complete (each waited for its own)
-                if (lane == 0) Barrier::arrive(&full_bar[st]);
-            }
-        }
+        produce_blocks<Cfg, kStages, false>(smem, full_bar, empty_bar, tma_k, tma_v, p, keys, b, hk, lane);
         return;
     }
 
@@ -403,6 +420,17 @@ inline CacheModes cache_modes(const SplitkvParams& p) {
     return CacheModes{p.nhead_k > 1, p.block_table != nullptr || p.batch > 1 || p.cache_batch_idx != nullptr};
 }
 
+// The run-time guard of a TMA ring of kBlockN-key blocks (decode_tma's mma.sync and wgmma kernels): the grid fits
+// (x: kv heads x splits x row chunks, z: batches), pages hold whole blocks, TMA takes the cache strides.
+inline bool tma_supports(const SplitkvParams& p, long long row_chunks, int block_n) {
+    const CacheModes used = cache_modes(p);
+    if (p.batch > 65535 || row_chunks * MHAKIT_MAX_SPLITS * p.nhead_k >= (1LL << 31)) return false;
+    if (p.block_table != nullptr && p.page_block_size % block_n != 0) return false;
+    return tma_stride_ok(p.k_row_stride, true) && tma_stride_ok(p.k_head_stride, used.head) &&
+           tma_stride_ok(p.k_batch_stride, used.outer) && tma_stride_ok(p.v_row_stride, true) &&
+           tma_stride_ok(p.v_head_stride, used.head) && tma_stride_ok(p.v_batch_stride, used.outer);
+}
+
 // The TMA descriptor of the K (or V) cache: (head dim, row, kv head, cache batch or page), boxes of 64 columns x
 // kBlockN rows x 1 x 1, 128-byte swizzle. Rows: a page's rows when paged, else a bound on the row coordinate (only
 // boxes within a batch's filled rows are ever loaded); the outer extent likewise bounds the coordinate.
@@ -475,15 +503,7 @@ struct SplitkvTmaKernel {
     // Run-time guard beyond the runtime's checks and the static guards (16-byte alignment, head dims multiples of
     // 8): pages hold whole blocks, TMA takes the cache strides, the grid fits (x: kv heads x splits x row chunks).
     // Pure host arithmetic.
-    static bool supports(const SplitkvParams& p) {
-        using tma_detail::tma_stride_ok;
-        const tma_detail::CacheModes used = tma_detail::cache_modes(p);
-        if (p.batch > 65535 || row_chunks(p) * MHAKIT_MAX_SPLITS * p.nhead_k >= (1LL << 31)) return false;
-        if (p.block_table != nullptr && p.page_block_size % kBlockN != 0) return false;
-        return tma_stride_ok(p.k_row_stride, true) && tma_stride_ok(p.k_head_stride, used.head) &&
-               tma_stride_ok(p.k_batch_stride, used.outer) && tma_stride_ok(p.v_row_stride, true) &&
-               tma_stride_ok(p.v_head_stride, used.head) && tma_stride_ok(p.v_batch_stride, used.outer);
-    }
+    static bool supports(const SplitkvParams& p) { return tma_detail::tma_supports(p, row_chunks(p), kBlockN); }
 
     // The split count for num_splits = 0: the decode family's heuristic over this kernel's CTAs per SM.
     static int num_splits(const SplitkvParams& p, int smem_per_sm) {
