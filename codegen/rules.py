@@ -88,6 +88,8 @@ def wgmma_decode_tiles_agree(spec: KernelSpec, cat) -> Optional[str]:
     wg = tile["warpgroups"]
     if tile.get("overlap", 0) not in (0, 1):
         return f"overlap is 0 or 1 (got {tile['overlap']})"
+    if wg == 2 and tile.get("overlap"):  # the kernel's static_assert says the same (fmha_fwd_splitkv_wgmma.cuh)
+        return "overlap = 1 with two warpgroups failed on the H200 (2026-11-24) and is refused"
     if wg not in (1, 2) or tile.get("block_m") != 64 * wg or tile.get("block_n") != 64 or "warps" in tile:
         return (f"a wgmma decode tile has 1 or 2 warpgroups, block_m = 64 x warpgroups, block_n = 64 and no warps "
                 f"(got warpgroups={wg}, block_m={tile.get('block_m')}, block_n={tile.get('block_n')})")

@@ -68,6 +68,7 @@ class TestCatalogue:
         (dict(block_m=64, block_n=64, warpgroups=1, warps=4, stages=3), "no warps"),
         (dict(block_m=64, block_n=64, warpgroups=1, stages=3, min_rows=0), r"min_rows must be in \[1, 99999\]"),
         (dict(block_m=64, block_n=64, warpgroups=1, stages=3, overlap=2), r"overlap is 0 or 1"),
+        (dict(block_m=128, block_n=64, warpgroups=2, stages=6, overlap=1), r"overlap = 1 with two warpgroups"),
     ])
     def test_the_rule_refuses_inconsistent_wgmma_tiles(self, tile, message):
         good = wgmma_spec()
