@@ -9,8 +9,6 @@ appended rows; cache_batch_idx; forced splits (2, 5, 7: some parts empty) and th
 d72 and d96 (a partial box), d128 x d_v 64 and d64 x d_v 128 (a V or K box past the head dim: zeroed once per slot)."""
 from __future__ import annotations
 
-import re
-import zlib
 
 import numpy as np
 import pytest
@@ -18,18 +16,12 @@ import pytest
 import mhakit
 from codegen import profiles
 from test_python_gpu import kernel_cache  # noqa: F401 (fixture)
-from test_python_gpu_kvcache import check_against_reference, make_case
+from test_python_gpu_kvcache import make_case
+from test_python_gpu_kvcache_tma import device_is_sm90, run_decode_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 
 cp = pytest.importorskip("cupy")
-
-
-def device_is_sm90() -> bool:
-    try:
-        return cp.cuda.Device().compute_capability == "90"
-    except Exception:  # no device: the gpu marker's skip applies
-        return False
 
 
 def expected_tile(dtype: str, d: int, dv: int, rows: int) -> str:
@@ -71,29 +63,9 @@ def case_id(c) -> str:
 @pytest.mark.parametrize("path", ["c", "python"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_decode_wgmma(case, path, monkeypatch, capfd):
-    from mhakit import _ext
-    if not device_is_sm90():
-        pytest.skip("decode_tma is built for sm_90a only")
-    if path == "python":
-        monkeypatch.setenv(_ext.ENV_DISABLE, "1")
-    else:
-        monkeypatch.delenv(_ext.ENV_DISABLE, raising=False)
-    _ext.reset()
-    dtype, b, sq, hq, hk, d, dv, lens, page, s_new, use_idx, mask_kwargs, splits = case
-    rng = np.random.default_rng(zlib.crc32(repr(case[:11]).encode()))
-    host, dev = make_case(rng, dtype, b, sq, hq, hk, d, dv, lens, page, s_new, use_idx)
-    if path == "python":  # the library names the instance it launches (log level 1; the Python path flushes it)
-        monkeypatch.setattr(mhakit.api, "LOG_LEVEL", 1)
-        capfd.readouterr()
-    o, lse = mhakit.mha_fwd_kvcache(**dev, num_splits=splits, return_lse=True,
-                                    dtype="bf16" if dtype == "bf16" else None, **mask_kwargs)
-    cp.cuda.runtime.deviceSynchronize()
-    if path == "python":
-        names = re.findall(r"mha_fwd_splitkv -> (\S+)", capfd.readouterr().out)
-        token = expected_tile(dtype, d, dv, sq * hq // hk)
-        assert names and all(re.search(rf"_sm90a_decode_tma_{token}$", n) for n in names), (names, token)
-    check_against_reference(host, dev, o, lse, dtype, mask_kwargs, s_new)
-    _ext.reset()
+    dtype, b, sq, hq, hk, d, dv = case[:7]
+    run_decode_case(case, path, monkeypatch, capfd,
+                    rf"_sm90a_decode_tma_{expected_tile(dtype, d, dv, sq * hq // hk)}$")
 
 
 def test_decode_wgmma_repeats_bitwise():
