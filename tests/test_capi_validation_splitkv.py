@@ -14,9 +14,10 @@ pytestmark = pytest.mark.compile
 FAKE = 0x7F0000000000  # 16-byte-aligned, never dereferenced: nothing is launched in these tests
 
 
-def valid_args(**overrides) -> _capi.MhakitFwdSplitkvArgs:
-    """bf16 decode: b=4, h_q=32, h_k=8, s_q=1, a contiguous [b, 4096, h_k, 128] cache, no new keys."""
-    b, hq, hk, sq, cap, d = 4, 32, 8, 1, 4096, 128
+def valid_args(*, b=4, hq=32, hk=8, sq=1, d=128, **overrides) -> _capi.MhakitFwdSplitkvArgs:
+    """bf16 decode: b=4, h_q=32, h_k=8, s_q=1, a contiguous [b, 4096, h_k, 128] cache, no new keys (the shape
+    arguments change those; overrides: fields set afterwards)."""
+    cap = 4096
     a = _capi.MhakitFwdSplitkvArgs()
     a.data_type = _capi.DTYPE_BF16
     a.q_ptr = a.k_cache_ptr = a.v_cache_ptr = a.o_ptr = a.lse_ptr = a.seqlen_k_ptr = FAKE

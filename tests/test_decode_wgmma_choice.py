@@ -4,7 +4,6 @@ dispatch row, rules), and the runtime gives it exactly the calls with at least m
 split-KV instances are host stubs (built with nvcc, no GPU: kernel_name launches nothing)."""
 from __future__ import annotations
 
-import math
 import re
 import subprocess
 from pathlib import Path
@@ -13,10 +12,10 @@ import pytest
 
 from codegen import profiles, render, rules
 from codegen.spec import Algorithm, KernelSpec
+from test_capi_validation_splitkv import valid_args
+from test_tile_choice import _stub_library
 
-REPO = Path(__file__).resolve().parent.parent
-CSRC = REPO / "csrc"
-FAKE = 0x7F0000000000  # 16-byte aligned, never dereferenced
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
 PREFIX = "splitkv_d128_bf16_batch_mask_sm90a_decode_tma_"
 
@@ -83,46 +82,8 @@ class TestCatalogue:
 # The runtime's choice through mhakit_mha_fwd_splitkv_kernel_name, host stubs for the instances
 # ------------------------------------------------------------------------------------------------------------------
 
-def _stub_library(specs, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    table = out / "dispatch.cu"
-    table.write_text(render.render_dispatch("fwd", "sm_90a", specs))
-    stubs = ['#include "runtime/registry.h"', "namespace mhakit::instances {"]
-    for s in specs:
-        stubs += [f"bool {s.name}_supports(const SplitkvParams&) {{ return true; }}",
-                  f"int {s.name}_num_splits(const SplitkvParams&, int) {{ return 1; }}",
-                  f"dev::Error {s.name}_run(const SplitkvParams&, dev::Stream) {{ return dev::kSuccess; }}"]
-    stubs.append("}  // namespace mhakit::instances")
-    (out / "stubs.cu").write_text("\n".join(stubs) + "\n")
-    sources = [table, out / "stubs.cu"] + [CSRC / "runtime" / f for f in
-                                           ("mha_fwd.cpp", "mha_fwd_splitkv.cpp", "api_common.cpp", "error.cpp",
-                                            "device.cpp")]
-    lib = out / "libmha_fwd.so"
-    cmd = ["nvcc", "-std=c++17", "-shared", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-arch=sm_90a",
-           f"-I{CSRC}", f"-I{CSRC / 'include'}", *map(str, sources), "-o", str(lib)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return lib
-
-
 def _args(sq, hq, hk, d=128):
-    from mhakit import _capi
-    b, cap = 2, 4096
-    a = _capi.MhakitFwdSplitkvArgs()
-    a.data_type = _capi.DTYPE_BF16
-    a.q_ptr = a.k_cache_ptr = a.v_cache_ptr = a.o_ptr = a.seqlen_k_ptr = FAKE
-    a.seqlen_q, a.max_seqlen_k, a.batch = sq, cap, b
-    a.nhead_q, a.nhead_k, a.hdim_q, a.hdim_v = hq, hk, d, d
-    a.num_splits = 1
-    a.scale_s = 1.0 / math.sqrt(d)
-    a.stride_q, a.nhead_stride_q, a.batch_stride_q = hq * d, d, sq * hq * d
-    a.stride_o, a.nhead_stride_o, a.batch_stride_o = hq * d, d, sq * hq * d
-    for t in "kv":
-        setattr(a, f"stride_{t}", hk * d)
-        setattr(a, f"nhead_stride_{t}", d)
-        setattr(a, f"batch_stride_{t}", cap * hk * d)
-    a.window_size_left = a.window_size_right = -1
-    return a
+    return valid_args(b=2, hq=hq, hk=hk, sq=sq, d=d)
 
 
 @pytest.fixture(scope="module")

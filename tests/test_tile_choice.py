@@ -141,13 +141,18 @@ FAKE = 0x7F0000000000  # 16-byte aligned, never dereferenced
 
 
 def _stub_library(specs, out: Path) -> Path:
-    """libmha_fwd.so from the generated dispatch table of `specs`, the real runtime sources, and host stubs for the
-    instances (every run-time guard holds, nothing launches)."""
+    """libmha_fwd.so from the generated dispatch table of `specs` (forward or split-KV ones), the real runtime sources,
+    and host stubs for the instances (every run-time guard holds, nothing launches; split-KV: one split)."""
     out.mkdir(parents=True, exist_ok=True)
     table = out / "dispatch.cu"
     table.write_text(render.render_dispatch("fwd", "sm_90a", specs))
     stubs = ['#include "runtime/registry.h"', "namespace mhakit::instances {"]
     for s in specs:
+        if s.signature.api == "splitkv":
+            stubs += [f"bool {s.name}_supports(const SplitkvParams&) {{ return true; }}",
+                      f"int {s.name}_num_splits(const SplitkvParams&, int) {{ return 1; }}",
+                      f"dev::Error {s.name}_run(const SplitkvParams&, dev::Stream) {{ return dev::kSuccess; }}"]
+            continue
         stubs += [f"bool {s.name}_supports(const FwdParams&) {{ return true; }}",
                   f"dev::Error {s.name}_run(const FwdParams&, dev::Stream) {{ return dev::kSuccess; }}"]
         if s.persistent:  # the tile counter the persistent instances ask for (the table points at the query)
