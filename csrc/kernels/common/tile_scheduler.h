@@ -12,8 +12,6 @@
 // 1-D grid with the (head, batch) pairs taken a few at a time and their blocks interleaved (see there).
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
 
 namespace mhakit {
@@ -24,16 +22,15 @@ struct WorkTile {
 };
 
 #if defined(__CUDACC__)
-// Tile t of the interleaved order over blocks x pairs tiles (pairs: heads x batch, head fastest): the pairs go `group`
-// at a time, and within a group tile after tile takes one block of each pair, then the next block of each, ..:
-// blocks - 1 first when `reverse` (the forward's heaviest query block under a causal mask; the deterministic backward's
-// order), else block 0 first (the backward's heaviest key block under a causal mask). The last group is what is left
-// (smaller than `group`), or with `last_absorbs` the remainder joins the group before it, so that no group, the last
-// included, is smaller than `group` (a balance group: the heaviest blocks of the grid's last pairs then start a
-// group's worth of tiles before the end, not in the last few). Shared by SingleTileScheduler::work_interleaved (t:
-// the CTA) and DynamicPersistentScheduler::decode (t: the fetched tile, a group: an L2 section).
+// Tile t of the heaviest-first interleaved order over blocks x pairs tiles (pairs: heads x batch, head fastest): the
+// pairs go `group` at a time, and within a group tile after tile takes block blocks - 1 of each pair, then block
+// blocks - 2 of each, .. The last group is what is left (smaller than `group`), or with `last_absorbs` the remainder
+// joins the group before it, so that no group, the last included, is smaller than `group` (the forward's one-tile grid:
+// the heaviest blocks of the grid's last pairs then start a group's worth of tiles before the end, not in the last
+// few). Shared by SingleTileScheduler::work_interleaved (t: the CTA) and DynamicPersistentScheduler::decode (t: the
+// fetched tile, a group: an L2 section).
 __device__ __forceinline__ WorkTile interleaved_tile(int t, int blocks, int heads, int pairs, int group,
-                                                     bool reverse = true, bool last_absorbs = false) {
+                                                     bool last_absorbs = false) {
     int g = t / (group * blocks);
     const int groups = pairs / group;
     const bool last = last_absorbs && groups > 0 && g >= groups - 1;
@@ -43,25 +40,12 @@ __device__ __forceinline__ WorkTile interleaved_tile(int t, int blocks, int head
     const int i = t - first * blocks;
     const int pair = first + i % size;
     WorkTile w;
-    w.block = reverse ? blocks - 1 - i / size : i / size;
+    w.block = blocks - 1 - i / size;
     w.head = pair % heads;
     w.batch = pair / heads;
     return w;
 }
-
 #endif
-
-// How many waves of CTAs a balance group holds (interleaved_tile's last_absorbs): the one-tile grids of causal calls
-// interleave ceil(kBalanceWaves x resident CTAs / blocks) pairs (capped by what the L2 holds where a kernel says so),
-// so that a group's heaviest blocks start within its first wave and its light ones fill its last.
-constexpr int kBalanceWaves = 2;
-
-// The balance group for a one-tile grid of blocks x pairs CTAs with `ctas` resident at once (0: no interleaving).
-inline int balance_group(int64_t blocks, int64_t pairs, int64_t ctas) {
-    if (blocks < 1 || pairs < 1 || ctas < 1 || blocks * pairs > int64_t(0x7fffffff)) return 0;
-    const int64_t g = (kBalanceWaves * ctas + blocks - 1) / blocks;
-    return int(g < pairs ? g : pairs);
-}
 
 template <bool kHeaviestFirst, bool kBatchInY = false>
 struct SingleTileScheduler {
@@ -85,9 +69,8 @@ struct SingleTileScheduler {
     // block above it, as work(true) has it), but `group` pairs' chains take turns: where CTAs of one pair would start
     // side by side as others finish, here CTAs of different pairs do. One division by run-time values per CTA.
     static dim3 grid_interleaved(int blocks, int heads, int batch) { return dim3(unsigned(blocks) * heads * batch); }
-    __device__ __forceinline__ static Work work_interleaved(int blocks, int heads, int group, bool reverse = true,
-                                                            bool last_absorbs = false) {
-        return interleaved_tile(int(blockIdx.x), blocks, heads, int(gridDim.x) / blocks, group, reverse, last_absorbs);
+    __device__ __forceinline__ static Work work_interleaved(int blocks, int heads, int group) {
+        return interleaved_tile(int(blockIdx.x), blocks, heads, int(gridDim.x) / blocks, group);
     }
     // work(reverse).block again, for a kernel that would rather recompute it at each use than hold it in a register
     // for the CTA's life: %ctaid.x through a volatile move, which the compiler neither merges with other reads nor
@@ -162,7 +145,7 @@ struct DynamicPersistentScheduler {
     // kLastAbsorbs: the last section takes the remainder (a one-tile grid's balance, interleaved_tile).
     template <bool kLastAbsorbs = false>
     __device__ __forceinline__ static Work decode(Params const& p, int t) {
-        if (p.heaviest_first) return interleaved_tile(t, p.blocks, p.heads, p.pairs, p.section, true, kLastAbsorbs);
+        if (p.heaviest_first) return interleaved_tile(t, p.blocks, p.heads, p.pairs, p.section, kLastAbsorbs);
         const int pair = t / p.blocks;  // in order: sections change nothing
         Work w;
         w.block = t % p.blocks;

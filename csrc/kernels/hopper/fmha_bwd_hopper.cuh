@@ -93,24 +93,17 @@ struct BwdKernel {
     static int rows_q(const BwdParams& p) { return kGroup ? p.max_seqlen_q : p.seqlen_q; }
     // Key blocks per (kv head, batch): the main kernel's CTAs per pair.
     static int key_blocks(const BwdParams& p) { return ((kGroup ? p.max_seqlen_k : p.seqlen_k) + kBlockN - 1) / kBlockN; }
-    // How many (kv head, batch) pairs interleave their key blocks in the launch order (Scheduler::work_interleaved;
-    // 0: the 3-D grid, pair after pair, key block 0 first).
-    // * Deterministic mode at the query split: as many as a wave of CTAs (one per multiprocessor) holds pairs in the
-    //   plain reversed order, ceil(SMs / key blocks): the same pairs, so the same Q, dO and dQ tiles, are in flight,
-    //   but CTAs that start as others finish belong to different pairs, whose dQ turns do not wait on each other. The
-    //   turns' order is that of the key blocks whatever this gives.
-    // * A causal or window call (masked instance, not deterministic): a balance group (tile_scheduler.h): key block 0
-    //   sees every query tile under a causal mask, the last block one, so pair after pair the last pairs' heaviest
-    //   blocks would start at the end of the grid and run alone (a tail of 5-15 % of the call at 1k-8k tokens with
-    //   one CTA per SM, by a list-scheduling model of the grid); interleaved, they start a group's first wave.
-    static int order_group(const BwdParams& p) {
-        if (p.num_sms < 1) return 0;
+    // Deterministic mode at the query split: how many (kv head, batch) pairs interleave their key blocks in the
+    // launch order (Scheduler::work_interleaved; 0: the 3-D grid, as every other call). As many as a wave of CTAs
+    // (one per multiprocessor) holds pairs in the plain reversed order, ceil(SMs / key blocks): the same pairs, so the
+    // same Q, dO and dQ tiles, are in flight, but CTAs that start as others finish belong to different pairs, whose
+    // dQ turns do not wait on each other. The turns' order is that of the key blocks whatever this gives.
+    static int det_group(const BwdParams& p) {
+        if (!p.deterministic || Impl::kKeySplit || p.num_sms < 1) return 0;
         const int64_t blocks = key_blocks(p);
         const int64_t pairs = int64_t(p.nhead_k) * p.batch;
         if (blocks < 1 || blocks * pairs > int64_t(INT32_MAX)) return 0;
-        if (p.deterministic) return Impl::kKeySplit ? 0 : int(std::min<int64_t>(pairs, (p.num_sms + blocks - 1) / blocks));
-        if (!kMasked || p.mask_type == 0) return 0;
-        return balance_group(blocks, pairs, p.num_sms);  // one CTA per multiprocessor
+        return int(std::min<int64_t>(pairs, (p.num_sms + blocks - 1) / blocks));
     }
 
     static bool supports(const BwdParams& p) {
@@ -190,7 +183,7 @@ struct BwdKernel {
         params.dq_turn = reinterpret_cast<int32_t*>(wsb + ws.sem_off);
         params.deterministic = p.deterministic;
         params.key_blocks = key_blocks(p);
-        params.order_group = order_group(p);
+        params.det_group = det_group(p);
         params.dk = static_cast<Element*>(p.dk);
         params.dk_row = p.dk_row_stride;
         params.dk_head = p.dk_head_stride;
@@ -278,7 +271,7 @@ struct BwdKernel {
         }
 
         const typename Impl::Params params = make_params(p, ws);
-        const dim3 grid = params.order_group > 0
+        const dim3 grid = params.det_group > 0
                               ? Impl::Scheduler::grid_interleaved(params.key_blocks, p.nhead_k, p.batch)
                               : Impl::Scheduler::grid(params.key_blocks, p.nhead_k, p.batch);
         cutlass::device_kernel<Impl><<<grid, Impl::MaxThreadsPerBlock, Impl::SharedStorageSize, stream>>>(params);

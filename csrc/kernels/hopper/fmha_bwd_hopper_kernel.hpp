@@ -48,7 +48,7 @@
 // first, so the turns cost little waiting. Without a mask every key block reaches a tile together with the block
 // above it, so a chain of CTAs that start side by side waits a link per CTA: the query split's deterministic grid
 // is 1-D and interleaves a few (kv head, batch) pairs' reversed key blocks (Scheduler::work_interleaved, the
-// group from fmha_bwd_hopper.cuh's order_group), so that CTAs which start together as others finish mostly belong to
+// group from fmha_bwd_hopper.cuh's det_group), so that CTAs which start together as others finish mostly belong to
 // different pairs.
 // Group mode (kGroup): the TMA descriptors see the packed tensors as one batch of total rows; a CTA offsets its
 // tiles by its sequence's first rows (seqstart), makes the sequence's mask coordinate itself, and returns at once
@@ -281,9 +281,8 @@ struct HopperBwdKernelBody {
         int m_tiles;
         int32_t* dq_turn;    // workspace: turn counters [b][hq][m_tiles] (deterministic mode)
         bool deterministic;  // dQ tiles added in a fixed order of key blocks
-        int order_group;     // (kv head, batch) pairs interleaved per group of the 1-D grid (Scheduler::
-                             // work_interleaved: the deterministic query split's turns, or a causal call's balance
-                             // group, fmha_bwd_hopper.cuh's order_group); 0: the 3-D grid
+        int det_group;       // deterministic query split: (kv head, batch) pairs interleaved per group of the 1-D
+                             // grid (Scheduler::work_interleaved); 0: the 3-D grid
         int key_blocks;      // the grid's key blocks per (kv head, batch)
         Element* dk;
         int64_t dk_row, dk_head, dk_batch;
@@ -304,12 +303,8 @@ struct HopperBwdKernelBody {
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
-        // The 1-D interleaved grid: deterministic mode's reversed key blocks (its turns' order), else key block 0
-        // first (the heaviest under a causal mask) in balance groups (the last one takes the remainder).
-        const auto work = params.order_group > 0
-                              ? Scheduler::work_interleaved(params.key_blocks, params.nhead_k, params.order_group,
-                                                            /*reverse=*/params.deterministic,
-                                                            /*last_absorbs=*/!params.deterministic)
+        const auto work = params.det_group > 0
+                              ? Scheduler::work_interleaved(params.key_blocks, params.nhead_k, params.det_group)
                               : Scheduler::work(/*reverse=*/params.deterministic);
         const int n_block = work.block, hk = work.head, b = work.batch;
         const Sequence seq = sequence(params, b);
