@@ -23,13 +23,20 @@ struct WorkTile {
 
 #if defined(__CUDACC__)
 // Tile t of the heaviest-first interleaved order over blocks x pairs tiles (pairs: heads x batch, head fastest): the
-// pairs go `group` at a time (the last group may be smaller), and within a group tile after tile takes block
-// blocks - 1 of each pair, then block blocks - 2 of each, .. Shared by SingleTileScheduler::work_interleaved (t: the
-// CTA) and DynamicPersistentScheduler::decode (t: the fetched tile, a group: an L2 section).
-__device__ __forceinline__ WorkTile interleaved_tile(int t, int blocks, int heads, int pairs, int group) {
-    const int g = t / (group * blocks);
+// pairs go `group` at a time, and within a group tile after tile takes block blocks - 1 of each pair, then block
+// blocks - 2 of each, .. The last group is what is left (smaller than `group`), or with `last_absorbs` the remainder
+// joins the group before it, so that no group, the last included, is smaller than `group` (the forward's one-tile grid:
+// the heaviest blocks of the grid's last pairs then start a group's worth of tiles before the end, not in the last
+// few). Shared by SingleTileScheduler::work_interleaved (t: the CTA) and DynamicPersistentScheduler::decode (t: the
+// fetched tile, a group: an L2 section).
+__device__ __forceinline__ WorkTile interleaved_tile(int t, int blocks, int heads, int pairs, int group,
+                                                     bool last_absorbs = false) {
+    int g = t / (group * blocks);
+    const int groups = pairs / group;
+    const bool last = last_absorbs && groups > 0 && g >= groups - 1;
+    if (last) g = groups - 1;
     const int first = g * group;
-    const int size = pairs - first < group ? pairs - first : group;
+    const int size = last || pairs - first < group ? pairs - first : group;
     const int i = t - first * blocks;
     const int pair = first + i % size;
     WorkTile w;
@@ -135,8 +142,10 @@ struct DynamicPersistentScheduler {
 
 #if defined(__CUDACC__)
     __device__ __forceinline__ static int first() { return int(blockIdx.x); }
+    // kLastAbsorbs: the last section takes the remainder (a one-tile grid's balance, interleaved_tile).
+    template <bool kLastAbsorbs = false>
     __device__ __forceinline__ static Work decode(Params const& p, int t) {
-        if (p.heaviest_first) return interleaved_tile(t, p.blocks, p.heads, p.pairs, p.section);
+        if (p.heaviest_first) return interleaved_tile(t, p.blocks, p.heads, p.pairs, p.section, kLastAbsorbs);
         const int pair = t / p.blocks;  // in order: sections change nothing
         Work w;
         w.block = t % p.blocks;

@@ -241,7 +241,8 @@ struct HopperFwdKernelBody {
         const float* descale_q;  // fp8: device fp32 descale factors of q, k, v
         const float* descale_k;
         const float* descale_v;
-        typename PersistentScheduler::Params sched;  // kPersistent: the work tiles and the counter
+        typename PersistentScheduler::Params sched;  // the work tiles and (kPersistent) the counter; one-tile
+                                                     // instances: total = 0 for the 3-D grid
     };
 
     using Sequence = HopperSequence;
@@ -261,7 +262,9 @@ struct HopperFwdKernelBody {
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
         const Work work = kPersistent ? PersistentScheduler::decode(params.sched, PersistentScheduler::first())
-                                      : Scheduler::work();
+                          : params.sched.total > 0  // a causal call's one-tile 1-D grid (fmha_fwd_hopper.cuh)
+                              ? PersistentScheduler::decode</*kLastAbsorbs=*/true>(params.sched, PersistentScheduler::first())
+                              : Scheduler::work();
         const Sequence seq = sequence(params, work.batch);
         if (work.block * kBlockM >= seq.sq) return;  // group mode: past this sequence's last query (the whole CTA)
 
