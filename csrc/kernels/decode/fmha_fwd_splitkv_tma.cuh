@@ -193,6 +193,24 @@ __device__ __forceinline__ void load_tail(unsigned char* dst, RowPtr&& row_ptr, 
     ptx::cp_async_wait<0>();
 }
 
+// The ring kernels' dynamic shared memory, 1024-byte aligned (the 128-byte swizzle's period).
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// Thread 0 makes the ring's barriers: per slot, full (the producer's one arrival + the TMA bytes) and empty (one
+// arrival per consumer warp). The caller synchronises the block before any use.
+template <int kStages, int kWarps>
+__device__ __forceinline__ void init_ring(uint64_t* full_bar, uint64_t* empty_bar, int tid) {
+    if (tid != 0) return;
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+        cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 1);
+        cutlass::arch::ClusterTransactionBarrier::init(&empty_bar[s], kWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+}
+
 // The producer warp's loop: blocks [keys.blk_begin, + keys.n_blocks) of batch b, kv head hk into the ring of kStages
 // slots at smem (full / empty barriers per slot, see the file comment). Shared by the mma.sync consumers here and the
 // wgmma consumers (fmha_fwd_splitkv_wgmma.cuh). kAsyncReaders: the consumers read the slots through the async proxy
@@ -299,8 +317,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
     constexpr int kSQ = Cfg::kSQ, kBoxBytes = Cfg::kBoxBytes;
 
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                           ~uintptr_t(1023));
+    unsigned char* smem = aligned_smem(smem_raw);
     uint16_t* sQ = reinterpret_cast<uint16_t*>(smem + S::kQ);
     uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + S::kBarriers);
     uint64_t* empty_bar = full_bar + kStages;
@@ -319,14 +336,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__((Cfg::template Smem
     const SplitKeys keys = split_keys<kBlockN>(p, b, split, row0, rows, group);
     const int n_blocks = keys.n_blocks;
 
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < kStages; ++s) {
-            Barrier::init(&full_bar[s], 1);
-            Barrier::init(&empty_bar[s], kWarps);
-        }
-        cutlass::arch::fence_barrier_init();
-    }
+    init_ring<kStages, kWarps>(full_bar, empty_bar, tid);
     __syncthreads();
 
     // ---------------- producer warp ----------------

@@ -273,8 +273,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::kMaxRegs)
     constexpr int kBoxBytes = Cfg::kBoxBytes;
 
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                           ~uintptr_t(1023));
+    unsigned char* smem = aligned_smem(smem_raw);
     uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Cfg::kBarriers);
     uint64_t* empty_bar = full_bar + kStages;
 
@@ -290,14 +289,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) __maxnreg__(Cfg::kMaxRegs)
     const SplitKeys keys = split_keys<kBlockN>(p, b, split, row0, rows, group);
     const int n_blocks = keys.n_blocks;
 
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < kStages; ++s) {
-            Barrier::init(&full_bar[s], 1);
-            Barrier::init(&empty_bar[s], kWarps);
-        }
-        cutlass::arch::fence_barrier_init();
-    }
+    init_ring<kStages, kWarps>(full_bar, empty_bar, tid);
     zero_unloaded_boxes<Cfg>(smem, p, tid);
     __syncthreads();
 
