@@ -99,7 +99,7 @@ struct BwdKernel {
     // same Q, dO and dQ tiles, are in flight, but CTAs that start as others finish belong to different pairs, whose
     // dQ turns do not wait on each other. The turns' order is that of the key blocks whatever this gives.
     static int det_group(const BwdParams& p) {
-        if (!p.deterministic || Impl::kKeySplit || p.num_sms < 1) return 0;
+        if (!p.deterministic || Impl::kDqViaSmem || p.num_sms < 1) return 0;
         const int64_t blocks = key_blocks(p);
         const int64_t pairs = int64_t(p.nhead_k) * p.batch;
         if (blocks < 1 || blocks * pairs > int64_t(INT32_MAX)) return 0;
