@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_compile
 from gpu_arrays import (NAN_BITS, assert_close, assert_outside_untouched, cp, download, make_strided, to_bits,
                         upload)
 from mhakit import _capi, reference
@@ -232,7 +232,7 @@ def test_odd_head_dims_group_mode(lib, case):
     check_group_mode(lib, case)
 
 
-def check_group_mode(lib, case) -> None:
+def check_group_mode(lib, case) -> str:
     dtype, hq, hk, lens_q, lens_k, d, dv, mask, deterministic, family = case
     rng = np.random.default_rng(sum(lens_q) * 13 + sum(lens_k))
     m = reference.parse_mask(mask)
@@ -273,6 +273,50 @@ def check_group_mode(lib, case) -> None:
     if deterministic:
         outs = {"dQ": download(dq, dtype), "dK": download(dk, dtype), "dV": download(dv_, dtype)}
         assert_reruns_bitwise_equal(lib, kwargs, outs, {"dQ": dq, "dK": dk, "dV": dv_}, dtype, name)
+    return name
+
+
+# The swapped key split (tile b64x96, a `candidate` of the masked (192, 128) instances; fmha_bwd_hopper_kernel.hpp,
+# consumer_swapped): a library of its four instances alone (the `candidates` profile builds one candidate per
+# library). Masks of every kind (an unbounded window, unmasked in effect, runs on the masked instance too), key
+# tails of 96-key blocks, GQA / MQA, padded head dims, deterministic turns through the dQ writer, group mode with
+# empty sequences on both sides.
+BWD96_FILTER = "bwd_d192x128_*_mask_sm90a_hopper_b64x96"
+BWD96_BATCH_CASES = [
+    ("bf16", 2, 4, 4, 333, 517, 192, 128, "bshd", "bshd", 0, "b", False),
+    ("fp16", 1, 4, 1, 700, 650, 192, 128, "bhsd", "bhsd", 0, "t", False),
+    ("bf16", 1, 6, 2, 257, 1000, 192, 128, "bshd", "bhsd", 0, "t:128,30", False),
+    ("bf16", 1, 4, 2, 500, 400, 192, 128, "bhsd", "bhsd", 0, "t:-1,-1", False),
+    ("fp16", 1, 4, 2, 640, 777, 192, 128, "bshd", "bshd", 0, "b", True),
+    ("bf16", 1, 2, 2, 130, 97, 176, 120, "bshd", "bshd", 1, "g:30,7", False),
+    ("bf16", 1, 8, 8, 1024, 1024, 192, 128, "bhsd", "bhsd", 0, "t", False),
+]
+BWD96_GROUP_CASES = [
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, "b", False, "hopper"),
+    ("fp16", 4, 2, [300, 1, 0, 129], [257, 64, 9, 0], 192, 128, "t:50,20", True, "hopper"),
+]
+
+
+@pytest.fixture(scope="module")
+def lib_bwd96(build_root):
+    out = build_root / "bwd96"
+    out.mkdir(exist_ok=True)
+    proc = run_compile(["--api", "bwd", "--profile", "candidates", "--arch", "sm_90a", "--filter", BWD96_FILTER,
+                        "--build-dir", str(build_root / "objects")], cwd=out, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return _capi.load_bwd_library(out / "libmha_bwd.so")
+
+
+@pytest.mark.parametrize("case", BWD96_BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_bwd96_swapped_key_split_batch(lib_bwd96, case):
+    name = check_batch_mode(lib_bwd96, case)
+    assert name.endswith("_hopper_b64x96"), name
+
+
+@pytest.mark.parametrize("case", BWD96_GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_bwd96_swapped_key_split_group(lib_bwd96, case):
+    name = check_group_mode(lib_bwd96, case)
+    assert name.endswith("_hopper_b64x96"), name
 
 
 def test_missing_or_small_workspace_launches_nothing(lib):
