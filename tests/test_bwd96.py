@@ -86,3 +86,38 @@ def test_every_shipped_hopper_backward_tile_passes_the_rule():
     for s in profiles.enumerate_specs("bwd", "sm_90a", candidates=True).specs:
         if s.algorithm.family == "hopper":
             assert rules.violations(s) == [], s.name
+
+
+def test_shipping_it_is_the_two_edits_the_catalogue_comment_names(tmp_path, monkeypatch):
+    """Drop `candidate = true` from the b64x96 tile and give the 64 x 64 mask tile `mods_only = true`: plain masked
+    calls get b64x96, modifier calls keep the 64 x 64 kernel, the unmasked tile is untouched."""
+    text = (catalogue.CATALOGUE_DIR / "cuda.toml").read_text()
+    old64 = '{ hdim_q = 192, hdim_v = 128, block_m = 64, block_n = 64, masks = ["mask"] }'
+    old96 = 'block_n = 96, masks = ["mask"], plain_only = true, candidate = true }'
+    assert text.count(old64) == 1 and text.count(old96) == 1
+    switched = text.replace(old64, old64[:-2] + ", mods_only = true }").replace(old96, old96.replace(", candidate = true", ""))
+    (tmp_path / "cuda.toml").write_text(switched)
+    monkeypatch.setattr(catalogue, "CATALOGUE_DIR", tmp_path)
+    catalogue.load.cache_clear()
+    try:
+        names = {s.name for s in profiles.select("bwd", "sm_90a", "all", "bwd_d192x128_bf16_batch_*hopper").specs}
+        assert not profiles.enumerate_specs("bwd", "sm_90a", candidates=True).candidates & NAMES
+    finally:
+        monkeypatch.undo()
+        catalogue.load.cache_clear()
+    assert names == {"bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96",
+                     "bwd_d192x128_bf16_batch_mask_mods_sm90a_hopper_b64x64",
+                     "bwd_d192x128_bf16_batch_nmask_sm90a_hopper_b64x128"}
+
+
+def test_mods_only_is_checked_when_the_catalogue_loads():
+    from codegen.catalogue import CatalogueError, _parse_tile
+    fam = {"dtypes": ["bf16"], "modes": ["batch"], "masks": ["mask"], "score_mods": {"mods": ["softcap"]}}
+    tile = _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "mods_only": True}, "t", fam)
+    assert tile.has_mods and not tile.has_plain
+    with pytest.raises(CatalogueError, match="cannot be plain_only"):
+        _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "mods_only": True, "plain_only": True}, "t", fam)
+    with pytest.raises(CatalogueError, match="needs score_mods.mods"):
+        _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "mods_only": True}, "t", {**fam, "score_mods": {}})
+    with pytest.raises(CatalogueError, match="mods_only: must be true or false"):
+        _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "mods_only": 1}, "t", fam)

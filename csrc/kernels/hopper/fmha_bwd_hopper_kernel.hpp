@@ -3,7 +3,7 @@
 //   * warpgroup 0, warp 0: TMA producer. K and V of the block once; then, for every query head of the kv group and
 //     every query tile that sees the block, Q (+ its LSE·log2e row) and dO (+ its D row) through two 2-stage
 //     mbarrier pipelines (tiles via TMA, the fp32 rows via 1-D bulk copies on the same barriers);
-//   * warpgroup 0, warp 1: dQ writer (key split). Each consumer warpgroup leaves its fp32 dQ tile in shared memory;
+//   * warpgroup 0, warp 1: dQ writer (key splits). Each consumer warpgroup leaves its fp32 dQ tile in shared memory;
 //     this warp adds it into the workspace accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32) per
 //     tile. Query split, deterministic mode: the turn keeper (dq_turn_keeper), which waits for each dQ tile's turn
 //     and passes it on, so that the consumers, who add their dQ themselves, never wait on a turn's round trips;
@@ -15,7 +15,7 @@
 //   dSᵀ = Pᵀ ∘ (dPᵀ − D)
 //   dV += Pᵀ·dO,  dK += dSᵀ·Q                        (fp32 accumulators in registers for the whole CTA life)
 //   dQ_tile = dS·K                                   (dS through shared memory; added into the workspace)
-// Two layouts, chosen by the tile and the head dims:
+// Three layouts, chosen by the tile and the head dims (the first two as above, transposed: keys are the rows of Sᵀ):
 //   * key split (BN = 128, one head dim, kHdim + BM <= 192: head dims 64 / 96 / 128): warpgroup w owns keys
 //     [64w, 64w + 64): its Sᵀ/dPᵀ rows and its
 //     dK/dV rows; Pᵀ and dSᵀ stay in registers as the A operand of the dV/dK products (RS wgmma); dSᵀ is also
@@ -28,6 +28,16 @@
 //     BN = 128 each warpgroup computes its Sᵀ/dPᵀ columns in two parts of 64 keys, one after the other (only one
 //     part's accumulators live beside dK and dV), and the dQ adds and the Q / dO reads per key are half those of
 //     BN = 64.
+//   * swapped key split (BN = 96, BM = 64, head dims multiples of 64 with kHdim + kHdimV <= 320: (192, 128);
+//     consumer_swapped; FlashAttention-3's layout for head dim 192): S = Q·Kᵀ and dP = dO·Vᵀ are not transposed
+//     (64 query rows x 48 keys per warpgroup, m64n48k16), P and dS = P ∘ (dP − D) take LSE / D per row and the
+//     forward's element mask (ForwardMask::apply); each warpgroup stores its 64 x 48 slices of P and dS to shared
+//     memory (queries x keys, keys contiguous, 32B swizzle), then computes dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS with the
+//     head dim as M (A: the (d, queries) views of the dO / Q stages, MN-major; B: its own P / dS slice, so a
+//     warpgroup-local barrier for P) into dKᵀ / dVᵀ accumulators of (kHdim + kHdimV)·48/128 registers per thread,
+//     and dQ = dS·K over all 96 keys (one 256-thread barrier per tile) through the dQ writer warp, as the key
+//     split. The epilogue writes dKᵀ / dVᵀ transposed (BwdEpilogue::store_t). Against the 64-key query split: 2/3
+//     of the Q / dO reads and dQ adds per key, and those adds are bulk reductions of the writer warp.
 // dQ tiles are added in "fragment order": the element i of consumer thread t (t in [0, 256)) of query tile m lives
 // at float offset ((t / 128) · F · 128 + (i / 4) · 512 + (t % 128) · 4 + i % 4) of the tile's BM·D block
 // (F = BM·D/256), so that both the shared-memory writes and the bulk reduction are contiguous; the convert kernel
@@ -1116,6 +1126,9 @@ struct HopperBwdKernelBody {
             Tensor p_mn = make_tensor(acc_S.data(), layout_acc_mn(mma_sdp, acc_S.layout()));
             if (need_mask) mask.apply(p_mn, c_mn, r0, n_block);
             recompute_p(p_mn, c_mn, &st.smem_lse[rq.index()][0], params.scale_log2);
+            // One P buffer: the last reader of this warpgroup's slice, the previous tile's dVᵀ product, is done in
+            // every warp of the warpgroup: each waited for it (warpgroup_wait<1> below) before the 128-thread sync
+            // of dq_to_smem, which they all passed before getting here.
             {
                 Tensor rP = make_tensor<Element>(acc_S.layout());
                 detail::pack_fragment<Element>(acc_S, rP);
