@@ -13,16 +13,16 @@
 #            batch / group mask, fp16 batch mask), libmha_bwd.so of the candidate b64x96 (the same three
 #            signatures) + benchmark_mha_bwd
 #    7 Hopper instances in all (base 1, forward 3, candidate 3).
-# 2. correctness (~60 s): benchmark_mha_bwd -d=192 -d_v=128 -v=1 -kname=1 on the candidate, 13 cases (causal
+# 2. correctness (~30 s, the cases at once: the host's validation runs on the CPU): benchmark_mha_bwd -d=192 -d_v=128 -v=1 -kname=1 on the candidate, 13 cases (causal
 #    top-left / bottom-right with s_q != s_k, windows, CK's generic mask, GQA, MQA, odd lengths, key tails, an
 #    unbounded window (unmasked in effect, on the masked instance), group mode with empty sequences on both sides,
 #    deterministic (bitwise rerun), a 2k causal run, fp16 twice); every line must say valid:y and name the b64x96
-#    instance. compute-sanitizer memcheck on 2 cases (GQA causal with a key tail; group mode) (~40 s).
+#    instance. compute-sanitizer memcheck on 2 cases at once (GQA causal with a key tail; group mode) (~30 s).
 # 3. A/B timing (~120 s): bench/bench_bwd.py --hidden 3072 --dtype bf16, causal 192x128 at s = 1k / 4k / 16k (the
 #    unmasked rows run the unchanged 64 x 128 tile: not timed), one process per library, interleaved base, cand,
 #    base, cand; cuDNN in the first two processes (beside each library). table.md: TFLOPS of both reps, cand / base,
 #    cand / cuDNN and the 0.9x cuDNN bar of issue 13.
-# Expected: ~100-150 s build, ~50 s checks, ~40 s memcheck, ~100 s timing: ~300 s. Every step's timeout is capped
+# Expected: ~100-150 s build, ~30 s checks, ~30 s memcheck, ~100 s timing: ~260-310 s. Every step's timeout is capped
 # so that the script ends within BWD96_BUDGET (325) s (a step cut by it is noted: rc=124); a failed step is noted
 # and the rest runs. Logs under $OUT (default ./verify_bwd96_logs); summary.txt has the key lines first, then the table.
 # BWD96_DRY=1: no compiler, no GPU: stand-ins for the builds, the benchmark and bench_bwd.py exercise the script's
@@ -134,7 +134,18 @@ cases=(
     "-prec=fp16 -b=1 -h=4 -h_k=2 -s=300 -s_k=500 -mask=b"
     "-prec=fp16 -mode=1 -b=2 -h=2 -s=200,333 -s_k=777,45 -mask=t:50,20"
 )
-check() {
+run_case() {  # i, case: one host-validated run into $OUT/case_$i.out (in the background)
+    local i=$1 c=$2 limit
+    limit=$(cap 60)
+    # shellcheck disable=SC2086
+    if [ "$DRY" = 1 ]; then
+        dry_benchmark $c -v=1 -kname=1
+    else
+        (cd "$cand" && timeout "$limit" ./benchmark_mha_bwd -d=192 -d_v=128 $c -v=1 -kname=1 -warmup=0 -repeat=1)
+    fi >"$OUT/case_$i.out" 2>&1
+    echo "rc=$?" >>"$OUT/case_$i.out"
+}
+check() {  # every case at once: the host's validation is the slow part, and it runs on the CPU's 16 cores
     local i=0 ok=0 bad=0 out c
     local log="$OUT/correct.log"
     : >"$log"
@@ -142,30 +153,31 @@ check() {
         note "correct: no benchmark_mha_bwd in $cand"
         return
     fi
+    local t0
+    t0=$(date +%s)
     for c in "${cases[@]}"; do
         i=$((i + 1))
         case " $c " in *" -prec="*) ;; *) c="-prec=bf16 $c" ;; esac
-        # shellcheck disable=SC2086
-        if [ "$DRY" = 1 ]; then
-            out=$(dry_benchmark $c -v=1 -kname=1 2>&1)
-        else
-            out=$(cd "$cand" && timeout "$(cap 45)" ./benchmark_mha_bwd -d=192 -d_v=128 $c -v=1 -kname=1 -warmup=1 \
-                -repeat=2 2>&1)
-        fi
-        echo "## case $i: $c" >>"$log"
-        echo "$out" >>"$log"
+        run_case "$i" "$c" &
+    done
+    wait
+    i=0
+    for c in "${cases[@]}"; do
+        i=$((i + 1))
+        out=$(cat "$OUT/case_$i.out" 2>/dev/null)
+        { echo "## case $i: $c"; echo "$out"; } >>"$log"
         if echo "$out" | grep -q "valid:y" && ! echo "$out" | grep -q "valid:n" &&
             echo "$out" | grep -Eq "bwd_d192x128_(bf16|fp16)_(batch|group)_mask_sm90a_hopper_$TILE"; then
             ok=$((ok + 1))
         else
             bad=$((bad + 1))
-            note "correct case $i FAILED ($c): $(echo "$out" | grep -o 'bwd_d192x128_[a-z0-9_]*' | head -1) $(echo "$out" | tail -1 | cut -c1-160)"
+            note "correct case $i FAILED ($c): $(echo "$out" | grep -o 'bwd_d192x128_[a-z0-9_]*' | head -1) $(echo "$out" | grep -v '^rc=' | tail -1 | cut -c1-160) $(echo "$out" | tail -1)"
         fi
     done
-    note "correct: $ok valid, $bad failed of ${#cases[@]} (kernels $(grep -o "bwd_d192x128_[a-z0-9_]*" "$log" | sort -u | tr '\n' ' '))"
+    note "correct: $ok valid, $bad failed of ${#cases[@]} in $(elapsed "$t0") (kernels $(grep -o "bwd_d192x128_[a-z0-9_]*" "$log" | sort -u | tr '\n' ' '))"
 }
 check
-memcheck() {  # n, benchmark arguments...
+memcheck() {  # n, benchmark arguments... (in the background: its line goes to a file)
     local n=$1
     shift
     if [ "$DRY" = 1 ]; then
@@ -177,10 +189,12 @@ memcheck() {  # n, benchmark arguments...
         echo "no benchmark_mha_bwd"
         false
     fi >"$OUT/memcheck_$n.log" 2>&1
-    note "memcheck $n: rc=$? $(grep -o 'ERROR SUMMARY: [0-9]* errors*' "$OUT/memcheck_$n.log") $(grep -o 'valid:[yn]' "$OUT/memcheck_$n.log" | tail -1) $(grep -o 'bwd_d192x128_[a-z0-9_]*' "$OUT/memcheck_$n.log" | head -1)"
+    echo "memcheck $n: rc=$? $(grep -o 'ERROR SUMMARY: [0-9]* errors*' "$OUT/memcheck_$n.log") $(grep -o 'valid:[yn]' "$OUT/memcheck_$n.log" | tail -1) $(grep -o 'bwd_d192x128_[a-z0-9_]*' "$OUT/memcheck_$n.log" | head -1)" >"$OUT/memcheck_$n.status"
 }
-memcheck 1 -b=1 -h=4 -h_k=2 -s=333 -s_k=517 -mask=t
-memcheck 2 -mode=1 -b=3 -h=2 -s=257,0,129 -s_k=311,64,0 -mask=b
+memcheck 1 -b=1 -h=4 -h_k=2 -s=333 -s_k=517 -mask=t &
+memcheck 2 -mode=1 -b=3 -h=2 -s=257,0,129 -s_k=311,64,0 -mask=b &
+wait
+for n in 1 2; do note "$(cat "$OUT/memcheck_$n.status" 2>/dev/null || echo "memcheck $n: no status")"; done
 note "correctness done at $(elapsed "$start")"
 
 # ---- 3. A/B timing: one library per process, interleaved, cuDNN beside both in the first rep ----
