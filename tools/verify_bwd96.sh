@@ -10,9 +10,9 @@
 #    trees of the branch, then the link of benchmark_mha_bwd):
 #      base  $BASE/build/bwd96/base: libmha_bwd.so of the shipped masked tile, bwd_d192x128_bf16_batch_mask b64x64
 #      cand  build/bwd96/cand: libmha_fwd.so (the d192x128 Hopper forward the checks and the benchmark run: bf16
-#            batch / group mask, fp16 batch mask), libmha_bwd.so of the candidate b64x96 (the same three
-#            signatures) + benchmark_mha_bwd
-#    7 Hopper instances in all (base 1, forward 3, candidate 3).
+#            and fp16, batch / group mask), libmha_bwd.so of the candidate b64x96 (the same four signatures) +
+#            benchmark_mha_bwd
+#    9 Hopper instances in all (base 1, forward 4, candidate 4).
 # 2. correctness (~30 s, the cases at once: the host's validation runs on the CPU): benchmark_mha_bwd -d=192 -d_v=128 -v=1 -kname=1 on the candidate, 13 cases (causal
 #    top-left / bottom-right with s_q != s_k, windows, CK's generic mask, GQA, MQA, odd lengths, key tails, an
 #    unbounded window (unmasked in effect, on the masked instance), group mode with empty sequences on both sides,
@@ -51,10 +51,10 @@ base=${BASE:+$BASE/build/bwd96/base}
 mkdir -p "$cand" ${base:+"$base"}
 TILE=b64x96
 bwd_cand="bwd_d192x128_bf16_batch_mask_sm90a_hopper_$TILE,bwd_d192x128_bf16_group_mask_sm90a_hopper_$TILE"
-bwd_cand+=",bwd_d192x128_fp16_batch_mask_sm90a_hopper_$TILE"
+bwd_cand+=",bwd_d192x128_fp16_batch_mask_sm90a_hopper_$TILE,bwd_d192x128_fp16_group_mask_sm90a_hopper_$TILE"
 bwd_base='bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x64'
 fwd_sel='fwd_d192x128_bf16_batch_mask_sm90a_hopper_b,fwd_d192x128_bf16_group_mask_sm90a_hopper_b'
-fwd_sel+=',fwd_d192x128_fp16_batch_mask_sm90a_hopper_b'
+fwd_sel+=',fwd_d192x128_fp16_batch_mask_sm90a_hopper_b,fwd_d192x128_fp16_group_mask_sm90a_hopper_b'
 
 # ---- stand-ins (BWD96_DRY=1): what the builds, benchmark_mha_bwd and bench_bwd.py would leave, in their formats ----
 dry_compile() {  # compile.py arguments...
