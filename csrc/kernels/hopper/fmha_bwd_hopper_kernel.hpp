@@ -209,13 +209,16 @@ struct HopperBwdKernelBody {
     // 8 rows x 128 bytes with the 128B swizzle where the head dim allows it, else 8 x 64 bytes with the 64B swizzle:
     // the head dim must be a multiple of 64 elements, and under the query split so must each warpgroup's half of it
     // (the N extent of its MN-major Qᵀ / dOᵀ operand): head dim 96, and 192 (halves of 96), take the 64B swizzle.
-    // At the swapped key split the MN-major operand that is split between the warpgroups is Kᵀ, dQ's B (halves of
-    // kHdim): (192, 128) takes the 64B swizzle.
-    static constexpr bool kSw128 =
-        kHdim % 64 == 0 && kHdimV % 64 == 0 &&
-        (kKeySplit || (kSwapKV ? (kHdim / 2) % 64 == 0 : ((kHdim / kWgQ) % 64 == 0 && (kHdimV / kWgQ) % 64 == 0)));
-    using SmemAtom =
-        std::conditional_t<kSw128, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
+    // At the swapped key split the only MN-major operand split between the warpgroups is Kᵀ, dQ's B (halves of
+    // kHdim): K takes its own swizzle (64B at (192, 128)), Q, dO and V the 128B one (their MN-major views, Qᵀ / dOᵀ,
+    // are whole 64-row M blocks of the dKᵀ / dVᵀ products), as FlashAttention-3 lays them out for head dim 192.
+    static constexpr bool kSw128 = kHdim % 64 == 0 && kHdimV % 64 == 0 &&
+                                   (kKeySplit || kSwapKV || ((kHdim / kWgQ) % 64 == 0 && (kHdimV / kWgQ) % 64 == 0));
+    static constexpr bool kSw128K = kSwapKV ? kSw128 && (kHdim / 2) % 64 == 0 : kSw128;
+    template <bool kWide>
+    using SmemAtomOf =
+        std::conditional_t<kWide, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
+    using SmemAtom = SmemAtomOf<kSw128>;
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesQ>{})));
     using SmemLayoutDO = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdimV>{}, Int<kStagesDO>{})));
     // (d, queries) views of Q / dO, the B operand (MN-major) of dK / dV
@@ -225,7 +228,7 @@ struct HopperBwdKernelBody {
     using SmemLayoutDOt = decltype(composition(
         SmemLayoutDO{}, make_layout(make_shape(Int<kHdimV>{}, Int<kBlockM>{}, Int<kStagesDO>{}),
                                     make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHdimV>{}))));
-    using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kHdim>{})));
+    using SmemLayoutK = decltype(tile_to_shape(SmemAtomOf<kSw128K>{}, make_shape(Int<kBlockN>{}, Int<kHdim>{})));
     using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kHdimV>{})));
     using SmemLayoutKt = decltype(composition(
         SmemLayoutK{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockN>{}), make_stride(Int<kBlockN>{}, _1{}))));
