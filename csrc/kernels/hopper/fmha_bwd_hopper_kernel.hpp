@@ -1099,8 +1099,7 @@ struct HopperBwdKernelBody {
 
         StateQ rq;
         StateDO rdo;
-        int h_in = 0;
-        int m = m_begin;
+        int m = m_begin;  // the query tile; the query heads of the kv group follow one another (the producer's order)
         int ds_stage = 0;
 
         CUTLASS_PRAGMA_NO_UNROLL
@@ -1192,10 +1191,7 @@ struct HopperBwdKernelBody {
             ++rq;
             ++rdo;
             ds_stage ^= 1;
-            if (++m == m_begin + n_m) {
-                m = m_begin;
-                ++h_in;
-            }
+            if (++m == m_begin + n_m) m = m_begin;
         }
 
         // ---- dK (scaled), dV: transposed, registers -> shared memory -> global ----
