@@ -1,8 +1,8 @@
-"""The Hopper backward's swapped key split (tile b64x96, catalogue `candidate = true` beside the masked (192, 128)
-b64x64 tile; fmha_bwd_hopper_kernel.hpp, consumer_swapped): the catalogue and codegen carry it as a candidate of
-the masked (192, 128) instances only (plain, both dtypes and modes, deterministic calls included), the template
-instantiates it with block_n = 96, and the rule that mirrors the kernel's static_asserts refuses the tiles the kernel
-refuses. No GPU: tests/test_gpu_bwd.py runs it (test_bwd96_*), tools/verify_bwd96.sh measures it."""
+"""The Hopper backward's swapped key split (tile b64x96; fmha_bwd_hopper_kernel.hpp, consumer_swapped): the
+catalogue and codegen give it the plain masked (192, 128) instances (both dtypes and modes, deterministic calls
+included) while modifier calls keep the 64 x 64 tile (`mods_only`), the template instantiates it with block_n = 96,
+and the rule that mirrors the kernel's static_asserts refuses the tiles the kernel refuses. No GPU:
+tests/test_gpu_bwd.py runs it (test_bwd96_*)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,41 +17,34 @@ FILTER = "bwd_d192x128_*_sm90a_hopper_b64x96"
 NAMES = {f"bwd_d192x128_{dt}_{mode}_mask_sm90a_hopper_b64x96" for dt in ("bf16", "fp16") for mode in ("batch", "group")}
 
 
-def candidate_specs() -> list[KernelSpec]:
-    return list(profiles.select("bwd", "sm_90a", "candidates", FILTER).specs)
+def shipped_specs() -> list[KernelSpec]:
+    return list(profiles.select("bwd", "sm_90a", "default", FILTER).specs)
 
 
-def test_the_candidate_serves_the_masked_192x128_instances_only():
-    specs = candidate_specs()
+def test_it_serves_the_plain_masked_192x128_instances_only():
+    specs = shipped_specs()
     assert {s.name for s in specs} == NAMES
     assert all(not s.signature.mods and s.signature.mask == "mask" for s in specs)  # plain_only, masks = ["mask"]
     assert all(dict(s.algorithm.tile) == {"block_m": 64, "block_n": 96} for s in specs)
     assert all(s.guards.deterministic for s in specs)  # the dQ writer takes deterministic turns: no refusal
     (tile,) = [t for t in catalogue.load("cuda").family("bwd", "hopper").tiles if t.get("block_n") == 96]
-    assert tile.candidate and not tile.has_mods and tile.masks == ("mask",)
+    assert not tile.candidate and not tile.has_mods and tile.masks == ("mask",)
 
 
-def test_it_stays_out_of_every_profile_and_replaces_the_64x64_tile():
-    every = profiles.enumerate_specs("bwd", "sm_90a", candidates=True)
-    assert NAMES <= every.candidates
-    for profile in ("minimal", "default", "all"):
-        assert not NAMES & {s.name for s in profiles.select("bwd", "sm_90a", profile).specs}
-    # the shipped masked tile is the alternative: one of the two per library
-    with pytest.raises(profiles.SelectionError, match="is a candidate tile of the same instance as"):
-        profiles.select("bwd", "sm_90a", "candidates", "bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64")
-    # beside the unmasked 128-key tile (what verify_bwd96.sh's candidate library holds for unmasked rows)
-    sel = profiles.select("bwd", "sm_90a", "candidates",
-                          "bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96,bwd_d192x128_bf16_batch_nmask_sm90a_hopper")
-    assert sorted(s.name for s in sel.specs) == ["bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96",
-                                                 "bwd_d192x128_bf16_batch_nmask_sm90a_hopper_b64x128"]
+def test_the_profiles_give_plain_masked_calls_b64x96_and_modifier_calls_the_64x64_tile():
+    plain = {"bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96", "bwd_d192x128_bf16_batch_nmask_sm90a_hopper_b64x128"}
+    for profile, expected in (("default", plain), ("all", plain | {"bwd_d192x128_bf16_batch_mask_mods_sm90a_hopper_b64x64"})):
+        names = {s.name for s in profiles.select("bwd", "sm_90a", profile, "bwd_d192x128_bf16_batch_*hopper").specs}
+        assert names == expected, profile  # the default profile builds no modifier instances
+    assert not profiles.enumerate_specs("bwd", "sm_90a", candidates=True).candidates & NAMES
 
 
 def test_the_template_instantiates_block_n_96():
-    spec = next(s for s in candidate_specs() if s.name.endswith("_bf16_group_mask_sm90a_hopper_b64x96"))
+    spec = next(s for s in shipped_specs() if s.name.endswith("_bf16_group_mask_sm90a_hopper_b64x96"))
     src = render.render_instance(spec)
     assert "hopper::BwdKernel<MHAKIT_DTYPE_BF16, 192, 128, /*group_mode=*/true, /*masked=*/true," in src
     assert "64, 96, /*mods=*/false>;" in src
-    table = render.render_dispatch("bwd", "sm_90a", candidate_specs())
+    table = render.render_dispatch("bwd", "sm_90a", shipped_specs())
     assert table.count("_hopper_b64x96") >= 4
 
 
@@ -74,7 +67,7 @@ def _with(spec: KernelSpec, *, tile=None, hdims=None, mods=None) -> KernelSpec:
     (dict(tile=dict(block_m=32, block_n=64)), r"block_m 64 or 128"),
 ])
 def test_the_rule_refuses_what_the_kernel_refuses(change, message):
-    good = next(iter(candidate_specs()))
+    good = next(iter(shipped_specs()))
     reasons = rules.violations(_with(good, **change))
     assert any(re.search(message, r) for r in reasons), reasons
     assert rules.violations(good) == []
@@ -86,28 +79,6 @@ def test_every_shipped_hopper_backward_tile_passes_the_rule():
     for s in profiles.enumerate_specs("bwd", "sm_90a", candidates=True).specs:
         if s.algorithm.family == "hopper":
             assert rules.violations(s) == [], s.name
-
-
-def test_shipping_it_is_the_two_edits_the_catalogue_comment_names(tmp_path, monkeypatch):
-    """Drop `candidate = true` from the b64x96 tile and give the 64 x 64 mask tile `mods_only = true`: plain masked
-    calls get b64x96, modifier calls keep the 64 x 64 kernel, the unmasked tile is untouched."""
-    text = (catalogue.CATALOGUE_DIR / "cuda.toml").read_text()
-    old64 = '{ hdim_q = 192, hdim_v = 128, block_m = 64, block_n = 64, masks = ["mask"] }'
-    old96 = 'block_n = 96, masks = ["mask"], plain_only = true, candidate = true }'
-    assert text.count(old64) == 1 and text.count(old96) == 1
-    switched = text.replace(old64, old64[:-2] + ", mods_only = true }").replace(old96, old96.replace(", candidate = true", ""))
-    (tmp_path / "cuda.toml").write_text(switched)
-    monkeypatch.setattr(catalogue, "CATALOGUE_DIR", tmp_path)
-    catalogue.load.cache_clear()
-    try:
-        names = {s.name for s in profiles.select("bwd", "sm_90a", "all", "bwd_d192x128_bf16_batch_*hopper").specs}
-        assert not profiles.enumerate_specs("bwd", "sm_90a", candidates=True).candidates & NAMES
-    finally:
-        monkeypatch.undo()
-        catalogue.load.cache_clear()
-    assert names == {"bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96",
-                     "bwd_d192x128_bf16_batch_mask_mods_sm90a_hopper_b64x64",
-                     "bwd_d192x128_bf16_batch_nmask_sm90a_hopper_b64x128"}
 
 
 def test_mods_only_is_checked_when_the_catalogue_loads():

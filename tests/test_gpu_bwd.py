@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, run_compile
+from conftest import REPO
 from gpu_arrays import (NAN_BITS, assert_close, assert_outside_untouched, cp, download, make_strided, to_bits,
                         upload)
 from mhakit import _capi, reference
@@ -276,12 +276,10 @@ def check_group_mode(lib, case) -> str:
     return name
 
 
-# The swapped key split (tile b64x96, a `candidate` of the masked (192, 128) instances; fmha_bwd_hopper_kernel.hpp,
-# consumer_swapped): a library of its four instances alone (the `candidates` profile builds one candidate per
-# library). Masks of every kind (an unbounded window, unmasked in effect, runs on the masked instance too), key
-# tails of 96-key blocks, GQA / MQA, padded head dims, deterministic turns through the dQ writer, group mode with
-# empty sequences on both sides.
-BWD96_FILTER = "bwd_d192x128_*_mask_sm90a_hopper_b64x96"
+# The swapped key split (tile b64x96, the plain masked (192, 128) instances' tile; fmha_bwd_hopper_kernel.hpp,
+# consumer_swapped), on the profile's library: masks of every kind (an unbounded window, unmasked in effect, runs on
+# the masked instance too), key tails of 96-key blocks, GQA / MQA, padded head dims, deterministic turns through the
+# dQ writer, group mode with empty sequences on both sides. Each case must name the b64x96 instance.
 BWD96_BATCH_CASES = [
     ("bf16", 2, 4, 4, 333, 517, 192, 128, "bshd", "bshd", 0, "b", False),
     ("fp16", 1, 4, 1, 700, 650, 192, 128, "bhsd", "bhsd", 0, "t", False),
@@ -297,25 +295,15 @@ BWD96_GROUP_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lib_bwd96(build_root):
-    out = build_root / "bwd96"
-    out.mkdir(exist_ok=True)
-    proc = run_compile(["--api", "bwd", "--profile", "candidates", "--arch", "sm_90a", "--filter", BWD96_FILTER,
-                        "--build-dir", str(build_root / "objects")], cwd=out, timeout=3000)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return _capi.load_bwd_library(out / "libmha_bwd.so")
-
-
 @pytest.mark.parametrize("case", BWD96_BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_bwd96_swapped_key_split_batch(lib_bwd96, case):
-    name = check_batch_mode(lib_bwd96, case)
+def test_bwd96_swapped_key_split_batch(lib, case):
+    name = check_batch_mode(lib, case)
     assert name.endswith("_hopper_b64x96"), name
 
 
 @pytest.mark.parametrize("case", BWD96_GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
-def test_bwd96_swapped_key_split_group(lib_bwd96, case):
-    name = check_group_mode(lib_bwd96, case)
+def test_bwd96_swapped_key_split_group(lib, case):
+    name = check_group_mode(lib, case)
     assert name.endswith("_hopper_b64x96"), name
 
 

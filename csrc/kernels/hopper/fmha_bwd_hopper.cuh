@@ -40,7 +40,7 @@
 // kBlockM in {64, 128}, kBlockN in {64, 96, 128}; 128 is the key split where kHdim == kHdimV and kHdim + kBlockM <= 192,
 // else a query split of 128 keys (in shared memory for (192, 128) at kBlockM = 64: the unmasked b64x128 tile); 96 is
 // the swapped key split (kBlockM = 64, head dims multiples of 64, kHdim + kHdimV <= 320, plain instances: the masked
-// (192, 128) b64x96 candidate).
+// (192, 128) b64x96 tile).
 //
 // Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM) and 4 bytes per query
 // tile, times batch·nhead_q (group mode: max_seqlen_q rows per sequence).
