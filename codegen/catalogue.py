@@ -49,6 +49,9 @@ class Tile:
     # Whether the tile has modifier ("_mods") instances beside its plain ones (catalogue `plain_only = true`: no;
     # a call with score modifiers then runs on the default tile's "_mods" instance).
     has_mods: bool = True
+    # Whether it has plain instances (catalogue `mods_only = true`: no; the tile then serves only the modifier calls
+    # of its instances, and a `plain_only` tile beside it the plain ones).
+    has_plain: bool = True
 
     def get(self, key: str) -> int:
         return dict(self.params)[key]
@@ -183,7 +186,7 @@ def _require(table: dict, key: str, where: str):
 
 _TILE_NARROWING = ("dtypes", "modes", "masks")
 # Tile keys that say when the tile is chosen or what it is built with, not how it computes (no template parameters).
-_TILE_CHOICE = ("candidate", "min_seqlen_q", "max_seqlen_q", "plain_only")
+_TILE_CHOICE = ("candidate", "min_seqlen_q", "max_seqlen_q", "plain_only", "mods_only")
 
 
 def _parse_seqlen_range(raw: dict, where: str) -> tuple[int, int] | None:
@@ -208,6 +211,12 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
     plain_only = raw.get("plain_only", False)
     if not isinstance(plain_only, bool):
         raise CatalogueError(f"{where}.plain_only: must be true or false")
+    mods_only = raw.get("mods_only", False)
+    if not isinstance(mods_only, bool):
+        raise CatalogueError(f"{where}.mods_only: must be true or false")
+    if mods_only and (plain_only or not family.get("score_mods", {}).get("mods")):
+        raise CatalogueError(f"{where}: a mods_only tile has modifier instances only, so it cannot be plain_only and "
+                             "its family needs score_mods.mods")
     seqlen_q = _parse_seqlen_range(raw, where)
     if seqlen_q is not None and candidate:
         raise CatalogueError(f"{where}: a candidate tile replaces the default one, so it takes no seqlen range")
@@ -221,7 +230,8 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
             if not isinstance(values, list) or not values or not set(values) <= set(served):
                 raise CatalogueError(f"{where}.{key}: must be a non-empty list of the family's {key} {served}")
             narrowed[key] = tuple(values)
-    return Tile(hdim_q, hdim_v, params, candidate=candidate, seqlen_q=seqlen_q, has_mods=not plain_only, **narrowed)
+    return Tile(hdim_q, hdim_v, params, candidate=candidate, seqlen_q=seqlen_q, has_mods=not plain_only,
+                has_plain=not mods_only, **narrowed)
 
 
 def check_seqlen_ranges(tiles, family: dict, where: str) -> None:

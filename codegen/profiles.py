@@ -100,6 +100,8 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
                 continue
             if mods and not tile.has_mods:  # catalogue `plain_only`: modifier calls run on the default tile
                 continue
+            if not mods and not tile.has_plain:  # catalogue `mods_only`: plain calls run on a plain_only tile
+                continue
             spec = KernelSpec(
                 signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask, mods),
                 algorithm=Algorithm(fam.name, arch, tile.params, variant, candidate=tile.candidate),

@@ -96,6 +96,26 @@ def wgmma_decode_tiles_agree(spec: KernelSpec, cat) -> Optional[str]:
     return None
 
 
+def hopper_bwd_tiles_fit(spec: KernelSpec, cat) -> Optional[str]:
+    """The Hopper backward's tiles, as the kernel's static_asserts refuse them (fmha_bwd_hopper_kernel.hpp), so that a
+    catalogue edit meets a sentence, not an nvcc error: block_m 64 or 128; block_n 64 or 128 (query / key split) or
+    96, the swapped key split, whose two warpgroups hold dKᵀ and dVᵀ of 48 keys each in registers: block_m = 64, head
+    dims multiples of 64 with hdim_q + hdim_v <= 320, plain instances only (the tile's `plain_only`)."""
+    if spec.signature.api != "bwd" or spec.algorithm.family != "hopper":
+        return None
+    tile, s = dict(spec.algorithm.tile), spec.signature
+    bm, bn = tile.get("block_m"), tile.get("block_n")
+    if bm not in (64, 128) or bn not in (64, 96, 128):
+        return f"a Hopper backward tile has block_m 64 or 128 and block_n 64, 96 or 128 (got {bm} x {bn})"
+    if bn == 96:
+        if bm != 64 or s.hdim_q % 64 or s.hdim_v % 64 or s.hdim_q + s.hdim_v > 320:
+            return (f"the swapped key split (block_n = 96) needs block_m = 64 and head dims that are multiples of 64 "
+                    f"with hdim_q + hdim_v <= 320 (got block_m {bm}, d{s.hdim_q}x{s.hdim_v})")
+        if s.mods:
+            return "the swapped key split (block_n = 96) has no modifier instances: its tile needs plain_only = true"
+    return None
+
+
 def ck_group_mode_pads_sequences(spec: KernelSpec, cat) -> Optional[str]:
     """CK-tile forward: a group-mode kernel cannot know whether a sequence fills its last tile, so it must pad both
     sequence dimensions (the padding flags of each variant are catalogue data: ck.fwd_pads)."""
@@ -116,6 +136,7 @@ RULES: tuple[Rule, ...] = (
     family_built_for_arch,
     tiles_have_block_sizes,
     wgmma_decode_tiles_agree,
+    hopper_bwd_tiles_fit,
     ck_group_mode_pads_sequences,
 )
 

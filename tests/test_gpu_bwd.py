@@ -232,7 +232,7 @@ def test_odd_head_dims_group_mode(lib, case):
     check_group_mode(lib, case)
 
 
-def check_group_mode(lib, case) -> None:
+def check_group_mode(lib, case) -> str:
     dtype, hq, hk, lens_q, lens_k, d, dv, mask, deterministic, family = case
     rng = np.random.default_rng(sum(lens_q) * 13 + sum(lens_k))
     m = reference.parse_mask(mask)
@@ -273,6 +273,38 @@ def check_group_mode(lib, case) -> None:
     if deterministic:
         outs = {"dQ": download(dq, dtype), "dK": download(dk, dtype), "dV": download(dv_, dtype)}
         assert_reruns_bitwise_equal(lib, kwargs, outs, {"dQ": dq, "dK": dk, "dV": dv_}, dtype, name)
+    return name
+
+
+# The swapped key split (tile b64x96, the plain masked (192, 128) instances' tile; fmha_bwd_hopper_kernel.hpp,
+# consumer_swapped), on the profile's library: masks of every kind (an unbounded window, unmasked in effect, runs on
+# the masked instance too), key tails of 96-key blocks, GQA / MQA, padded head dims, deterministic turns through the
+# dQ writer, group mode with empty sequences on both sides. Each case must name the b64x96 instance.
+BWD96_BATCH_CASES = [
+    ("bf16", 2, 4, 4, 333, 517, 192, 128, "bshd", "bshd", 0, "b", False),
+    ("fp16", 1, 4, 1, 700, 650, 192, 128, "bhsd", "bhsd", 0, "t", False),
+    ("bf16", 1, 6, 2, 257, 1000, 192, 128, "bshd", "bhsd", 0, "t:128,30", False),
+    ("bf16", 1, 4, 2, 500, 400, 192, 128, "bhsd", "bhsd", 0, "t:-1,-1", False),
+    ("fp16", 1, 4, 2, 640, 777, 192, 128, "bshd", "bshd", 0, "b", True),
+    ("bf16", 1, 2, 2, 130, 97, 176, 120, "bshd", "bshd", 1, "g:30,7", False),
+    ("bf16", 1, 8, 8, 1024, 1024, 192, 128, "bhsd", "bhsd", 0, "t", False),
+]
+BWD96_GROUP_CASES = [
+    ("bf16", 3, 1, [31, 0, 257], [64, 10, 255], 192, 128, "b", False, "hopper"),
+    ("fp16", 4, 2, [300, 1, 0, 129], [257, 64, 9, 0], 192, 128, "t:50,20", True, "hopper"),
+]
+
+
+@pytest.mark.parametrize("case", BWD96_BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_bwd96_swapped_key_split_batch(lib, case):
+    name = check_batch_mode(lib, case)
+    assert name.endswith("_hopper_b64x96"), name
+
+
+@pytest.mark.parametrize("case", BWD96_GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_bwd96_swapped_key_split_group(lib, case):
+    name = check_group_mode(lib, case)
+    assert name.endswith("_hopper_b64x96"), name
 
 
 def test_missing_or_small_workspace_launches_nothing(lib):

@@ -37,8 +37,10 @@
 // Tiles (kBlockM x kBlockN), measured on H200 (bf16, 16k tokens, .scratch/hopper_bwd): 64 x 128 for hdim 64 and 128
 // (key split: each of the two consumer warpgroups owns 64 keys; hdim 96 likewise, with 64B-swizzled tiles), 64 x 64
 // for hdim 256 (query split, dQ by vector atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
-// kBlockM in {64, 128}, kBlockN in {64, 128}; 128 is the key split where kHdim == kHdimV and kHdim + kBlockM <= 192,
-// else a query split of 128 keys (in shared memory for (192, 128) at kBlockM = 64: the b64x128 candidate).
+// kBlockM in {64, 128}, kBlockN in {64, 96, 128}; 128 is the key split where kHdim == kHdimV and kHdim + kBlockM <= 192,
+// else a query split of 128 keys (in shared memory for (192, 128) at kBlockM = 64: the unmasked b64x128 tile); 96 is
+// the swapped key split (kBlockM = 64, head dims multiples of 64, kHdim + kHdimV <= 320, plain instances: the masked
+// (192, 128) b64x96 tile).
 //
 // Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM) and 4 bytes per query
 // tile, times batch·nhead_q (group mode: max_seqlen_q rows per sequence).
@@ -99,7 +101,7 @@ struct BwdKernel {
     // same Q, dO and dQ tiles, are in flight, but CTAs that start as others finish belong to different pairs, whose
     // dQ turns do not wait on each other. The turns' order is that of the key blocks whatever this gives.
     static int det_group(const BwdParams& p) {
-        if (!p.deterministic || Impl::kKeySplit || p.num_sms < 1) return 0;
+        if (!p.deterministic || Impl::kDqViaSmem || p.num_sms < 1) return 0;
         const int64_t blocks = key_blocks(p);
         const int64_t pairs = int64_t(p.nhead_k) * p.batch;
         if (blocks < 1 || blocks * pairs > int64_t(INT32_MAX)) return 0;

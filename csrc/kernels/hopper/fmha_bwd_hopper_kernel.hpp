@@ -3,7 +3,7 @@
 //   * warpgroup 0, warp 0: TMA producer. K and V of the block once; then, for every query head of the kv group and
 //     every query tile that sees the block, Q (+ its LSE·log2e row) and dO (+ its D row) through two 2-stage
 //     mbarrier pipelines (tiles via TMA, the fp32 rows via 1-D bulk copies on the same barriers);
-//   * warpgroup 0, warp 1: dQ writer (key split). Each consumer warpgroup leaves its fp32 dQ tile in shared memory;
+//   * warpgroup 0, warp 1: dQ writer (key splits). Each consumer warpgroup leaves its fp32 dQ tile in shared memory;
 //     this warp adds it into the workspace accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32) per
 //     tile. Query split, deterministic mode: the turn keeper (dq_turn_keeper), which waits for each dQ tile's turn
 //     and passes it on, so that the consumers, who add their dQ themselves, never wait on a turn's round trips;
@@ -15,7 +15,7 @@
 //   dSᵀ = Pᵀ ∘ (dPᵀ − D)
 //   dV += Pᵀ·dO,  dK += dSᵀ·Q                        (fp32 accumulators in registers for the whole CTA life)
 //   dQ_tile = dS·K                                   (dS through shared memory; added into the workspace)
-// Two layouts, chosen by the tile and the head dims:
+// Three layouts, chosen by the tile and the head dims (the first two as above, transposed: keys are the rows of Sᵀ):
 //   * key split (BN = 128, one head dim, kHdim + BM <= 192: head dims 64 / 96 / 128): warpgroup w owns keys
 //     [64w, 64w + 64): its Sᵀ/dPᵀ rows and its
 //     dK/dV rows; Pᵀ and dSᵀ stay in registers as the A operand of the dV/dK products (RS wgmma); dSᵀ is also
@@ -28,6 +28,16 @@
 //     BN = 128 each warpgroup computes its Sᵀ/dPᵀ columns in two parts of 64 keys, one after the other (only one
 //     part's accumulators live beside dK and dV), and the dQ adds and the Q / dO reads per key are half those of
 //     BN = 64.
+//   * swapped key split (BN = 96, BM = 64, head dims multiples of 64 with kHdim + kHdimV <= 320: (192, 128);
+//     consumer_swapped; FlashAttention-3's layout for head dim 192): S = Q·Kᵀ and dP = dO·Vᵀ are not transposed
+//     (64 query rows x 48 keys per warpgroup, m64n48k16), P and dS = P ∘ (dP − D) take LSE / D per row and the
+//     forward's element mask (ForwardMask::apply); each warpgroup stores its 64 x 48 slices of P and dS to shared
+//     memory (queries x keys, keys contiguous, 32B swizzle), then computes dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS with the
+//     head dim as M (A: the (d, queries) views of the dO / Q stages, MN-major; B: its own P / dS slice, so a
+//     warpgroup-local barrier for P) into dKᵀ / dVᵀ accumulators of (kHdim + kHdimV)·48/128 registers per thread,
+//     and dQ = dS·K over all 96 keys (one 256-thread barrier per tile) through the dQ writer warp, as the key
+//     split. The epilogue writes dKᵀ / dVᵀ transposed (BwdEpilogue::store_t). Against the 64-key query split: 2/3
+//     of the Q / dO reads and dQ adds per key, and those adds are bulk reductions of the writer warp.
 // dQ tiles are added in "fragment order": the element i of consumer thread t (t in [0, 256)) of query tile m lives
 // at float offset ((t / 128) · F · 128 + (i / 4) · 512 + (t % 128) · 4 + i % 4) of the tile's BM·D block
 // (F = BM·D/256), so that both the shared-memory writes and the bulk reduction are contiguous; the convert kernel
@@ -69,6 +79,10 @@
 #include <type_traits>
 
 #include "cute/tensor.hpp"
+// GMMA's extended N shapes (m64n48k16, the swapped key split's): their atoms and traits only; CuTe's op selectors
+// keep their standard shapes (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED stays undefined), so no other tile changes.
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
+#include "cute/atom/mma_traits_sm90_gmma_ext.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/cutlass.h"
@@ -81,6 +95,7 @@
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_bwd_hopper_common.hpp"
+#include "fmha_hopper_mask.hpp"
 #include "hopper_bias_stage.hpp"
 #include "hopper_dropout.hpp"
 #include "hopper_epilogue.hpp"
@@ -109,7 +124,8 @@ struct HopperBwdKernelBody {
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kHdimV % 32 == 0 && kHdimV >= 64 && kHdimV <= 256, "V head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
-    static_assert(kBlockN == 64 || kBlockN == 128, "kBlockN: 64 (query split) or 128 (key or query split)");
+    static_assert(kBlockN == 64 || kBlockN == 96 || kBlockN == 128,
+                  "kBlockN: 64 (query split), 96 (swapped key split) or 128 (key or query split)");
 
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/false>;  // blocks: key blocks
     using Geometry = MaskGeometry<kMasked, int>;  // x, y arrive clamped: 32-bit sums do not overflow
@@ -119,10 +135,19 @@ struct HopperBwdKernelBody {
     // The key split where its registers allow it (one head dim; dK + dV + Sᵀ + dPᵀ within 240 registers), else the
     // query split, whose block of keys may be 64 or 128 (the dQ adds into the workspace halve with 128).
     static constexpr bool kKeySplit = kBlockN == 128 && kHdimV == kHdim && kHdim + kBlockM <= 192;
+    // The swapped key split (BN = 96, the third layout; consumer_swapped): S and dP in (query, key) orientation, each
+    // warpgroup owning 48 keys, dKᵀ / dVᵀ (head dim x its keys) in registers. Its registers: dKᵀ + dVᵀ =
+    // (kHdim + kHdimV) · 48 / 128 per thread, + 24 + 24 of S / dP, + 48 of the transient dQ; both head dims whole
+    // 64-row M blocks of the dKᵀ / dVᵀ products (and the dQ product's N halves multiples of 8).
+    static constexpr bool kSwapKV = kBlockN == 96;
+    static_assert(!kSwapKV || (kBlockM == 64 && kHdim % 64 == 0 && kHdimV % 64 == 0 && kHdim + kHdimV <= 320),
+                  "BN = 96 (swapped key split): BM = 64, head dims multiples of 64 with kHdim + kHdimV <= 320");
+    static_assert(!kSwapKV || !kMods, "BN = 96 (swapped key split): plain instances only (catalogue plain_only)");
+    static_assert(!kSwapKV || std::is_same_v<Element, cutlass::bfloat16_t> || std::is_same_v<Element, cutlass::half_t>);
     static constexpr int kWgN = kKeySplit ? 2 : 1;  // warpgroups along the key dim of Sᵀ (and of dK/dV)
     static constexpr int kWgQ = 2 / kWgN;           // warpgroups along the query dim of Sᵀ (head dim of dK/dV)
     static constexpr int kWgM_dQ = kBlockM / 64;    // warpgroups along the query dim of dQ
-    static constexpr bool kDqViaSmem = kKeySplit;  // query split: no shared memory left for a dQ tile
+    static constexpr bool kDqViaSmem = kKeySplit || kSwapKV;  // query split: no shared memory left for a dQ tile
 
     // ---- tiled MMAs ----
     // (keys, queries, d) per warpgroup; the same MMA serves dPᵀ = V·dOᵀ, whose reduction runs over kHdimV instead
@@ -143,9 +168,23 @@ struct HopperBwdKernelBody {
             GMMA::ss_op_selector<Element, Element, float, TileV, GMMA::Major::K, GMMA::Major::MN>(),
             Layout<Shape<Int<kWgN>, Int<kWgQ>, _1>>{}))>;
     using TileQ = Shape<_64, Int<kHdim * kWgM_dQ / 2>, Int<kBlockN>>;  // (queries, d, keys) per warpgroup
+    // A = dS: MN-major (queries contiguous) where the consumers store dSᵀ, K-major (keys contiguous) where they store
+    // dS (the swapped key split); B = K, MN-major (its (d, keys) view)
+    static constexpr GMMA::Major kMajorDS = kSwapKV ? GMMA::Major::K : GMMA::Major::MN;
     using TiledMmadQ = decltype(make_tiled_mma(
-        GMMA::ss_op_selector<Element, Element, float, TileQ, GMMA::Major::MN, GMMA::Major::MN>(),
+        GMMA::ss_op_selector<Element, Element, float, TileQ, kMajorDS, GMMA::Major::MN>(),
         Layout<Shape<Int<kWgM_dQ>, Int<2 / kWgM_dQ>, _1>>{}));
+    // The swapped key split's products (warpgroups along the keys, 48 each: m64n48k16, named here because CuTe's
+    // ss_op_selector offers N = 48 only with its extended shapes enabled, and picks n16 otherwise):
+    //   S = Q·Kᵀ, dP = dO·Vᵀ: (queries, keys, d), both operands K-major;
+    //   dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS: (d, keys, queries), A (Qᵀ / dOᵀ views of the stages) and B (P / dS, keys
+    //   contiguous) MN-major; one 64-row M block of the head dim per wgmma, kHdim / 64 (kHdimV / 64) of them.
+    template <GMMA::Major kA, GMMA::Major kB>
+    using MmaN48 = std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>,
+                                      SM90::GMMA::MMA_64x48x16_F32BF16BF16_SS<kA, kB>,
+                                      SM90::GMMA::MMA_64x48x16_F32F16F16_SS<kA, kB>>;
+    using TiledMmaSdPq = decltype(make_tiled_mma(MmaN48<GMMA::Major::K, GMMA::Major::K>{}, Layout<Shape<_1, _2, _1>>{}));
+    using TiledMmadKVt = decltype(make_tiled_mma(MmaN48<GMMA::Major::MN, GMMA::Major::MN>{}, Layout<Shape<_1, _2, _1>>{}));
     static constexpr int kDqFrag = kBlockM * kHdim / NumMmaThreads;  // dQ floats per consumer thread
     static_assert(kDqFrag % 4 == 0);
 
@@ -155,10 +194,13 @@ struct HopperBwdKernelBody {
     static constexpr int kDOBytes = kBlockM * kHdimV * int(sizeof(Element));
     static constexpr int kKBytes = kBlockN * kHdim * int(sizeof(Element));
     static constexpr int kVBytes = kBlockN * kHdimV * int(sizeof(Element));
-    static constexpr int kPdSBytes = 2 * kBlockN * kBlockM * int(sizeof(Element));  // double-buffered
+    static constexpr int kPdSBytes = 2 * kBlockN * kBlockM * int(sizeof(Element));  // dS(ᵀ), double-buffered
+    // Pᵀ / P in shared memory: none at the key split (registers), one buffer at the swapped key split (each
+    // warpgroup reads back only its own keys, after its own last product on them), two at the query split
+    static constexpr int kPBytes = kKeySplit ? 0 : kSwapKV ? kPdSBytes / 2 : kPdSBytes;
     static constexpr int kDqSmemBytes = kDqViaSmem ? kBlockM * kHdim * 4 : 0;
     static constexpr int kFixedBytes =
-        kKBytes + kVBytes + (kKeySplit ? 1 : 2) * kPdSBytes + kDqSmemBytes + 2048 /* rows, barriers, slack */;
+        kKBytes + kVBytes + kPdSBytes + kPBytes + kDqSmemBytes + 2048 /* rows, barriers, slack */;
     static constexpr int kStagesQ = 2;
     static constexpr int kStagesDO = (kFixedBytes + 2 * kQBytes + 2 * kDOBytes <= kSmemLimit) ? 2 : 1;
     static_assert(kFixedBytes + kStagesQ * kQBytes + kStagesDO * kDOBytes <= kSmemLimit,
@@ -167,10 +209,16 @@ struct HopperBwdKernelBody {
     // 8 rows x 128 bytes with the 128B swizzle where the head dim allows it, else 8 x 64 bytes with the 64B swizzle:
     // the head dim must be a multiple of 64 elements, and under the query split so must each warpgroup's half of it
     // (the N extent of its MN-major Qᵀ / dOᵀ operand): head dim 96, and 192 (halves of 96), take the 64B swizzle.
+    // At the swapped key split the only MN-major operand split between the warpgroups is Kᵀ, dQ's B (halves of
+    // kHdim): K takes its own swizzle (64B at (192, 128)), Q, dO and V the 128B one (their MN-major views, Qᵀ / dOᵀ,
+    // are whole 64-row M blocks of the dKᵀ / dVᵀ products), as FlashAttention-3 lays them out for head dim 192.
     static constexpr bool kSw128 = kHdim % 64 == 0 && kHdimV % 64 == 0 &&
-                                   (kKeySplit || ((kHdim / kWgQ) % 64 == 0 && (kHdimV / kWgQ) % 64 == 0));
-    using SmemAtom =
-        std::conditional_t<kSw128, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
+                                   (kKeySplit || kSwapKV || ((kHdim / kWgQ) % 64 == 0 && (kHdimV / kWgQ) % 64 == 0));
+    static constexpr bool kSw128K = kSwapKV ? kSw128 && (kHdim / 2) % 64 == 0 : kSw128;
+    template <bool kWide>
+    using SmemAtomOf =
+        std::conditional_t<kWide, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
+    using SmemAtom = SmemAtomOf<kSw128>;
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdim>{}, Int<kStagesQ>{})));
     using SmemLayoutDO = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockM>{}, Int<kHdimV>{}, Int<kStagesDO>{})));
     // (d, queries) views of Q / dO, the B operand (MN-major) of dK / dV
@@ -180,15 +228,31 @@ struct HopperBwdKernelBody {
     using SmemLayoutDOt = decltype(composition(
         SmemLayoutDO{}, make_layout(make_shape(Int<kHdimV>{}, Int<kBlockM>{}, Int<kStagesDO>{}),
                                     make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHdimV>{}))));
-    using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kHdim>{})));
+    using SmemLayoutK = decltype(tile_to_shape(SmemAtomOf<kSw128K>{}, make_shape(Int<kBlockN>{}, Int<kHdim>{})));
     using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kHdimV>{})));
     using SmemLayoutKt = decltype(composition(
         SmemLayoutK{}, make_layout(make_shape(Int<kHdim>{}, Int<kBlockN>{}), make_stride(Int<kBlockN>{}, _1{}))));
     // Pᵀ / dSᵀ: (keys, queries, 2) with queries contiguous; dS: its (queries, keys, 2) view for the dQ product.
-    using SmemLayoutPdSt = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kBlockM>{}, _2{})));
-    using SmemLayoutPdS = decltype(composition(
-        SmemLayoutPdSt{}, make_layout(make_shape(Int<kBlockM>{}, Int<kBlockN>{}, _2{}),
-                                      make_stride(Int<kBlockN>{}, _1{}, Int<kBlockM * kBlockN>{}))));
+    using SmemLayoutPdStKeys = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBlockN>{}, Int<kBlockM>{}, _2{})));
+    // The swapped key split stores P / dS from (query, key) accumulators: (queries, keys, stages) with keys
+    // contiguous, 32B-swizzled: rows of 16 keys, so that each warpgroup's 48 keys are whole swizzle atoms of the
+    // MN-major B operand of dVᵀ / dKᵀ (its (keys, queries) view); dS is dQ's K-major A operand as it lies.
+    template <int kStages>
+    using SmemLayoutPdSQueries = decltype(tile_to_shape(GMMA::Layout_K_SW32_Atom<Element>{},
+                                                        make_shape(Int<kBlockM>{}, Int<kBlockN>{}, Int<kStages>{})));
+    template <class Rows, class Cols, int kStages, class L>  // the (cols, rows, stages) view of a (rows, cols, stages) L
+    using Transposed = decltype(composition(
+        L{}, make_layout(make_shape(Cols{}, Rows{}, Int<kStages>{}),
+                         make_stride(Rows{}, _1{}, Int<Rows::value * Cols::value>{}))));
+    using SmemLayoutPdSt =
+        std::conditional_t<kSwapKV, Transposed<Int<kBlockM>, Int<kBlockN>, 2, SmemLayoutPdSQueries<2>>,
+                           SmemLayoutPdStKeys>;
+    using SmemLayoutPdS =
+        std::conditional_t<kSwapKV, SmemLayoutPdSQueries<2>,
+                           Transposed<Int<kBlockN>, Int<kBlockM>, 2, SmemLayoutPdStKeys>>;
+    // P of the swapped key split, one buffer: (queries, keys, 1) and its (keys, queries, 1) view
+    using SmemLayoutPq = SmemLayoutPdSQueries<1>;
+    using SmemLayoutPqt = Transposed<Int<kBlockM>, Int<kBlockN>, 1, SmemLayoutPq>;
 
     using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;
     using PipelineDO = cutlass::PipelineTmaAsync<kStagesDO>;
@@ -212,8 +276,8 @@ struct HopperBwdKernelBody {
         cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> smem_v;
         cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> smem_q;
         cute::array_aligned<Element, cosize_v<SmemLayoutDO>, 1024> smem_do;
-        cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>, 1024> smem_ds;
-        SmemArray<Element, (kKeySplit ? 0 : cosize_v<SmemLayoutPdSt>), 1024> smem_p;
+        cute::array_aligned<Element, cosize_v<std::conditional_t<kSwapKV, SmemLayoutPdS, SmemLayoutPdSt>>, 1024> smem_ds;
+        SmemArray<Element, kPBytes / int(sizeof(Element)), 1024> smem_p;
         SmemArray<float, kDqSmemBytes / 4, 128> smem_dq;
         alignas(128) float smem_lse[kStagesQ][kBlockM];
         alignas(128) float smem_dsum[kStagesDO][kBlockM];
@@ -256,6 +320,7 @@ struct HopperBwdKernelBody {
     static constexpr uint32_t kBarDS = 0;       // 256 consumers: dSᵀ (and Pᵀ) of both warpgroups in smem
     static constexpr uint32_t kBarDqFull = 1;   // + wg: 128 consumers arrive, writer warp syncs
     static constexpr uint32_t kBarDqEmpty = 3;  // + wg: writer warp arrives, 128 consumers sync
+    static constexpr uint32_t kBarP = 5;        // + wg (swapped key split): the warpgroup's P slice in smem
     // Query split, deterministic mode (dq_turn_keeper): 256 consumers + the keeper warp on each
     static constexpr uint32_t kBarDqTurn = 1;   // keeper arrives (the tile's turn has come), consumers sync
     static constexpr uint32_t kBarDqAdded = 2;  // consumers arrive (their adds are issued), keeper syncs
@@ -366,7 +431,11 @@ struct HopperBwdKernelBody {
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-            consumer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
+            if constexpr (kSwapKV) {
+                consumer_swapped(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
+            } else {
+                consumer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
+            }
         }
 #endif
     }
@@ -581,6 +650,23 @@ struct HopperBwdKernelBody {
                 turns.restart();
             }
         }
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
+    // A consumer warpgroup's dQ tile (its kDqFrag floats per thread, fragment order) into the shared tile, once the
+    // dQ writer warp has emptied it; the writer adds it into the workspace (dq_writer). t: the thread in the
+    // warpgroup.
+    template <class TensorDq>
+    CUTLASS_DEVICE static void dq_to_smem(SharedStorage& st, TensorDq const& acc_dQ, int wg, int t) {
+        using cutlass::arch::NamedBarrier;
+        NamedBarrier::sync(128 + 32, kBarDqEmpty + wg);
+        float4* dst = reinterpret_cast<float4*>(st.smem_dq.data() + wg * kDqFrag * 128) + t;
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < kDqFrag / 4; ++v) {
+            dst[v * 128] = make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1), acc_dQ(4 * v + 2), acc_dQ(4 * v + 3));
+        }
+        cutlass::arch::fence_view_async_shared();
+        NamedBarrier::arrive(128 + 32, kBarDqFull + wg);
     }
 
     // ------------------------------------------------------------------------------------------------------------
@@ -896,14 +982,7 @@ struct HopperBwdKernelBody {
             {
                 const int t = tid % 128;
                 if constexpr (kDqViaSmem) {
-                    NamedBarrier::sync(128 + 32, kBarDqEmpty + wg);
-                    float4* dst = reinterpret_cast<float4*>(st.smem_dq.data() + wg * kDqFrag * 128) + t;
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int v = 0; v < kDqFrag / 4; ++v) {
-                        dst[v * 128] = make_float4(acc_dQ(4 * v), acc_dQ(4 * v + 1), acc_dQ(4 * v + 2), acc_dQ(4 * v + 3));
-                    }
-                    cutlass::arch::fence_view_async_shared();
-                    NamedBarrier::arrive(128 + 32, kBarDqFull + wg);
+                    dq_to_smem(st, acc_dQ, wg, t);
                 } else {
                     float* tile = params.dq_acc +
                                   ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
@@ -947,6 +1026,184 @@ struct HopperBwdKernelBody {
         if constexpr (kMods) dv_scale = dropping ? params.mods.dropout.rp : 1.f;
         epi.template store<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, dv_scale,
                                    acc_dV, thr_dv);
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
+    // The swapped key split (kSwapKV: BN = 96, BM = 64; FlashAttention-3's layout for head dim 192): per query tile
+    //   S = Q·Kᵀ, dP = dO·Vᵀ      (64 queries x the warpgroup's 48 keys, SS, not transposed)
+    //   P, dS = P ∘ (dP − D)      (LSE / D per row; the forward's element mask, ForwardMask::apply)
+    //   P, dS -> shared memory    (queries x keys, keys contiguous: each warpgroup its own 48 keys)
+    //   dVᵀ += dOᵀ·P              (head dim x own keys; A: the dO stage's (d, queries) view; after a warpgroup-local
+    //                              barrier on its P slice, issued before dS is computed)
+    //   dQ = dS·K                 (all 96 keys: one 256-thread barrier; N halves of the head dim per warpgroup)
+    //   dKᵀ += Qᵀ·dS              (head dim x own keys)
+    // dKᵀ / dVᵀ live in registers for the CTA's life and leave transposed (BwdEpilogue::store_t); dQ goes through the
+    // shared fp32 tile and the dQ writer warp (deterministic turns included), as at the key split.
+    CUTLASS_DEVICE void consumer_swapped(Params const& params, SharedStorage& st, PipelineQ& pipe_q,
+                                         PipelineDO& pipe_do, Sequence const& seq, int n_block, int hk, int b,
+                                         int m_begin, int n_m, int n_iters, int wg) {
+        using cutlass::arch::NamedBarrier;
+        using namespace cutlass::fmha::collective;
+        static_assert(kSwapKV);
+
+        const int tid = int(threadIdx.x) - 128;  // [0, 256)
+        const ForwardMask<kMasked, kBlockM, kBlockN> mask(seq.mask, seq.sq, seq.sk);
+        const int n0 = n_block * kBlockN;
+
+        TiledMmaSdPq mma_sdp;
+        TiledMmadKVt mma_dkv;
+        TiledMmadQ mma_dq;
+        auto thr_sdp = mma_sdp.get_thread_slice(tid);
+        auto thr_dkv = mma_dkv.get_thread_slice(tid);
+        auto thr_dq = mma_dq.get_thread_slice(tid);
+
+        Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
+        Tensor sQt = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQt{});
+        Tensor sDO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDO{});
+        Tensor sDOt = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutDOt{});
+        Tensor sK = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutK{});
+        Tensor sKt = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutKt{});
+        Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutV{});
+        Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPq{});     // (queries, keys, 1)
+        Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPqt{});   // (keys, queries, 1)
+        Tensor sDS = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdS{});  // (queries, keys, 2)
+        Tensor sDSt = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdSt{});
+
+        Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);      // (MMA, M, K, stages)
+        Tensor tSrK = thr_sdp.partition_fragment_B(sK);      // (MMA, N, K): this warpgroup's keys
+        Tensor tdPrDO = thr_sdp.partition_fragment_A(sDO);
+        Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
+        Tensor tdVrDO = thr_dkv.partition_fragment_A(sDOt);  // (MMA, kHdimV / 64, K, stages)
+        Tensor tdVrP = thr_dkv.partition_fragment_B(sPt);    // (MMA, N, K, 1)
+        Tensor tdKrQ = thr_dkv.partition_fragment_A(sQt);    // (MMA, kHdim / 64, K, stages)
+        Tensor tdKrDS = thr_dkv.partition_fragment_B(sDSt);  // (MMA, N, K, 2)
+        Tensor tdQrDS = thr_dq.partition_fragment_A(sDS);    // (MMA, M, K, 2)
+        Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+        Tensor tSsP = thr_sdp.partition_C(sP);    // where this thread's P values go
+        Tensor tSsDS = thr_sdp.partition_C(sDS);  // ... and its dS values
+
+        Tensor acc_dK = partition_fragment_C(mma_dkv, Shape<Int<kHdim>, Int<kBlockN>>{});   // dKᵀ
+        Tensor acc_dV = partition_fragment_C(mma_dkv, Shape<Int<kHdimV>, Int<kBlockN>>{});  // dVᵀ
+        clear(acc_dK);
+        clear(acc_dV);
+
+        // (query, key) coordinates of this thread's S elements in the tile, as the accumulator and as rows x keys
+        using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+        Tensor cS = thr_sdp.partition_C(make_identity_tensor(TileS{}));
+        Tensor c_mn = make_tensor(cS.data(), layout_acc_mn(mma_sdp, cS.layout()));
+
+        if (n_iters > 0) {
+            if (tid % 128 < 32) NamedBarrier::arrive(128 + 32, kBarDqEmpty + wg);  // the dQ tile starts empty
+            cutlass::arch::ClusterBarrier::wait(&st.bar_kv, 0);
+        }
+
+        StateQ rq;
+        StateDO rdo;
+        int m = m_begin;  // the query tile; the query heads of the kv group follow one another (the producer's order)
+        int ds_stage = 0;
+
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int it = 0; it < n_iters; ++it) {
+            const int r0 = m * kBlockM;
+            // Rows past sq count as rows here: their LSE is +inf in the workspace, so their P is 0 anyway.
+            const bool need_mask = !mask.geom.template tile_full<kBlockN>(r0, r0 + kBlockM - 1, n0);
+
+            // ---- S = Q Kᵀ, dP = dO Vᵀ ----
+            Tensor acc_S = partition_fragment_C(mma_sdp, TileS{});
+            Tensor acc_dP = partition_fragment_C(mma_sdp, TileS{});
+            pipe_q.consumer_wait(rq);
+            warpgroup_fence_operand(acc_S);
+            warpgroup_arrive();
+            gemm_zero_acc(mma_sdp, tSrQ(_, _, _, rq.index()), tSrK, acc_S);
+            warpgroup_commit_batch();
+            pipe_do.consumer_wait(rdo);
+            warpgroup_fence_operand(acc_dP);
+            warpgroup_arrive();
+            gemm_zero_acc(mma_sdp, tdPrDO(_, _, _, rdo.index()), tdPrV, acc_dP);
+            warpgroup_commit_batch();
+
+            // ---- P ----
+            warpgroup_wait<1>();
+            warpgroup_fence_operand(acc_S);
+            Tensor p_mn = make_tensor(acc_S.data(), layout_acc_mn(mma_sdp, acc_S.layout()));
+            if (need_mask) mask.apply(p_mn, c_mn, r0, n_block);
+            recompute_p(p_mn, c_mn, &st.smem_lse[rq.index()][0], params.scale_log2);
+            // One P buffer: the last reader of this warpgroup's slice, the previous tile's dVᵀ product, is done in
+            // every warp of the warpgroup: each waited for it (warpgroup_wait<1> below) before the 128-thread sync
+            // of dq_to_smem, which they all passed before getting here.
+            {
+                Tensor rP = make_tensor<Element>(acc_S.layout());
+                detail::pack_fragment<Element>(acc_S, rP);
+                Tensor src = recast<uint32_t>(rP);
+                Tensor dst = recast<uint32_t>(tSsP(_, _, _, 0));
+                CUTLASS_PRAGMA_UNROLL
+                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+            }
+            // this warpgroup's P slice, read by its own dVᵀ product only: a warpgroup-local barrier
+            cutlass::arch::fence_view_async_shared();
+            NamedBarrier::sync(128, kBarP + wg);
+
+            // ---- dVᵀ += dOᵀ P (runs under the dS math) ----
+            warpgroup_fence_operand(acc_dV);
+            warpgroup_arrive();
+            mma_dkv.accumulate_ = GMMA::ScaleOut::One;
+            cute::gemm(mma_dkv, tdVrDO(_, _, _, rdo.index()), tdVrP(_, _, _, 0), acc_dV);
+            warpgroup_commit_batch();
+
+            // ---- dS = P (dP - D) ----
+            warpgroup_wait<1>();  // dP done, dVᵀ may run
+            warpgroup_fence_operand(acc_dP);
+            Tensor ds_mn = make_tensor(acc_dP.data(), layout_acc_mn(mma_sdp, acc_dP.layout()));
+            softmax_grad(p_mn, ds_mn, c_mn, &st.smem_dsum[rdo.index()][0]);
+            {
+                Tensor rdS = make_tensor<Element>(acc_dP.layout());
+                detail::pack_fragment<Element>(acc_dP, rdS);
+                Tensor src = recast<uint32_t>(rdS);
+                Tensor dst = recast<uint32_t>(tSsDS(_, _, _, ds_stage));
+                CUTLASS_PRAGMA_UNROLL
+                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+            }
+            cutlass::arch::fence_view_async_shared();
+            NamedBarrier::sync(NumMmaThreads, kBarDS);  // both warpgroups' dS: the dQ product needs all keys
+
+            // ---- dQ = dS K, dKᵀ += Qᵀ dS ----
+            Tensor acc_dQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHdim>>{});
+            static_assert(decltype(size(acc_dQ))::value == kDqFrag);
+            warpgroup_fence_operand(acc_dQ);
+            warpgroup_arrive();
+            gemm_zero_acc(mma_dq, tdQrDS(_, _, _, ds_stage), tdQrK, acc_dQ);
+            warpgroup_commit_batch();
+            warpgroup_fence_operand(acc_dK);
+            warpgroup_arrive();
+            mma_dkv.accumulate_ = GMMA::ScaleOut::One;
+            cute::gemm(mma_dkv, tdKrQ(_, _, _, rq.index()), tdKrDS(_, _, _, ds_stage), acc_dK);
+            warpgroup_commit_batch();
+
+            warpgroup_wait<1>();  // dVᵀ and dQ done: the dO stage and this warpgroup's P slice are free
+            warpgroup_fence_operand(acc_dV);
+            warpgroup_fence_operand(acc_dQ);
+            pipe_do.consumer_release(rdo);
+            dq_to_smem(st, acc_dQ, wg, tid % 128);
+
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc_dK);
+            pipe_q.consumer_release(rq);
+            ++rq;
+            ++rdo;
+            ds_stage ^= 1;
+            if (++m == m_begin + n_m) m = m_begin;
+        }
+
+        // ---- dK (scaled), dV: transposed, registers -> shared memory -> global ----
+        // Every consumer is past its last product, so the Q and dO stages (adjacent) are free to stage them in.
+        NamedBarrier::sync(NumMmaThreads, kBarDS);
+        const int64_t dk_seq = kGroup ? int64_t(seq.k0) * params.dk_row : int64_t(b) * params.dk_batch;
+        const int64_t dv_seq = kGroup ? int64_t(seq.k0) * params.dv_row : int64_t(b) * params.dv_batch;
+        const Epilogue epi{n0, seq.sk, st.smem_q.data(), tid, NumMmaThreads, kBarDS};
+        epi.template store_t<kHdim>(params.dk + dk_seq + hk * params.dk_head, params.dk_row, params.hdim,
+                                    params.scale, acc_dK, thr_dkv);
+        epi.template store_t<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, 1.f,
+                                     acc_dV, thr_dkv);
     }
 };
 

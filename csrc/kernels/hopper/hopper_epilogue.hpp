@@ -29,6 +29,8 @@ struct StagedRows {
     CUTLASS_DEVICE void put(int r, int c, uint32_t pair) const {
         *reinterpret_cast<uint32_t*>(smem + r * kPitch + c) = pair;
     }
+    // One element (r, c) (a transposed fragment, whose pairs lie in two rows).
+    CUTLASS_DEVICE void put1(int r, int c, Element v) const { smem[r * kPitch + c] = v; }
     // Rows [0, rows) and columns [0, cols) (cols a multiple of 8) to dst, row stride in elements; thread tid of the
     // nthreads that share the work. The caller synchronises between the puts and this.
     CUTLASS_DEVICE void store(Element* dst, int64_t row_stride, int rows, int cols, int tid, int nthreads) const {
@@ -123,7 +125,8 @@ struct FwdEpilogue {
 namespace mhakit::hopper {
 
 // The backward's epilogue: a key block's dK (times scale) or dV accumulator (kBlockN keys x kCols, partitioned by
-// thr) through StagedRows in free shared memory to global memory, predicated on the real keys and head dim.
+// thr; store_t: its transpose, kCols x kBlockN, the swapped key split's dKᵀ / dVᵀ) through StagedRows in free shared
+// memory to global memory, predicated on the real keys and head dim.
 template <class Element, int kBlockN>
 struct BwdEpilogue {
     int n0, seqlen_k;  // the block's first key, the sequence's keys
@@ -146,6 +149,26 @@ struct BwdEpilogue {
         for (int k = 0; k < decltype(size(acc))::value / 2; ++k)
             tile.put(get<0>(c(2 * k)), get<1>(c(2 * k)),
                      detail::pack2<Element>(acc(2 * k) * scale, acc(2 * k + 1) * scale));
+        write_out(tile, dst, row_stride, cols);
+    }
+
+    template <int kCols, class TensorAcc, class ThrMma>
+    CUTLASS_DEVICE void store_t(Element* dst, int64_t row_stride, int cols, float scale, TensorAcc const& acc,
+                                ThrMma const& thr) const {
+        using namespace cute;
+        const StagedRows<Element, kBlockN, kCols> tile{stage};
+        Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kCols>, Int<kBlockN>>{}));  // (d, key)
+        static_assert(decltype(size(c))::value == decltype(size(acc))::value);
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < decltype(size(acc))::value; ++k)
+            tile.put1(get<1>(c(k)), get<0>(c(k)), static_cast<Element>(acc(k) * scale));
+        write_out(tile, dst, row_stride, cols);
+    }
+
+  private:
+    template <int kCols>
+    CUTLASS_DEVICE void write_out(StagedRows<Element, kBlockN, kCols> const& tile, Element* dst, int64_t row_stride,
+                                  int cols) const {
         cutlass::arch::NamedBarrier::sync(nthreads, bar_id);
         const int keys = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
         tile.store(dst + int64_t(n0) * row_stride, row_stride, keys, cols, tid, nthreads);

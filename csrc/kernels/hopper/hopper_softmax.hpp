@@ -144,4 +144,29 @@ CUTLASS_DEVICE void softmax_grad_t(TensorP const& acc_P, TensorDP& acc_dP, Tenso
     }
 }
 
+// The same two steps on a (query, key) accumulator (the swapped key split's S and dP), in its rows x keys view s_mn
+// with coordinates c_mn in the tile: one LSE / D per row (query). The mask is the forward's (ForwardMask::apply on
+// the same view), applied by the caller before recompute_p where the tile pair is not full.
+template <class TensorS, class TensorC>
+CUTLASS_DEVICE void recompute_p(TensorS& s_mn, TensorC const& c_mn, float const* lse2, float scale_log2) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(cute::size<0>(s_mn))::value; ++i) {
+        const float l = lse2[cute::get<0>(c_mn(i, 0))];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < decltype(cute::size<1>(s_mn))::value; ++j)
+            s_mn(i, j) = detail::exp2_approx(fmaf(s_mn(i, j), scale_log2, -l));
+    }
+}
+
+// dS = P ∘ (dP − D), written over dP (both rows x keys views); dsum: D of the tile's rows.
+template <class TensorP, class TensorDP, class TensorC>
+CUTLASS_DEVICE void softmax_grad(TensorP const& p_mn, TensorDP& dp_mn, TensorC const& c_mn, float const* dsum) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(cute::size<0>(dp_mn))::value; ++i) {
+        const float d = dsum[cute::get<0>(c_mn(i, 0))];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < decltype(cute::size<1>(dp_mn))::value; ++j) dp_mn(i, j) = p_mn(i, j) * (dp_mn(i, j) - d);
+    }
+}
+
 }  // namespace mhakit::hopper
