@@ -10,7 +10,10 @@
 # then the score modifiers (elementwise bias with dbias, ALiBi, soft-cap, sinks with d sink, combined, one
 # deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs; then the modifiers at the Hopper-only buckets:
 # prec x mode x hdim {256, 192/128} x 5, 40 runs; then dropout (random bytes checked against the
-# host's Philox, masks, GQA, device seed / offset, with modifiers, deterministic): prec x mode x hdim x 4, 48 runs.
+# host's Philox, masks, GQA, device seed / offset, with modifiers, deterministic): prec x mode x hdim x 4, 48 runs;
+# then the (192, 128) bucket's plain calls (its Hopper masked tile, the swapped key split, and its unmasked one:
+# causal kinds with s != s_k and key tails of 96-key blocks, windows, GQA / MQA, deterministic): prec x mode x 6,
+# 24 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
@@ -22,14 +25,14 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (201 runs instead of 548)
+  -q        quick subset: fp16 and iperm=operm=1 only (213 runs instead of 572)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
   BENCH           benchmark executable (default: ./benchmark_mha_bwd)
   MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=0 -seed=7"
   MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
-  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, det, group, odd, mods, hmods, dropout
+  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, det, group, odd, mods, hmods, dropout, mla
   MHA_SMOKE_PRECS the 16-bit precisions (default: "fp16 bf16"; -q: fp16)
   MHA_MODS_HDIMS  the head dims of the modifier and dropout sections (default: "59 64 128")
 USAGE
@@ -165,6 +168,21 @@ for hdim in ${MHA_MODS_HDIMS:-59 64 128}; do
     run "${p[@]}" -b=2 -h=3 -h_k=1 -s=130 -s_k=251 -mask=t:64,10 -p_drop=0.1 -logits_soft_cap=20 -bias=e:1 -dbias=1
     run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=1 -p_drop=0.3 -sink=1 -deterministic=1
 done
+done
+done
+
+# The (192, 128) bucket (DeepSeek-style MLA) without modifiers: the masked calls' swapped key split (96 keys per
+# CTA) and the unmasked 128-key query split, in batch and group mode.
+want mla &&
+for prec in $PRECS; do
+for mode in 0 1; do
+    p=(-prec="$prec" -mode="$mode" -d=192 -d_v=128)
+    run "${p[@]}" -b=2 -h=4 -h_k=2 -s=333 -s_k=517 -mask=t
+    run "${p[@]}" -b=1 -h=4 -s=700 -s_k=650 -mask=b
+    run "${p[@]}" -b=1 -h=6 -h_k=1 -s=257 -s_k=1000 -mask=t:128,30
+    run "${p[@]}" -b=2 -h=2 -s=130 -s_k=97 -mask=b:4,35
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=640 -mask=t -deterministic=1
+    run "${p[@]}" -b=2 -h=4 -s=259 -s_k=301
 done
 done
 
