@@ -210,10 +210,10 @@ struct FwdKernel {
             // last_absorbs): pair after pair, as the 3-D grid goes, the last pairs' heaviest blocks start at the end
             // of the grid and run alone. Measured on the H200 (d256 bf16 causal, docs/PERFORMANCE.md "One-tile grids
             // of causal calls"): +7 % at s = 4k, +2 % at 1k. Other calls (sched.total = 0) keep the 3-D grid, whose
-            // order a one-pair section would repeat; so do group mode, "_mods" and fp8 (the same order is theirs to
-            // take once measured).
+            // order a one-pair section would repeat; so do group mode, "_mods" and fp8 (Impl::kOneTileOrder: the
+            // same order is theirs to take once measured).
             params.sched = Impl::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, true, nullptr, 0);
-            if (kGroup || kMods || kFp8 || p.mask_type == 0 || params.sched.section < 2 ||
+            if (!Impl::kOneTileOrder || p.mask_type == 0 || params.sched.section < 2 ||
                 int64_t(m_blocks) * p.nhead_q * p.batch > int64_t(INT32_MAX))
                 params.sched.total = 0;
         }

@@ -76,6 +76,10 @@ struct HopperFwdKernelBody {
     // kPersistent: a grid of resident CTAs walking work tiles (DynamicPersistentScheduler), batch-mode plain 16-bit
     // instances only (group mode's empty blocks, the bias warp and fp8's O staging in the ring are one-tile code).
     static_assert(!kPersistent || (!kGroup && !kMods && !kFp8), "persistent: batch-mode plain 16-bit instances");
+    // kOneTileOrder: a one-tile instance that may run a causal call on the 1-D grid of the persistent kernels' order
+    // (fmha_fwd_hopper.cuh decides per call): batch-mode plain 16-bit, the instances measured with it (d256); the
+    // others compile without that path.
+    static constexpr bool kOneTileOrder = !kPersistent && !kGroup && !kMods && !kFp8;
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "kBlockN: a multiple of 16, at most 256");
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
@@ -262,7 +266,7 @@ struct HopperFwdKernelBody {
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
         const Work work = kPersistent ? PersistentScheduler::decode(params.sched, PersistentScheduler::first())
-                          : params.sched.total > 0  // a causal call's one-tile 1-D grid (fmha_fwd_hopper.cuh)
+                          : kOneTileOrder && params.sched.total > 0  // a causal call's 1-D grid (fmha_fwd_hopper.cuh)
                               ? PersistentScheduler::decode</*kLastAbsorbs=*/true>(params.sched, PersistentScheduler::first())
                               : Scheduler::work();
         const Sequence seq = sequence(params, work.batch);
