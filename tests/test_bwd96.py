@@ -27,8 +27,11 @@ def test_it_serves_the_plain_masked_192x128_instances_only():
     assert all(not s.signature.mods and s.signature.mask == "mask" for s in specs)  # plain_only, masks = ["mask"]
     assert all(dict(s.algorithm.tile) == {"block_m": 64, "block_n": 96} for s in specs)
     assert all(s.guards.deterministic for s in specs)  # the dQ writer takes deterministic turns: no refusal
-    (tile,) = [t for t in catalogue.load("cuda").family("bwd", "hopper").tiles if t.get("block_n") == 96]
-    assert not tile.candidate and not tile.has_mods and tile.masks == ("mask",)
+    tiles = [t for t in catalogue.load("cuda").family("bwd", "hopper").tiles if t.get("block_n") == 96]
+    (tile,) = [t for t in tiles if not t.candidate]
+    assert not tile.has_mods and tile.masks == ("mask",)
+    # the unmasked calls' candidate (branch bwd96n): plain, nmask only
+    assert [(t.masks, t.has_mods) for t in tiles if t.candidate] == [(("nmask",), False)]
 
 
 def test_the_profiles_give_plain_masked_calls_b64x96_and_modifier_calls_the_64x64_tile():
