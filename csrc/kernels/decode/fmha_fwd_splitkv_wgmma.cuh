@@ -137,21 +137,13 @@ __device__ __forceinline__ void gmma_rs(float (&acc)[1][kNT][4], const uint32_t 
 }
 
 // Keeps the compiler from moving reads or writes of wgmma operands across the asynchronous window (cute's
-// warpgroup_fence_operand on every register).
-template <int kN>
-__device__ __forceinline__ void fence_operands(float (&acc)[1][kN][4]) {
+// warpgroup_fence_operand on every register of an accumulator, float, or of an A fragment, uint32_t).
+template <class T, int kN>
+__device__ __forceinline__ void fence_operands(T (&regs)[1][kN][4]) {
 #pragma unroll
     for (int n = 0; n < kN; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(acc[0][n][e]);
-}
-
-template <int kK>
-__device__ __forceinline__ void fence_operands(uint32_t (&frag)[1][kK][4]) {
-#pragma unroll
-    for (int k = 0; k < kK; ++k)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(frag[0][k][e]);
+        for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(regs[0][n][e]);
 }
 
 // The online softmax of OnlineSoftmax<1>::update in two halves, so that the first can run while the previous

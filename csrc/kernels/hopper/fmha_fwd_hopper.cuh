@@ -191,31 +191,33 @@ struct FwdKernel {
         params.descale_q = p.descale_q;
         params.descale_k = p.descale_k;
         params.descale_v = p.descale_v;
-        // Sections of (head, batch) pairs whose K and V (the pair's K/V head: shared under GQA) fill about 24 MB of
-        // the L2 (H100 / H200: 50 MB), so that the heaviest-first order of a section re-reads them from there.
-        const int64_t seqlen_k = kGroup ? (p.batch > 0 ? p.total_k / p.batch : 0) : p.seqlen_k;  // group: the mean
-        const int64_t kv_bytes = seqlen_k * (p.hdim_q + p.hdim_v) * int64_t(sizeof(Element));
-        const int64_t kv_pairs = (int64_t(24) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
-        const int section = int(kv_pairs * group < (int64_t(1) << 30) ? kv_pairs * group : (int64_t(1) << 30));
-        const int m_blocks = (p.max_seqlen_q + kBlockM - 1) / kBlockM;  // the one-tile grid's (batch mode: seqlen_q's)
-        if constexpr (kPersistent) {
-            const bool counted = p.workspace_bytes >= size_t(kCounterBytes) && p.num_sms > 0 && p.counter_epoch != 0;
-            auto* counter = counted ? static_cast<unsigned long long*>(p.workspace) : nullptr;
-            params.sched = Impl::PersistentScheduler::params((p.seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch,
-                                                             section, kMasked, counter, p.counter_epoch);
-        } else {
-            // One CTA per tile. A causal or window call of a batch-mode plain 16-bit instance (d256) whose L2 section
-            // holds more than one pair runs a 1-D grid of the persistent kernels' order (heaviest query block first,
-            // the pairs a section at a time), its last section taking the remainder (interleaved_tile's
-            // last_absorbs): pair after pair, as the 3-D grid goes, the last pairs' heaviest blocks start at the end
-            // of the grid and run alone. Measured on the H200 (d256 bf16 causal, docs/PERFORMANCE.md "One-tile grids
-            // of causal calls"): +7 % at s = 4k, +2 % at 1k. Other calls (sched.total = 0) keep the 3-D grid, whose
-            // order a one-pair section would repeat; so do group mode, "_mods" and fp8 (Impl::kOneTileOrder: the
-            // same order is theirs to take once measured).
-            params.sched = Impl::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, true, nullptr, 0);
-            if (!Impl::kOneTileOrder || p.mask_type == 0 || params.sched.section < 2 ||
-                int64_t(m_blocks) * p.nhead_q * p.batch > int64_t(INT32_MAX))
-                params.sched.total = 0;
+        if constexpr (kPersistent || Impl::kOneTileOrder) {  // batch mode (else sched stays {}: the 3-D grid)
+            // Sections of (head, batch) pairs whose K and V (the pair's K/V head: shared under GQA) fill about 24 MB
+            // of the L2 (H100 / H200: 50 MB), so that the heaviest-first order of a section re-reads them from there.
+            const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.hdim_q + p.hdim_v) * int64_t(sizeof(Element));
+            const int64_t kv_pairs = (int64_t(24) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
+            const int section = int(kv_pairs * group < (int64_t(1) << 30) ? kv_pairs * group : (int64_t(1) << 30));
+            const int m_blocks = (p.max_seqlen_q + kBlockM - 1) / kBlockM;  // batch mode: max_seqlen_q == seqlen_q
+            if constexpr (kPersistent) {
+                const bool counted =
+                    p.workspace_bytes >= size_t(kCounterBytes) && p.num_sms > 0 && p.counter_epoch != 0;
+                auto* counter = counted ? static_cast<unsigned long long*>(p.workspace) : nullptr;
+                params.sched = Impl::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, kMasked,
+                                                                 counter, p.counter_epoch);
+            } else {
+                // One CTA per tile (Impl::kOneTileOrder: the batch-mode plain 16-bit one-tile instances, d256). A
+                // causal or window call whose L2 section holds more than one pair runs a 1-D grid of the persistent
+                // kernels' order (heaviest query block first, the pairs a section at a time), its last section
+                // taking the remainder (interleaved_tile's last_absorbs): pair after pair, as the 3-D grid goes, the
+                // last pairs' heaviest blocks start at the end of the grid and run alone. Measured on the H200 (d256
+                // bf16 causal, docs/PERFORMANCE.md "One-tile grids of causal calls"): +7 % at s = 4k, +2 % at 1k.
+                // Other calls (sched.total = 0) keep the 3-D grid, whose order a one-pair section would repeat; so do
+                // group mode, "_mods" and fp8 (not kOneTileOrder: the same order is theirs to take once measured).
+                params.sched = Impl::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, true, nullptr, 0);
+                if (p.mask_type == 0 || params.sched.section < 2 ||
+                    int64_t(m_blocks) * p.nhead_q * p.batch > int64_t(INT32_MAX))
+                    params.sched.total = 0;
+            }
         }
         return params;
     }
