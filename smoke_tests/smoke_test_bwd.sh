@@ -171,8 +171,8 @@ done
 done
 done
 
-# The (192, 128) bucket (DeepSeek-style MLA) without modifiers: the masked calls' swapped key split (96 keys per
-# CTA) and the unmasked 128-key query split, in batch and group mode.
+# The (192, 128) bucket (DeepSeek-style MLA) without modifiers: the swapped key split (96 keys per CTA) serves
+# every plain call, masked or not, in batch and group mode.
 want mla &&
 for prec in $PRECS; do
 for mode in 0 1; do

@@ -1,6 +1,6 @@
 """The Hopper backward's swapped key split (tile b64x96; fmha_bwd_hopper_kernel.hpp, consumer_swapped): the
-catalogue and codegen give it the plain masked (192, 128) instances (both dtypes and modes, deterministic calls
-included) while modifier calls keep the 64 x 64 tile (`mods_only`), the template instantiates it with block_n = 96,
+catalogue and codegen give it every plain (192, 128) instance (both masks, dtypes and modes, deterministic calls
+included) while modifier calls keep the 64 x 64 tile (`mods_only`) and the 128-key query split is a candidate, the template instantiates it with block_n = 96,
 and the rule that mirrors the kernel's static_asserts refuses the tiles the kernel refuses. No GPU:
 tests/test_gpu_bwd.py runs it (test_bwd96_*)."""
 from __future__ import annotations
@@ -14,28 +14,30 @@ from codegen import catalogue, profiles, render, rules
 from codegen.spec import Algorithm, KernelSpec
 
 FILTER = "bwd_d192x128_*_sm90a_hopper_b64x96"
-NAMES = {f"bwd_d192x128_{dt}_{mode}_mask_sm90a_hopper_b64x96" for dt in ("bf16", "fp16") for mode in ("batch", "group")}
+NAMES = {f"bwd_d192x128_{dt}_{mode}_{mask}_sm90a_hopper_b64x96" for dt in ("bf16", "fp16") for mode in ("batch", "group")
+         for mask in ("mask", "nmask")}
 
 
 def shipped_specs() -> list[KernelSpec]:
     return list(profiles.select("bwd", "sm_90a", "default", FILTER).specs)
 
 
-def test_it_serves_the_plain_masked_192x128_instances_only():
+def test_it_serves_the_plain_192x128_instances_only():
     specs = shipped_specs()
     assert {s.name for s in specs} == NAMES
-    assert all(not s.signature.mods and s.signature.mask == "mask" for s in specs)  # plain_only, masks = ["mask"]
+    assert all(not s.signature.mods for s in specs)  # plain_only, both masks
     assert all(dict(s.algorithm.tile) == {"block_m": 64, "block_n": 96} for s in specs)
     assert all(s.guards.deterministic for s in specs)  # the dQ writer takes deterministic turns: no refusal
-    tiles = [t for t in catalogue.load("cuda").family("bwd", "hopper").tiles if t.get("block_n") == 96]
-    (tile,) = [t for t in tiles if not t.candidate]
-    assert not tile.has_mods and tile.masks == ("mask",)
-    # the unmasked calls' candidate (branch bwd96n): plain, nmask only
-    assert [(t.masks, t.has_mods) for t in tiles if t.candidate] == [(("nmask",), False)]
+    (tile,) = [t for t in catalogue.load("cuda").family("bwd", "hopper").tiles if t.get("block_n") == 96]
+    assert not tile.candidate and not tile.has_mods and tile.masks is None  # every mask
+    # the 128-key query split it replaced for unmasked calls stays buildable as a candidate
+    (old,) = [t for t in catalogue.load("cuda").family("bwd", "hopper").tiles
+              if (t.hdim_q, t.hdim_v) == (192, 128) and t.get("block_n") == 128]
+    assert old.candidate and old.masks == ("nmask",)
 
 
-def test_the_profiles_give_plain_masked_calls_b64x96_and_modifier_calls_the_64x64_tile():
-    plain = {"bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96", "bwd_d192x128_bf16_batch_nmask_sm90a_hopper_b64x128"}
+def test_the_profiles_give_plain_calls_b64x96_and_modifier_calls_the_64x64_tile():
+    plain = {"bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96", "bwd_d192x128_bf16_batch_nmask_sm90a_hopper_b64x96"}
     for profile, expected in (("default", plain), ("all", plain | {"bwd_d192x128_bf16_batch_mask_mods_sm90a_hopper_b64x64"})):
         names = {s.name for s in profiles.select("bwd", "sm_90a", profile, "bwd_d192x128_bf16_batch_*hopper").specs}
         assert names == expected, profile  # the default profile builds no modifier instances

@@ -694,7 +694,7 @@ class TestDeriveBwd:
 
     def test_generic_buckets(self):
         e = jit.derive_entry("bwd", "sm_90a", "fp16", 160, 128, "batch", False)
-        assert e.instance_names == ["bwd_d192x128_fp16_batch_nmask_sm90a_hopper_b64x128",
+        assert e.instance_names == ["bwd_d192x128_fp16_batch_nmask_sm90a_hopper_b64x96",
                                     "bwd_d192x128_fp16_batch_nmask_sm90a_generic_b32x64w8"]
         assert jit.derive_entry("bwd", "sm_80", "bf16", 40, 40, "group", True).instance_names == [
             "bwd_d64_bf16_group_mask_sm80_generic_b64x128w8"]
