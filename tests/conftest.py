@@ -145,6 +145,15 @@ def call_path(request, monkeypatch):
 
 
 @pytest.fixture
+def c_path(monkeypatch):
+    """The C call path only, whatever MHAKIT_NO_EXT says outside (tests of what only that path does)."""
+    _use_call_path(monkeypatch, "c")
+    yield
+    from mhakit import _ext
+    _ext.reset()
+
+
+@pytest.fixture
 def python_path(monkeypatch):
     """The pure-Python call path only (tests that fake the CUDA driver of mhakit._cuda)."""
     _use_call_path(monkeypatch, "python")

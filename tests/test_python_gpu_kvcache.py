@@ -112,7 +112,7 @@ def check_against_reference(host, dev, o, lse, dtype, mask_kwargs, s_new) -> Non
 
 
 @pytest.mark.skipif(torch is None, reason="PyTorch with CUDA is not installed")
-def test_torch_tensors_and_out_on_the_c_path():
+def test_torch_tensors_and_out_on_the_c_path(c_path):
     """torch tensors (bf16 natively) through the exchange table: O comes back as a torch tensor; out= is filled;
     a host list of cache lengths takes the Python path (which returns a mhakit.DeviceArray) and agrees."""
     b, sq, hq, hk, d, cap = 2, 1, 16, 4, 128, 512
