@@ -549,10 +549,10 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
-    // Whether this CTA's query heads read a staged bias: a 16-bit one whose rows, batch block and head stride are all
-    // 16-byte aligned (so every head of the kv group is, and the bias warp and the consumers take the same tiles).
+    // Whether this CTA's query heads read a staged bias: a stageable layout (bias_stageable, hopper_bias_stage.hpp: the
+    // whole call's, so every head of the kv group is, and the bias warp and the consumers take the same tiles).
     CUTLASS_DEVICE static bool bias_staged(ScoreMods const& m, int b) {
-        return per_score_mods(m) && bias_rows(m, b, 0).base != nullptr && ((m.bias_head_stride * 2) & 15) == 0;
+        return per_score_mods(m) && bias_stageable(m);
     }
 
     // The bias warp (warp 2 of the producer warpgroup): the bias tile (the query tile's rows x this key block) of

@@ -187,7 +187,20 @@ struct FwdKernel {
         params.mask_type = p.mask_type;
         params.window_left = p.window_left;
         params.window_right = p.window_right;
-        if constexpr (kMods) params.mods = p.mods;
+        if constexpr (kMods) {
+            params.mods = p.mods;
+            // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp). Batch
+            // mode: extents s_q, s_k (TMA zero-fills past them); group mode: bounds of the coordinates (the kernel
+            // copies a sequence's boundary slots itself). A map the driver refuses leaves the consumers' global loads.
+            params.bias_staged = false;
+            if constexpr (Impl::kBiasStages > 0) {
+                if (bias_stageable(p.mods)) {
+                    const int64_t bound = int64_t(1) << 31;  // coordinates are int32
+                    params.bias_staged = make_bias_map<Element>(&params.bias_map, p.mods, p.batch, p.nhead_q,
+                                                                kGroup ? bound : p.seqlen_q, kGroup ? bound : p.seqlen_k);
+                }
+            }
+        }
         params.descale_q = p.descale_q;
         params.descale_k = p.descale_k;
         params.descale_v = p.descale_v;

@@ -94,15 +94,17 @@ struct HopperFwdKernelBody {
     static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes) / kStageBytes;
     static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
     // Modifier instances of two consumer warpgroups and head dims up to 128: the elementwise-bias ring
-    // (hopper_bias_stage.hpp) takes what shared memory leaves after Q and the K/V ring, up to 2 stages (d128: 1).
+    // (hopper_bias_stage.hpp, loaded by TMA: whole 64-key boxes) takes what shared memory leaves after Q and the K/V
+    // ring, up to 2 stages (d128: 1, 32 KB; a second would cost a K/V ring slot, which every modifier call on the
+    // instance would pay; d96: 2).
     // Elsewhere the staged path cost the consumers spills where they had few or none (ptxas, the masked group
     // instances: d64, three warpgroups of 160 registers, 80 / 92 -> 180 / 172 bytes; d256 0 / 0 -> 60 / 120, 40 / 60
     // with the ring's state re-read per tile; (192, 128) 0 / 0 -> 44 / 100), so those keep the global loads.
-    static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128;
-    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128>;
+    static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128 && kBlockN % kBiasBoxKeys == 0;
+    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128, /*kTma=*/true>;
     static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kStages * kStageBytes) / BiasStageOf::kStageBytes;
     static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
-    using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
+    using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128, /*kTma=*/true>;  // a slot per consumer warpgroup
     static_assert(kStages >= 2, "tile too large for shared memory");
     static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside the K/V ring");
 
@@ -281,6 +283,9 @@ struct HopperFwdKernelBody {
         if (warp_idx == 0 && lane_predicate) {
             Mainloop::prefetch_tma_descriptors(params.mainloop);
             if constexpr (kSplitDims || kFp8) cute::prefetch_tma_descriptor(params.tma_load_v.get_tma_descriptor());
+            if constexpr (kBiasStages > 0) {
+                if (params.bias_staged) cute::prefetch_tma_descriptor(&params.bias_map);
+            }
         }
 
         const bool producer_warp = (wg_idx == 0 && warp_in_wg == 0);
@@ -322,14 +327,11 @@ struct HopperFwdKernelBody {
                 producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit, wq, wkv);
             }
             if constexpr (kBiasStages > 0) {  // the bias warp: the staged elementwise bias of each key tile, if any
-                if (warp_in_wg == 1 && per_score_mods(params.mods)) {
-                    const BiasRows rows = bias_rows(params.mods, work.batch, work.head);
-                    if (rows.base != nullptr) {
-                        for (int n = tiles.visit.begin; n < tiles.visit.end; ++n)
-                            Bias::load(storage.bias, rows, n - tiles.visit.begin, work.block * kBlockM, n * kBlockN,
-                                       seq.sq, seq.sk);
-                        Bias::finish();
-                    }
+                if (warp_in_wg == 1 && staged_bias(params)) {
+                    for (int n = tiles.visit.begin; n < tiles.visit.end; ++n)
+                        Bias::template load_tma<kGroup>(storage.bias, &params.bias_map, params.mods, work.batch,
+                                                        work.head, n - tiles.visit.begin, work.block * kBlockM,
+                                                        n * kBlockN, seq.sq, seq.sk);
                 }
             }
         } else {
@@ -466,19 +468,19 @@ struct HopperFwdKernelBody {
         }
     }
 
-    // Whether this CTA's elementwise bias comes staged from the bias warp's ring (its test: a 16-bit bias with
-    // 16-byte aligned rows, bias_rows()), for the consumers: it depends only on (batch, head), so they make it once
-    // before the key loop and score_mods() takes it, rather than remaking it per key tile.
-    CUTLASS_DEVICE static bool staged_bias(Params const& params, Work const& work) {
+    // Whether the call's elementwise bias comes staged from the bias warp's ring: the launcher made its tensor map
+    // (bias_stageable, make_bias_map; the same for every CTA). The consumers make it once before the key loop and
+    // score_mods() takes it.
+    CUTLASS_DEVICE static bool staged_bias(Params const& params) {
         if constexpr (kBiasStages > 0)
-            return per_score_mods(params.mods) && bias_rows(params.mods, work.batch, work.head).base != nullptr;
+            return per_score_mods(params.mods) && params.bias_staged;
         else
             return false;
     }
 
     // The modifiers' terms (S / U) of key tile n (the t-th visited) on warpgroup wg's S, where the call has per-score
-    // ones: a 16-bit elementwise bias with aligned rows from the bias warp's shared-memory ring (staged: the bias
-    // warp's test, staged_bias(), made once per CTA by the consumer), any other from global memory. A member, not a
+    // ones: a stageable 16-bit elementwise bias from the bias warp's shared-memory ring (staged: staged_bias(), made
+    // once per CTA by the consumer), any other from global memory. A member, not a
     // lambda of consumer(): as a lambda nvcc outlined it, with S on the stack.
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE static void score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
@@ -486,11 +488,12 @@ struct HopperFwdKernelBody {
                                           Work const& work, Sequence const& seq, int row0, int wg, int n, int t) {
         if (!per_score_mods(params.mods)) return;
         if constexpr (kBiasStages > 0) {
-            if (staged) {
+            if (staged) {  // group mode: a slot past the sequence is left empty (Bias::staged_slot), read from global
                 char const* slot = Bias::acquire(storage.bias, wg, t);
-                apply_score_mods_staged<Element, Bias::kPitch>(s_mn, c_mn, params.mods, units, slot);
+                const bool in_slot = Bias::template staged_slot<kGroup>(row0, n * kBlockN, seq.sq, seq.sk);
+                if (in_slot) apply_score_mods_staged<Element, Bias>(s_mn, c_mn, params.mods, units, slot);
                 Bias::release(storage.bias, wg, t);
-                return;
+                if (in_slot) return;
             }
         }
         apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk, row0,
@@ -520,7 +523,7 @@ struct HopperFwdKernelBody {
         [[maybe_unused]] bool staged = false;  // this CTA's bias comes from the bias warp's ring (score_mods)
         if constexpr (kMods) {
             units = FwdModUnits::of(params.mods, work.batch, work.head);
-            staged = staged_bias(params, work);
+            staged = staged_bias(params);
             scale = units.unit;
             scale_log2 = units.unit * 1.4426950408889634f;  // log2(e)
         }

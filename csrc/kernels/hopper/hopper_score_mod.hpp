@@ -8,9 +8,9 @@
 //
 // Elementwise bias values: a quad of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8
 // rows, so a warp's read of one pair per thread covers 8 rows x 16 (16-bit bias) or 32 (fp32) contiguous bytes. A
-// 16-bit bias with 16-byte aligned rows comes from the shared-memory ring that the producer warpgroup's bias warp fills
-// (hopper_bias_stage.hpp; apply_score_mods_staged, one 4-byte shared load per pair, no predicates: the slot is
-// zero-filled outside the sequence); any other bias is read from global memory by the consumer threads, in the loop
+// 16-bit bias of a stageable layout (bias_stageable) comes from the shared-memory ring that the producer warpgroup's
+// bias warp fills (hopper_bias_stage.hpp: the forward's by TMA into 128-byte swizzled boxes; apply_score_mods_staged,
+// one 4-byte shared load per pair, no predicates: the slot is zero-filled outside the sequence); any other bias is read from global memory by the consumer threads, in the loop
 // that applies it (apply_score_mods).
 #pragma once
 
@@ -18,6 +18,7 @@
 
 #include <cuda_fp16.h>
 
+#include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 
@@ -26,12 +27,15 @@
 namespace mhakit::hopper {
 
 // The modifier instances' part of the kernel parameters: the call's modifiers (a plain instance's Params derive from
-// the empty one, so their layout is unchanged).
+// the empty one, so their layout is unchanged) and, for a staged elementwise bias (the instances with a bias ring,
+// hopper_bias_stage.hpp), its tensor map: bias_staged when the launcher made one.
 template <bool kMods>
 struct ModParams {};
 template <>
 struct ModParams<true> {
     ScoreMods mods;
+    cute::TmaDescriptor bias_map;
+    bool bias_staged;
 };
 
 // The backward's: the modifiers and where dS goes for an elementwise bias (dbias, the bias's element type; null when
@@ -188,8 +192,14 @@ CUTLASS_DEVICE void apply_score_mods(TensorS& s_mn, TensorC const& c_mn, ScoreMo
 namespace detail {
 
 // One tile of apply_score_mods_staged: S -> tanh(S·arg) with a soft-cap, then + bias/U with the bias pair of each
-// (row, key pair) read from the warpgroup's shared-memory slot (64 rows x kPitch bytes, 16-bit elements of BiasT).
-template <bool kCap, int kPitch, class BiasT, class TensorS, class TensorC>
+// (row, key pair) read from the warpgroup's shared-memory slot (Stage: hopper_bias_stage.hpp's BiasStage, 64 rows,
+// 16-bit elements of BiasT), one 4-byte shared load per pair. Padded rows (!Stage::kSwizzled): row·kPitch + 2·col.
+// 128-byte swizzled boxes (Stage::kSwizzled): box col / 64, row·128 + 16·((col / 8 % 8) ^ (row % 8)) + 2·(col % 8).
+// The wgmma C fragment puts a thread's elements at rows r_t + 8a and columns c_t + 8b (+1), with c_t = 2·(lane % 4) < 8
+// (its rows x keys view: the first element, c_mn(0, 0), is the thread's (r_t, c_t)): every element of the thread has
+// the row phase r_t % 8 and its pair inside one chunk, so the swizzle is the XOR of the compile-time chunk index with
+// one per-thread value (a register set per chunk, eight per tile) and the rest folds into the loads' offsets.
+template <bool kCap, class Stage, class BiasT, class TensorS, class TensorC>
 CUTLASS_DEVICE void score_mods_tile_staged(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m,
                                            FwdModUnits const& u, char const* slot) {
     constexpr int R = decltype(cute::size<0>(s_mn))::value;
@@ -197,13 +207,31 @@ CUTLASS_DEVICE void score_mods_tile_staged(TensorS& s_mn, TensorC const& c_mn, S
     static_assert(C % 2 == 0, "a thread holds its keys in pairs");
     [[maybe_unused]] const float arg = m.softcap_arg;
     const float inv_unit = __fdividef(1.f, u.unit);
+    // kSwizzled: the thread's offset of chunk 0 in the slot with its row phase in the chunk bits (4..6: r_t·128 and
+    // 2·c_t < 16 leave them clear), made opaque per tile (a volatile move) so that the chunks' eight XORs stay in the
+    // tile rather than being hoisted out of the key loop as eight more live registers (the slot's address is loop
+    // invariant with one stage).
+    [[maybe_unused]] int off = 0;
+    if constexpr (Stage::kSwizzled) {
+        const int r_t = int(cute::get<0>(c_mn(0, 0))), c_t = int(cute::get<1>(c_mn(0, 0)));
+        off = r_t * Stage::kPitch + 2 * c_t + ((r_t % 8) << 4);
+        asm volatile("mov.b32 %0, %0;\n" : "+r"(off));
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < R; ++i) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < C; j += 2) {
             const int row = int(cute::get<0>(c_mn(i, j))), col = int(cute::get<1>(c_mn(i, j)));
+            char const* pair;
+            if constexpr (Stage::kSwizzled) {
+                // compile-time once folded: multiples of 8 from the thread's first element
+                const int dr = row - int(cute::get<0>(c_mn(0, 0))), dc = col - int(cute::get<1>(c_mn(0, 0)));
+                pair = slot + ((off ^ (((dc / 8) % 8) << 4)) + dr * Stage::kPitch + (dc / 64) * Stage::kBoxBytes);
+            } else {
+                pair = slot + row * Stage::kPitch + col * 2;
+            }
             float b0, b1;
-            load_bias_pair(reinterpret_cast<BiasT const*>(slot + row * kPitch) + col, b0, b1);
+            load_bias_pair(reinterpret_cast<BiasT const*>(pair), b0, b1);
             float v0 = s_mn(i, j), v1 = s_mn(i, j + 1);
             if constexpr (kCap) {
                 v0 = approx_tanh(v0 * arg);
@@ -217,15 +245,15 @@ CUTLASS_DEVICE void score_mods_tile_staged(TensorS& s_mn, TensorC const& c_mn, S
 
 }  // namespace detail
 
-// apply_score_mods for an elementwise bias staged in shared memory (hopper_bias_stage.hpp): slot holds the 64 x
-// kBlockN bias tile of this warpgroup's rows and this key tile, rows kPitch bytes apart, zeros outside the sequence.
-template <class Element, int kPitch, class TensorS, class TensorC>
+// apply_score_mods for an elementwise bias staged in shared memory (hopper_bias_stage.hpp, Stage its BiasStage): slot
+// holds the 64 x kBlockN bias tile of this warpgroup's rows and this key tile, zeros outside the sequence.
+template <class Element, class Stage, class TensorS, class TensorC>
 CUTLASS_DEVICE void apply_score_mods_staged(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m,
                                             FwdModUnits const& u, char const* slot) {
     if (m.softcap > 0.f)
-        detail::score_mods_tile_staged<true, kPitch, Element>(s_mn, c_mn, m, u, slot);
+        detail::score_mods_tile_staged<true, Stage, Element>(s_mn, c_mn, m, u, slot);
     else
-        detail::score_mods_tile_staged<false, kPitch, Element>(s_mn, c_mn, m, u, slot);
+        detail::score_mods_tile_staged<false, Stage, Element>(s_mn, c_mn, m, u, slot);
 }
 
 // ---- the backward: Sᵀ tiles (keys x queries; cS gives each element's (key, query) tile coordinate) ----------------
