@@ -122,10 +122,33 @@ def test_rows_that_see_no_key_get_the_sink(kind, launched):
 def test_group_mode(kind, mask, d, dv, staged, launched):
     """Varlen with empty sequences on either side and a sequence longer than one query block: per-sequence positions
     (ALiBi bottom-right per sequence, bias block [i, :, :s_q_i, :s_k_i]), LSE = sink where a sequence has no key."""
-    dtype = "bf16"
-    rng = np.random.default_rng(zlib.crc32((f"group/{kind}/{mask}/{d}" + ("/staged" if staged else "")).encode()))
     # staged: max s_k 296 makes the bias rows 16-byte aligned (the shared-memory ring), 300 does not (global loads)
     lq, lk = [37, 0, 190, 20, 5], [50, 20, 161, 0, 296 if staged else 300]
+    run_group(kind, mask, d, dv, lq, lk, f"group/{kind}/{mask}/{d}" + ("/staged" if staged else ""), launched)
+
+
+@pytest.mark.parametrize("mask", [None, "b", "t:100,30"])
+@pytest.mark.parametrize("kind", ["bias16", "bias16_b", "bias16_1", "cap+bias16+sink"])
+def test_group_mode_staged_slots(kind, mask, launched):
+    """d128's TMA-loaded bias ring in group mode (hopper_bias_stage.hpp, staged_slot): sequences of several query
+    blocks and key tiles (max s_k 1000: 2000-byte rows), so that a CTA's slots inside its sequence come by TMA and
+    those reaching past it (a sequence's last row block, its last key tile) from global memory, next to empty
+    sequences and one of a single row."""
+    lq, lk = [300, 0, 129, 64, 700, 1], [520, 64, 0, 1000, 264, 77]
+    run_group(kind, mask, 128, 128, lq, lk, f"group_slots/{kind}/{mask}", launched)
+
+
+@pytest.mark.parametrize("kind, mask", [("bias16", None), ("bias16_1", "b"), ("bias16_b", "t:200,50"),
+                                        ("cap+bias16+sink", "g:300,100")])
+def test_staged_bias_many_tiles(kind, mask, launched):
+    """d128's TMA-loaded bias ring in batch mode over many key tiles with partial last tiles in both directions
+    (s_q 520, s_k 1000: the map's extents, zero-filled past them), bias broadcast over nothing, batch, or both."""
+    run_batch(kind, mask, "bf16", 128, 128, 2, 4, 2, 520, 1000, launched, f"many/{kind}/{mask}")
+
+
+def run_group(kind, mask, d, dv, lq, lk, seed_text, launched):
+    dtype = "bf16"
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
     b, h, hk = len(lq), 4, 2
     cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)

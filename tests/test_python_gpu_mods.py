@@ -55,7 +55,7 @@ def check_grads(dq, dk, dv, grads, ref, dtype: str, tol):
 def make_mods(rng, kind: str, b: int, h: int, sq: int, sk: int, dtype: str):
     """(device kwargs, reference kwargs) for one modifier set; kind is '+'-joined: cap, alibi ([h]), alibi_bh
     ([b, h]), bias32 ([1, h, sq, sk] fp32), bias16 ([b, h, sq, sk] of the data type), bias16_b ([b, 1, sq, sk]),
-    sink."""
+    bias16_1 ([1, 1, sq, sk]), sink."""
     d_kw, r_kw = {}, {}
     for part in kind.split("+"):
         if part == "cap":
@@ -66,8 +66,8 @@ def make_mods(rng, kind: str, b: int, h: int, sq: int, sk: int, dtype: str):
         elif part == "bias32":
             bias = rng.uniform(-2, 2, (1, h, sq, sk)).astype(np.float32)
             d_kw["bias"], r_kw["bias"] = cp.asarray(bias), bias
-        elif part in ("bias16", "bias16_b"):
-            shape = (b, h, sq, sk) if part == "bias16" else (b, 1, sq, sk)
+        elif part in ("bias16", "bias16_b", "bias16_1"):
+            shape = {"bias16": (b, h, sq, sk), "bias16_b": (b, 1, sq, sk), "bias16_1": (1, 1, sq, sk)}[part]
             d_kw["bias"], r_kw["bias"] = dev(rng.uniform(-2, 2, shape).astype(np.float32), dtype)
         elif part == "sink":
             sink = rng.uniform(-1, 2, (h,)).astype(np.float32)

@@ -1,0 +1,94 @@
+"""What the Hopper kernels stage of an elementwise bias (csrc/kernels/hopper/hopper_bias_stage.hpp): the one rule,
+bias_stageable, on aiter's bias layouts (-bias=e / e:1 / e:2 of benchmark_mha_fwd: [1|b, 1|h, s_q, s_k] with row
+stride s_k) and the layouts it refuses, the forward's TMA ring's sizes (two 8 KB swizzled boxes per 64 x 128 slot, one
+stage at d128, two at d96) and the backward's padded one, through a host program built with nvcc (no GPU)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from codegen import toolchain
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+
+PROGRAM = r"""
+#include <cstdio>
+#include "kernels/hopper/fmha_hopper_kernel.hpp"
+
+using namespace mhakit;
+using namespace mhakit::hopper;
+
+static ScoreMods mods(int type, bool fp32, uintptr_t ptr, long long row, long long head, long long batch) {
+    ScoreMods m{};
+    m.bias_type = type;
+    m.bias_fp32 = fp32;
+    m.bias = reinterpret_cast<const void*>(ptr);
+    m.bias_row_stride = row, m.bias_head_stride = head, m.bias_batch_stride = batch;
+    return m;
+}
+
+template <int kHdim>
+using Fwd = HopperFwdKernelBody<cutlass::bfloat16_t, cutlass::bfloat16_t, kHdim, kHdim, false, true, 128, 128, true>;
+
+int main() {
+    const uintptr_t p = 0x7f0000000000ull;
+    const long long s = 1000, h = 16;  // s_k = 1000: 2000-byte rows
+    std::printf("e %d\n", bias_stageable(mods(1, false, p, s, 0, 0)));
+    std::printf("e:1 %d\n", bias_stageable(mods(1, false, p, s, s * s, 0)));
+    std::printf("e:2 %d\n", bias_stageable(mods(1, false, p, s, s * s, h * s * s)));
+    std::printf("odd_sk %d\n", bias_stageable(mods(1, false, p, 4092, 4092 * 4092, 0)));
+    std::printf("odd_head %d\n", bias_stageable(mods(1, false, p, s, s * s + 4, 0)));
+    std::printf("odd_batch %d\n", bias_stageable(mods(1, false, p, s, 0, 12)));
+    std::printf("fp32 %d\n", bias_stageable(mods(1, true, p, s, 0, 0)));
+    std::printf("alibi %d\n", bias_stageable(mods(2, true, p, 0, 1, 0)));
+    std::printf("pointer %d\n", bias_stageable(mods(1, false, p + 8, s, 0, 0)));
+    std::printf("row_broadcast %d\n", bias_stageable(mods(1, false, p, 0, s, 0)));
+    std::printf("huge_stride %d\n", bias_stageable(mods(1, false, p, s, 0, 1ll << 40)));
+    using F128 = Fwd<128>;
+    using F96 = Fwd<96>;
+    std::printf("d128_stages %d\n", F128::kBiasStages);
+    std::printf("d96_stages %d\n", F96::kBiasStages);
+    std::printf("slot_bytes %d\n", F128::Bias::kSlotBytes);
+    std::printf("box_bytes %d\n", F128::Bias::kBoxBytes);
+    std::printf("swizzled %d\n", int(F128::Bias::kSwizzled));
+    std::printf("smem_fits %d\n", int(F128::SharedStorageSize <= F128::kSmemLimit));
+    std::printf("bwd_pitch %d\n", BiasStage<128, 1, 1, 256>::kPitch);
+    std::printf("bwd_swizzled %d\n", int(BiasStage<128, 1, 1, 256>::kSwizzled));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory) -> dict[str, int]:
+    out = tmp_path_factory.mktemp("bias_stage")
+    (out / "rule.cu").write_text(PROGRAM)
+    cutlass = toolchain.find_cutlass()
+    cmd = [toolchain.locate_nvcc(), "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_90a", f"-I{CSRC}",
+           f"-I{CSRC / 'include'}", f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools' / 'util' / 'include'}",
+           f"-I{cutlass / 'examples'}", str(out / "rule.cu"), "-o", str(out / "rule")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = subprocess.run([str(out / "rule")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return {k: int(v) for k, v in (line.split() for line in run.stdout.splitlines())}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("layout, staged", [("e", 1), ("e:1", 1), ("e:2", 1), ("odd_sk", 0), ("odd_head", 0),
+                                            ("odd_batch", 0), ("fp32", 0), ("alibi", 0), ("pointer", 0),
+                                            ("row_broadcast", 0), ("huge_stride", 0)])
+def test_bias_stageable(facts, layout, staged):
+    assert facts[layout] == staged
+
+
+@pytest.mark.compile
+def test_forward_ring_is_tma_boxes(facts):
+    """d128: one stage (a second would cost a K/V ring slot), d96: two; a 64 x 128 slot is two 64 x 64 boxes of
+    128-byte rows with the 128-byte swizzle; the backward keeps padded rows (2 * 128 + 16 bytes)."""
+    assert facts["d128_stages"] == 1 and facts["d96_stages"] == 2
+    assert facts["box_bytes"] == 64 * 128 and facts["slot_bytes"] == 2 * 64 * 128 and facts["swizzled"] == 1
+    assert facts["smem_fits"] == 1
+    assert facts["bwd_pitch"] == 2 * 128 + 16 and facts["bwd_swizzled"] == 0
