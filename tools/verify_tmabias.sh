@@ -7,11 +7,12 @@
 # Run from an export of the branch on the H200 machine (16 cores, nvcc 13.0, compute-sanitizer). Libraries:
 #   head   this branch, default profile, the d128 bf16 Hopper b128x128 instances (batch / group, mask / nmask, plain
 #          and "_mods": what the issue-12 calls run on) + benchmark_mha_fwd          (build/tmabias/head)
-#   extra  this branch, profile all: the d128 bf16 nmask "_mods" (batch, group), d128 fp16 "_mods" (batch mask /
-#          nmask) and the d96 bf16 "_mods" (batch, group mask) instances: correctness only   (build/tmabias/extra)
+#   extra  this branch, profile all: the d128 bf16 nmask "_mods" (batch, group), d128 fp16 batch mask "_mods" and
+#          d96 bf16 batch mask "_mods" instances: correctness only                   (build/tmabias/extra)
 #   base   $BASE, the same instances as head + its own benchmark_mha_fwd            ($BASE/build/tmabias/base)
 # Steps (each under `timeout`; a failing step does not stop the later ones; logs under $OUT, summary.txt first):
-#   1. build (~80-110 s): head, extra and base at once (-j 8, -j 4, -j 8; 6 + 6 + 6 instances).
+#   1. build (~80-110 s): head, extra and base at once (-j 6, -j 4, -j 6 on the 16 cores; 6 + 4 + 6 instances, each
+#      ~50-60 s of a core, + the runtime and benchmark_mha_fwd).
 #   2. correctness (~60-80 s, runs 4 at a time): host-validated runs (-v=1 -kname=1; each must say valid:y and name
 #      the expected "_mods_sm90a_hopper_" instance): bias e / e:1 / e:2, every mask kind (none, t, b, windows, g:y,x),
 #      s_k 1000 / 520 / 77 (partial key tiles, rows aligned), odd s_q, s_q != s_k, GQA / MQA, group mode with uneven
@@ -43,7 +44,7 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm -
 
 # ---------------- 1. build ----------------
 head_filter='fwd_d128_bf16_*_sm90a_hopper_b128x128'
-extra_filter='fwd_d128_bf16_*_nmask_mods_sm90a_hopper_b128x128,fwd_d128_fp16_batch_*mods_sm90a_hopper_b128x128,fwd_d96_bf16_*_mask_mods_sm90a_hopper_b128x128'
+extra_filter='fwd_d128_bf16_*_nmask_mods_sm90a_hopper_b128x128,fwd_d128_fp16_batch_mask_mods_sm90a_hopper_b128x128,fwd_d96_bf16_batch_mask_mods_sm90a_hopper_b128x128'
 build() {  # name, tree, profile, filter, jobs, extra compile.py arguments
     local name=$1 tree=$2 profile=$3 filter=$4 jobs=$5 t0
     shift 5
@@ -56,11 +57,11 @@ build() {  # name, tree, profile, filter, jobs, extra compile.py arguments
 }
 t0=$(date +%s)
 if [ -n "$base_tree" ] && [ -f "$base_tree/compile.py" ]; then
-    build base "$base_tree" default "$head_filter" 8 --benchmark &
+    build base "$base_tree" default "$head_filter" 6 --benchmark &
 else
     note "build base: BASE is not set to an export of main (91ab2b5): no base timings"
 fi
-build head "$repo" default "$head_filter" 8 --benchmark &
+build head "$repo" default "$head_filter" 6 --benchmark &
 build extra "$repo" all "$extra_filter" 4 &
 wait
 note "builds in $(elapsed "$t0")"
@@ -94,9 +95,9 @@ runs=(
     "extra|d128_bf16_batch_nmask_mods_sm90a_hopper|-b=2 -h=4 -h_k=1 -s=1000 -s_k=520 -bias=e:1 -logits_soft_cap=30"
     "extra|d128_bf16_group_nmask_mods_sm90a_hopper|-mode=1 -b=3 -h=2 -s=513,0,1000 -s_k=1000,77,520 -bias=e:2"
     "extra|d128_fp16_batch_mask_mods_sm90a_hopper|-prec=fp16 -b=2 -h=4 -h_k=2 -s=1000 -s_k=1000 -mask=b -bias=e:1"
-    "extra|d128_fp16_batch_nmask_mods_sm90a_hopper|-prec=fp16 -b=1 -h=4 -s=333 -s_k=520 -bias=e -sink=1"
+    "extra|d128_fp16_batch_mask_mods_sm90a_hopper|-prec=fp16 -b=1 -h=4 -s=333 -s_k=520 -mask=t:64,64 -bias=e -sink=1"
     "extra|d96_bf16_batch_mask_mods_sm90a_hopper|-d=96 -b=2 -h=4 -s=1000 -s_k=520 -mask=b -bias=e:2 -logits_soft_cap=30"
-    "extra|d96_bf16_group_mask_mods_sm90a_hopper|-d=96 -mode=1 -b=3 -h=2 -s=777,0,200 -s_k=1000,520,77 -mask=t -bias=e:1"
+    "extra|d96_bf16_batch_mask_mods_sm90a_hopper|-d=96 -b=1 -h=2 -s=777 -s_k=1000 -mask=t -bias=e:1 -sink=1"
 )
 check_one() {  # index, spec: one host-validated run, its verdict on one line
     local i=$1 lib=${2%%|*} rest=${2#*|} want args log rc line
@@ -107,7 +108,8 @@ check_one() {  # index, spec: one host-validated run, its verdict on one line
     with_lib "$lib" timeout 100 "$exe" -prec=bf16 -d=128 -v=1 -kname=1 -lse=1 -warmup=1 -repeat=2 $args >"$log" 2>&1
     rc=$?
     line=$(grep -m1 'valid:' "$log")
-    if [ $rc -eq 0 ] && echo "$line" | grep -q 'valid:y' && echo "$line" | grep -q "$want"; then
+    # the instance: "[mhakit] mha_fwd -> <name>" (-kname=1), a line of its own
+    if [ $rc -eq 0 ] && echo "$line" | grep -q 'valid:y' && grep -q "mha_fwd -> fwd_$want" "$log"; then
         echo "PASS check_$i [$lib] $args"
     else
         echo "FAIL check_$i [$lib] $args (rc=$rc, want $want): $(tail -2 "$log" | tr '\n' ' ' | cut -c1-300)"
@@ -154,11 +156,13 @@ for rep in 1 2 3; do
         for v in "${variants[@]}"; do
             for tree in "${trees[@]}"; do
                 if [ "$(left)" -le 0 ]; then stopped="rep $rep"; break 4; fi
+                log=$out/time_${tree}_${mask}_${rep}_$(echo "${v%%|*}" | tr ' :' '__').log
                 # shellcheck disable=SC2086
-                line=$(with_lib "$tree" timeout 40 "$(exe_of "$tree")" -prec=bf16 -b=1 -h=16 -s=4096 -d=128 -v=0 \
-                    -kname=1 -warmup=10 -repeat=30 -mask="$mask" ${v#*|} 2>&1 | grep -m1 ' ms')
-                ms=$(echo "$line" | grep -o '[0-9.]* ms' | head -1 | cut -d' ' -f1)
-                echo "$tree|$mask|${v%%|*}|$rep|${ms:-NA}|$line" >>"$out/timing.txt"
+                with_lib "$tree" timeout 40 "$(exe_of "$tree")" -prec=bf16 -b=1 -h=16 -s=4096 -d=128 -v=0 \
+                    -kname=1 -warmup=10 -repeat=30 -mask="$mask" ${v#*|} >"$log" 2>&1
+                ms=$(grep -o '[0-9.]* ms,' "$log" | head -1 | cut -d' ' -f1)
+                name=$(grep -o 'mha_fwd -> fwd_[a-z0-9_]*' "$log" | head -1 | cut -d' ' -f3)
+                echo "$tree|$mask|${v%%|*}|$rep|${ms:-NA}|${name:-no instance named}" >>"$out/timing.txt"
             done
         done
     done
@@ -203,8 +207,8 @@ note "timing in $(elapsed "$t0") ($(wc -l <"$out/timing.txt") runs)"
     cat "$out/table.err" 2>/dev/null
     echo "--- steps ---"
     cat "$summary"
-    echo "--- instances of the timing runs ---"
-    cut -d'|' -f1,2,3,6 "$out/timing.txt" | grep -o '^[a-z]*|[0-9b]|[^|]*|.*fwd_[a-z0-9_]*' | sed 's/|[^|]*\(fwd_[a-z0-9_]*\)$/ \1/' | sort | uniq -c
+    echo "--- instances of the timing runs (tree|mask|call|instance) ---"
+    cut -d'|' -f1,2,3,6 "$out/timing.txt" | sort | uniq -c
     cat "$details"
 } >"$out/summary.tmp" && mv "$out/summary.tmp" "$summary"
 echo "total $(elapsed "$t_all")" >>"$summary"

@@ -190,15 +190,15 @@ struct FwdKernel {
         if constexpr (kMods) {
             params.mods = p.mods;
             // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp). Batch
-            // mode: extents s_q, s_k (TMA zero-fills past them); group mode: bounds of the coordinates (the kernel
-            // copies a sequence's boundary slots itself). A map the driver refuses leaves the consumers' global loads.
+            // mode: extents s_q, s_k (TMA zero-fills past them); group mode: bounds of every sequence's lengths
+            // (max_seqlen_q, total_k), the boxes staying inside their sequences (BiasStage::staged_slot). A map the
+            // driver refuses leaves the consumers' global loads.
             params.bias_staged = false;
             if constexpr (Impl::kBiasStages > 0) {
-                if (bias_stageable(p.mods)) {
-                    const int64_t bound = int64_t(1) << 31;  // coordinates are int32
+                if (bias_stageable(p.mods))
                     params.bias_staged = make_bias_map<Element>(&params.bias_map, p.mods, p.batch, p.nhead_q,
-                                                                kGroup ? bound : p.seqlen_q, kGroup ? bound : p.seqlen_k);
-                }
+                                                                kGroup ? p.max_seqlen_q : p.seqlen_q,
+                                                                kGroup ? p.total_k : p.seqlen_k);
             }
         }
         params.descale_q = p.descale_q;
