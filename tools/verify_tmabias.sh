@@ -20,7 +20,8 @@
 #      compute-sanitizer memcheck on a group-mode and a batch partial-tile case (~30 s each, beside the runs).
 #   3. timing (~110-140 s): issue 12's cost loop, benchmark_mha_fwd -prec=bf16 -b=1 -h=16 -s=4096 -d=128
 #      -warmup=10 -repeat=30, -mask=0 and b, plain / -bias=e / -bias=e:1 / -logits_soft_cap=30 / -sink=1, base and
-#      head interleaved, 3 repetitions; medians in a markdown table (ms and cost over plain per tree, head / base).
+#      head interleaved, 3 repetitions; plus group mode (-mode=1 -b=2 -s=4096,4096, causal) plain and bias e; medians
+#      in a markdown table (ms and cost over plain per tree, head / base). 72 runs of ~1-4 s (e:1 makes 512 MB).
 #      The script stops starting timing runs at ~315 s.
 # cuDNN / FA2: bench_mods.py (the repo's modifier bench, cuDNN with the bias as attn_mask) goes through the JIT
 # cache, which would compile its kernels inside the time budget; not run here (the lead's usual bench_mods.py run
@@ -148,7 +149,7 @@ t0=$(date +%s)
 trees=(head)
 [ -x "$(exe_of base)" ] && trees=(base head)
 variants=("plain|" "bias e|-bias=e" "bias e:1|-bias=e:1" "softcap 30|-logits_soft_cap=30" "sink|-sink=1")
-masks=(0 b)
+masks=(0 b g)  # g: group mode, two sequences of 4096 (the map's group-mode extents, boundary slots from global)
 : >"$out/timing.txt"
 stopped=""
 for rep in 1 2 3; do
@@ -156,10 +157,15 @@ for rep in 1 2 3; do
         for v in "${variants[@]}"; do
             for tree in "${trees[@]}"; do
                 if [ "$(left)" -le 0 ]; then stopped="rep $rep"; break 4; fi
+                shape="-b=1 -h=16 -s=4096 -mask=$mask"
+                if [ "$mask" = g ]; then
+                    case ${v%%|*} in plain|"bias e") ;; *) continue ;; esac
+                    shape="-mode=1 -b=2 -h=16 -s=4096,4096 -s_k=4096,4096 -mask=b"
+                fi
                 log=$out/time_${tree}_${mask}_${rep}_$(echo "${v%%|*}" | tr ' :' '__').log
                 # shellcheck disable=SC2086
-                with_lib "$tree" timeout 40 "$(exe_of "$tree")" -prec=bf16 -b=1 -h=16 -s=4096 -d=128 -v=0 \
-                    -kname=1 -warmup=10 -repeat=30 -mask="$mask" ${v#*|} >"$log" 2>&1
+                with_lib "$tree" timeout 40 "$(exe_of "$tree")" -prec=bf16 $shape -d=128 -v=0 \
+                    -kname=1 -warmup=10 -repeat=30 ${v#*|} >"$log" 2>&1
                 ms=$(grep -o '[0-9.]* ms,' "$log" | head -1 | cut -d' ' -f1)
                 name=$(grep -o 'mha_fwd -> fwd_[a-z0-9_]*' "$log" | head -1 | cut -d' ' -f3)
                 echo "$tree|$mask|${v%%|*}|$rep|${ms:-NA}|${name:-no instance named}" >>"$out/timing.txt"
@@ -180,18 +186,20 @@ for tree, mask, var, rep, t, _ in rows:
 med = {k: statistics.median(v) for k, v in ms.items()}
 trees = [t for t in ("base", "head") if any(k[0] == t for k in med)]
 print("bf16 b=1 h=16 s=4096 d=128, median ms of up to 3 runs (benchmark_mha_fwd -warmup=10 -repeat=30); cost = "
-      "ms / plain ms - 1 of the same tree and mask")
+      "ms / plain ms - 1 of the same tree and mask; mask g: group mode -b=2 -s=4096,4096, causal (b)")
 print()
 hdr = "| mask | call | " + " | ".join(f"{t} ms | {t} cost" for t in trees) + (" | head / base |" if len(trees) == 2 else " |")
 print(hdr)
 print("|" + "---|" * (2 + 2 * len(trees) + (1 if len(trees) == 2 else 0)))
-for mask in ("0", "b"):
+for mask in ("0", "b", "g"):
     for var in ("plain", "bias e", "bias e:1", "softcap 30", "sink"):
         cells = []
         for t in trees:
             m, p = med.get((t, mask, var)), med.get((t, mask, "plain"))
             cells.append(f"{m:.3f}" if m else "NA")
             cells.append(f"{100 * (m / p - 1):+.0f} %" if m and p and var != "plain" else "")
+        if not any(med.get((t, mask, var)) for t in trees):
+            continue
         if len(trees) == 2:
             b, h = med.get(("base", mask, var)), med.get(("head", mask, var))
             cells.append(f"{h / b:.3f}" if b and h else "NA")
