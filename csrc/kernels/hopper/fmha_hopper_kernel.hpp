@@ -79,7 +79,7 @@ struct HopperFwdKernelBody {
     // kOneTileOrder: a one-tile instance that may run a causal call on the 1-D grid of the persistent kernels' order
     // (fmha_fwd_hopper.cuh decides per call): batch-mode plain 16-bit, the instances measured with it (d256); the
     // others compile without that path.
-    static constexpr bool kOneTileOrder = !kPersistent && !kGroup && !kMods && !kFp8;
+    static constexpr bool kOneTileOrder = !kPersistent && !kGroup && !kFp8;
     static_assert(kBlockM == 128 || kBlockM == 192, "kBlockM: 128 or 192 (one consumer warpgroup per 64 rows)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "kBlockN: a multiple of 16, at most 256");
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
