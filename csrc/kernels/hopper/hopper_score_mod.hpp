@@ -10,8 +10,9 @@
 // rows, so a warp's read of one pair per thread covers 8 rows x 16 (16-bit bias) or 32 (fp32) contiguous bytes. A
 // 16-bit bias of a stageable layout (bias_stageable) comes from the shared-memory ring that the producer warpgroup's
 // bias warp fills (hopper_bias_stage.hpp: the forward's by TMA into 128-byte swizzled boxes; apply_score_mods_staged,
-// one 4-byte shared load per pair, no predicates: the slot is zero-filled outside the sequence); any other bias is read from global memory by the consumer threads, in the loop
-// that applies it (apply_score_mods).
+// one 4-byte shared load per pair, no predicates: the slot holds zeros past the sequence, and the forward's group mode
+// leaves a slot that would reach past it unstaged); any other bias, and such a tile, is read from global memory by the
+// consumer threads, in the loop that applies it (apply_score_mods).
 #pragma once
 
 #include <cstdint>
