@@ -1,7 +1,8 @@
 """What the Hopper kernels stage of an elementwise bias (csrc/kernels/hopper/hopper_bias_stage.hpp): the one rule,
 bias_stageable, on aiter's bias layouts (-bias=e / e:1 / e:2 of benchmark_mha_fwd: [1|b, 1|h, s_q, s_k] with row
-stride s_k) and the layouts it refuses, the forward's TMA ring's sizes (two 8 KB swizzled boxes per 64 x 128 slot, one
-stage at d128, two at d96) and the backward's padded one, through a host program built with nvcc (no GPU)."""
+stride s_k) and the layouts it refuses, the TMA rings' sizes (two 8 KB swizzled boxes per 64 x 128 slot; forward: one
+stage at d128, two at d96; backward: two at d64 / d96 / d128 / d192, one 8 KB box per slot of the 64-key query split,
+none at d256, none in plain instances), through a host program built with nvcc (no GPU)."""
 from __future__ import annotations
 
 import subprocess
@@ -16,6 +17,7 @@ CSRC = Path(__file__).resolve().parent.parent / "csrc"
 PROGRAM = r"""
 #include <cstdio>
 #include "kernels/hopper/fmha_hopper_kernel.hpp"
+#include "kernels/hopper/fmha_bwd_hopper_kernel.hpp"
 
 using namespace mhakit;
 using namespace mhakit::hopper;
@@ -31,6 +33,18 @@ static ScoreMods mods(int type, bool fp32, uintptr_t ptr, long long row, long lo
 
 template <int kHdim>
 using Fwd = HopperFwdKernelBody<cutlass::bfloat16_t, cutlass::bfloat16_t, kHdim, kHdim, false, true, 128, 128, true>;
+
+template <int kHdim, int kHdimV, int kBlockN, bool kMods = true>
+using Bwd = HopperBwdKernelBody<cutlass::bfloat16_t, kHdim, kHdimV, false, true, 64, kBlockN, kMods>;
+
+template <class B>
+static void bwd_facts(const char* name) {
+    std::printf("%s_stages %d\n", name, B::kBiasStages);
+    std::printf("%s_slot_bytes %d\n", name, B::Bias::kSlotBytes);
+    std::printf("%s_smem_fits %d\n", name, int(B::SharedStorageSize <= B::kSmemLimit));
+    std::printf("%s_stage_q %d\n", name, B::kStagesQ);
+    std::printf("%s_stage_do %d\n", name, B::kStagesDO);
+}
 
 int main() {
     const uintptr_t p = 0x7f0000000000ull;
@@ -52,10 +66,16 @@ int main() {
     std::printf("d96_stages %d\n", F96::kBiasStages);
     std::printf("slot_bytes %d\n", F128::Bias::kSlotBytes);
     std::printf("box_bytes %d\n", F128::Bias::kBoxBytes);
-    std::printf("swizzled %d\n", int(F128::Bias::kSwizzled));
     std::printf("smem_fits %d\n", int(F128::SharedStorageSize <= F128::kSmemLimit));
-    std::printf("bwd_pitch %d\n", BiasStage<128, 1, 1, 256>::kPitch);
-    std::printf("bwd_swizzled %d\n", int(BiasStage<128, 1, 1, 256>::kSwizzled));
+    bwd_facts<Bwd<64, 64, 128>>("bwd64");
+    bwd_facts<Bwd<96, 96, 128>>("bwd96");
+    bwd_facts<Bwd<128, 128, 128>>("bwd128");
+    bwd_facts<Bwd<192, 192, 64>>("bwd192");
+    bwd_facts<Bwd<192, 128, 64>>("bwd192x128");
+    bwd_facts<Bwd<256, 256, 64>>("bwd256");
+    bwd_facts<Bwd<128, 128, 128, false>>("bwd128plain");
+    std::printf("bwd128plain_size_same %d\n",
+                int(Bwd<128, 128, 128, false>::SharedStorageSize == sizeof(Bwd<128, 128, 128, true>::SharedStoragePlain)));
     return 0;
 }
 """
@@ -87,8 +107,28 @@ def test_bias_stageable(facts, layout, staged):
 @pytest.mark.compile
 def test_forward_ring_is_tma_boxes(facts):
     """d128: one stage (a second would cost a K/V ring slot), d96: two; a 64 x 128 slot is two 64 x 64 boxes of
-    128-byte rows with the 128-byte swizzle; the backward keeps padded rows (2 * 128 + 16 bytes)."""
+    128-byte rows with the 128-byte swizzle."""
     assert facts["d128_stages"] == 1 and facts["d96_stages"] == 2
-    assert facts["box_bytes"] == 64 * 128 and facts["slot_bytes"] == 2 * 64 * 128 and facts["swizzled"] == 1
+    assert facts["box_bytes"] == 64 * 128 and facts["slot_bytes"] == 2 * 64 * 128
     assert facts["smem_fits"] == 1
-    assert facts["bwd_pitch"] == 2 * 128 + 16 and facts["bwd_swizzled"] == 0
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name, stages, slot", [("bwd64", 2, 2 * 8192), ("bwd96", 2, 2 * 8192),
+                                                ("bwd128", 2, 2 * 8192), ("bwd192", 2, 8192),
+                                                ("bwd192x128", 2, 8192), ("bwd256", 0, 8192)])
+def test_backward_ring_is_tma_boxes(facts, name, stages, slot):
+    """The backward's ring: the forward's TMA boxes (64 keys x 64 query rows, 8 KB), kBlockN / 64 per slot, as many
+    stages (up to 2) as the shared memory leaves: d128 gets a second stage from the 16 KB slot (the padded cp.async
+    slot of 17 KB fitted one), still with two Q and two dO stages; d256 none."""
+    assert facts[f"{name}_stages"] == stages
+    assert facts[f"{name}_slot_bytes"] == slot
+    assert facts[f"{name}_smem_fits"] == 1
+    assert facts[f"{name}_stage_q"] == 2
+    assert facts["bwd128_stage_do"] == 2
+
+
+@pytest.mark.compile
+def test_backward_plain_has_no_ring(facts):
+    """Plain backward instances keep their shared storage (no ring, no tensor map)."""
+    assert facts["bwd128plain_stages"] == 0 and facts["bwd128plain_size_same"] == 1

@@ -200,6 +200,15 @@ struct BwdKernel {
             params.dbias_row = p.dbias_row_stride;
             params.dbias_head = p.dbias_head_stride;
             params.dbias_batch = p.dbias_batch_stride;
+            // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp), as
+            // the forward's launcher makes it. Batch mode: extents s_q, s_k (TMA zero-fills past them); group mode:
+            // the packed totals, bounds of every sequence's lengths, the boxes staying inside their sequences
+            // (BiasStage::staged_slot). A map the driver refuses leaves the consumers' global loads.
+            params.bias_staged = false;
+            if constexpr (Impl::kBiasStages > 0) {
+                if (bias_stageable(p.mods))
+                    params.bias_staged = make_bias_map<Element>(&params.bias_map, p.mods, p.batch, p.nhead_q, sq, sk);
+            }
         }
         return params;
     }

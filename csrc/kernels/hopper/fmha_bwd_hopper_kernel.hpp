@@ -262,15 +262,6 @@ struct HopperBwdKernelBody {
     template <class T, int N, int Align>
     using SmemArray = std::conditional_t<(N > 0), cute::array_aligned<T, (N > 0 ? N : 1), Align>, cute::array<T, 0>>;
 
-    // Modifier instances: the elementwise-bias ring (hopper_bias_stage.hpp), kBlockM / 64 slots of 64 query rows x
-    // kBlockN keys per stage that both consumer warpgroups read, in what the shared memory above leaves (up to 2
-    // stages; none: the consumers read the bias from global memory).
-    using BiasStageOf = BiasStage<kBlockN, kBlockM / 64, 1, NumMmaThreads>;
-    static constexpr int kBiasFit =
-        (kSmemLimit - kFixedBytes - kStagesQ * kQBytes - kStagesDO * kDOBytes) / BiasStageOf::kStageBytes;
-    static constexpr int kBiasStages = !kMods ? 0 : kBiasFit < 2 ? kBiasFit : 2;
-    using Bias = BiasStage<kBlockN, kBlockM / 64, kBiasStages, NumMmaThreads>;
-
     struct SharedStoragePlain {
         cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> smem_k;
         cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> smem_v;
@@ -285,10 +276,24 @@ struct HopperBwdKernelBody {
         alignas(16) typename PipelineDO::SharedStorage pipe_do;
         alignas(16) uint64_t bar_kv;
     };
-    struct SharedStorageMods : SharedStoragePlain {
-        typename Bias::Storage bias;
+    // Modifier instances: the elementwise-bias ring (hopper_bias_stage.hpp, loaded by TMA), kBlockM / 64 slots of 64
+    // query rows x kBlockN keys per stage that both consumer warpgroups read, as many stages (up to 2) as fit beside
+    // the buffers above (the storage's real size, alignment included; none: the consumers read the bias from global
+    // memory). d64 / d96 / d192: 2; d128: 2 (the 16 KB TMA slot leaves room for the second stage that the padded
+    // 17 KB one did not, without taking a Q or dO stage); d256: none.
+    template <int kStages>
+    using BiasOf = BiasStage<kBlockN, kBlockM / 64, kStages, NumMmaThreads>;
+    template <int kStages>
+    struct SharedStorageModsOf : SharedStoragePlain {
+        typename BiasOf<kStages>::Storage bias;
     };
-    using SharedStorage = std::conditional_t<(kBiasStages > 0), SharedStorageMods, SharedStoragePlain>;
+    template <int kStages>
+    static constexpr bool kBiasFits = int(sizeof(SharedStorageModsOf<kStages>)) <= kSmemLimit;
+    static constexpr bool kStageBias = kMods && BiasOf<0>::kWholeBoxes;
+    static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFits<2> ? 2 : kBiasFits<1> ? 1 : 0;
+    using Bias = BiasOf<kBiasStages>;
+    using SharedStorage =
+        std::conditional_t<(kBiasStages > 0), SharedStorageModsOf<kBiasStages>, SharedStoragePlain>;
     static constexpr int SharedStorageSize = int(sizeof(SharedStorage));
     static_assert(SharedStorageSize <= kSmemLimit);
     // The epilogue stages dK, then dV, in the Q and dO stages, which lie back to back.
@@ -387,7 +392,10 @@ struct HopperBwdKernelBody {
             cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
             cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
             cutlass::arch::ClusterTransactionBarrier::init(&st.bar_kv, 1);
-            if constexpr (kBiasStages > 0) Bias::init(st.bias);
+            if constexpr (kBiasStages > 0) {
+                Bias::init(st.bias);
+                if (params.bias_staged) cute::prefetch_tma_descriptor(&params.bias_map);
+            }
         }
 
         const bool producer_warp = (wg_idx == 0 && warp_in_wg == 0);
@@ -549,28 +557,30 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
-    // Whether this CTA's query heads read a staged bias: a stageable layout (bias_stageable, hopper_bias_stage.hpp: the
-    // whole call's, so every head of the kv group is, and the bias warp and the consumers take the same tiles).
-    CUTLASS_DEVICE static bool bias_staged(ScoreMods const& m, int b) {
-        return per_score_mods(m) && bias_stageable(m);
+    // Whether the call's elementwise bias comes staged from the bias warp's ring: the launcher made its tensor map
+    // (bias_stageable, make_bias_map: the whole call's, so the bias warp and the consumers of every CTA agree).
+    CUTLASS_DEVICE static bool bias_staged(Params const& params) {
+        if constexpr (kBiasStages > 0)
+            return per_score_mods(params.mods) && params.bias_staged;
+        else
+            return false;
     }
 
     // The bias warp (warp 2 of the producer warpgroup): the bias tile (the query tile's rows x this key block) of
-    // every iteration into the ring, in the producer's order (query heads of the kv group, their query tiles).
+    // every iteration into the ring by TMA, in the producer's order (query heads of the kv group, their query tiles).
     CUTLASS_DEVICE void bias_loader(Params const& params, SharedStorage& st, Sequence const& seq, int n_block, int hk,
                                     int b, int m_begin, int n_m, int n_iters) {
-        if (!bias_staged(params.mods, b)) return;
+        if (!bias_staged(params)) return;
         int h_in = 0;
         int m = m_begin;
         for (int it = 0; it < n_iters; ++it) {
-            const BiasRows rows = bias_rows(params.mods, b, hk * params.group + h_in);
-            Bias::load(st.bias, rows, it, m * kBlockM, n_block * kBlockN, seq.sq, seq.sk);
+            Bias::template load<kGroup>(st.bias, &params.bias_map, params.mods, b, hk * params.group + h_in, it,
+                                        m * kBlockM, n_block * kBlockN, seq.sq, seq.sk);
             if (++m == m_begin + n_m) {
                 m = m_begin;
                 ++h_in;
             }
         }
-        Bias::finish();
     }
 
     // ------------------------------------------------------------------------------------------------------------
@@ -837,20 +847,27 @@ struct HopperBwdKernelBody {
                     if (logits) {
                         const RowMods rm = row_mods(params.mods, b, h, seq.sq, sk);
                         if constexpr (kBiasStages > 0) {
-                            if (bias_staged(params.mods, b)) {  // the bias warp's tile: the stage's slots back to back
+                            if (bias_staged(params)) {  // the bias warp's tile: the stage's slots back to back
                                 char const* tile = nullptr;
                                 CUTLASS_PRAGMA_UNROLL
                                 for (int k = 0; k < kBlockM / 64; ++k) {
                                     char const* slot = Bias::acquire(st.bias, k, it);  // (a later part: at once)
                                     if (k == 0) tile = slot;
                                 }
-                                // The thread's coordinates again from %tid.x read here (volatile): made once before the
-                                // loop, the shared-memory address would hold a register across it (and spill more).
-                                unsigned tid_now;
-                                asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
-                                Tensor cS_now = mma_sdp.get_thread_slice(int(tid_now) - 128).partition_C(
-                                    make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}))(_, part, _);
-                                cap = apply_score_mods_t_staged<Element, Bias::kPitch>(acc_S, cS_now, rm, dcap, tile);
+                                // group mode: a slot reaching past the sequence is left empty (Bias::staged_slot),
+                                // its tile read from global memory (batch mode: always staged, one path)
+                                if (Bias::template staged_slot<kGroup>(r0 + kBlockM - 64, n0, seq.sq, sk)) {
+                                    // The thread's coordinates again from %tid.x read here (volatile): made once
+                                    // before the loop, the shared-memory address would hold a register across it
+                                    // (and spill more).
+                                    unsigned tid_now;
+                                    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
+                                    Tensor cS_now = mma_sdp.get_thread_slice(int(tid_now) - 128).partition_C(
+                                        make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}))(_, part, _);
+                                    cap = apply_score_mods_t_staged<Element, Bias>(acc_S, cS_now, rm, dcap, tile);
+                                } else {
+                                    cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
+                                }
                                 if (part == kParts - 1) {
                                     CUTLASS_PRAGMA_UNROLL
                                     for (int k = 0; k < kBlockM / 64; ++k) Bias::release(st.bias, k, it);

@@ -103,10 +103,10 @@ struct HopperFwdKernelBody {
     // instances: d64, three warpgroups of 160 registers, 80 / 92 -> 180 / 172 bytes; d256 0 / 0 -> 60 / 120, 40 / 60
     // with the ring's state re-read per tile; (192, 128) 0 / 0 -> 44 / 100), so those keep the global loads.
     static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128 && kBlockN % kBiasBoxKeys == 0;
-    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128, /*kTma=*/kStageBias>;  // no staging: never used
+    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 0, 128>;  // its sizes (no staging: never used)
     static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kStages * kStageBytes) / BiasStageOf::kStageBytes;
     static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
-    using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128, /*kTma=*/kStageBias>;  // a slot per consumer warpgroup
+    using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
     static_assert(kStages >= 2, "tile too large for shared memory");
     static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside the K/V ring");
 
@@ -331,7 +331,7 @@ struct HopperFwdKernelBody {
             if constexpr (kBiasStages > 0) {  // the bias warp: the staged elementwise bias of each key tile, if any
                 if (warp_in_wg == 1 && staged_bias(params)) {
                     for (int n = tiles.visit.begin; n < tiles.visit.end; ++n)
-                        Bias::template load_tma<kGroup>(storage.bias, &params.bias_map, params.mods, work.batch,
+                        Bias::template load<kGroup>(storage.bias, &params.bias_map, params.mods, work.batch,
                                                         work.head, n - tiles.visit.begin, work.block * kBlockM,
                                                         n * kBlockN, seq.sq, seq.sk);
                 }

@@ -9,21 +9,22 @@
 // their copies have landed, "empty" when the slot's kReaders threads have read it. Tile t of a CTA's visit goes to
 // stage t % kStages with parity (t / kStages) & 1, so neither side keeps ring state in registers.
 //
-// Two loaders and slot layouts (kTma):
-//  - kTma (the forward): TMA. The launcher encodes a tensor map of the bias (make_bias_map: dims keys, query rows,
-//    heads, batch; a broadcast dim, stride 0, gets extent 1 and coordinate 0) and one lane of the bias warp loads a
-//    slot as kBlockN / 64 boxes of 64 keys x 64 rows (128 bytes x 64, 8 KB) with 128-byte swizzle: chunk c (16 bytes)
-//    of row r of a box lies at r·128 + 16·(c ^ (r % 8)), so a warp's read of one pair per thread (8 rows x the same
-//    16-byte chunk, hopper_score_mod.hpp) falls on 32 distinct banks. The slot's full barrier takes the lane's
-//    arrive with expect_tx of the slot's bytes (the other 31 lanes arrive plainly). Batch mode: the map's extents are
-//    s_q and s_k, and TMA zero-fills the rows and keys past them. Group mode: one map serves sequences of different
-//    lengths, so its extents only bound the coordinates, and a box reaching past its sequence's s_q or s_k would read
-//    rows or keys outside the sequence's block (past the end of a tightly packed bias): such a slot (a sequence's last
-//    row block or key tile, staged_slot) is left empty, its full barrier's phase completed by the 32 lanes' plain
-//    arrivals, and its readers take that tile's bias from global memory as an unstaged call does.
-//  - !kTma (the backward): cp.async by the 32 lanes, 16 bytes each, rows padded by 16 bytes (pitch 2·kBlockN + 16:
-//    the same 8 rows x 16 bytes read falls on 32 banks); rows past the sequence's s_q and keys past its s_k are
-//    zero-filled (src-size < 16). Each lane arrives with cp.async.mbarrier.arrive.noinc.
+// The loader and slot layout: TMA, for both directions. The launcher encodes a tensor map of the bias (make_bias_map:
+// dims keys, query rows, heads, batch; a broadcast dim, stride 0, gets extent 1 and coordinate 0) and one lane of the
+// bias warp loads a slot as kBlockN / 64 boxes of 64 keys x 64 rows (128 bytes x 64, 8 KB) with 128-byte swizzle:
+// chunk c (16 bytes) of row r of a box lies at r·128 + 16·(c ^ (r % 8)). The forward's readers take one pair of
+// consecutive keys per thread (8 rows x the same 16-byte chunk per warp: 32 distinct banks, hopper_score_mod.hpp); the
+// backward's read the transposed Sᵀ tile (a thread's pairs are consecutive queries of one key) with ldmatrix .trans:
+// each 8 x 8 matrix is 8 consecutive query rows of one 16-byte key chunk, which the swizzle spreads over the 8 chunk
+// positions of a 128-byte row, so each matrix's 8 row reads fall on 32 distinct banks too. The slot's full barrier
+// takes the lane's arrive with expect_tx of the slot's bytes (the other 31 lanes arrive plainly). Batch mode: the
+// map's extents are s_q and s_k, and TMA zero-fills the rows and keys past them. Group mode: one map serves sequences
+// of different lengths, so its extents only bound the coordinates, and a box reaching past its sequence's s_q or s_k
+// would read rows or keys outside the sequence's block (past the end of a tightly packed bias): such a slot (a
+// sequence's last row block or key tile, staged_slot) is left empty, its full barrier's phase completed by the 32
+// lanes' plain arrivals, and its readers take that tile's bias from global memory as an unstaged call does. (The
+// backward loaded its ring by cp.async from the 32 lanes, padded rows, until TMA replaced it: PERFORMANCE.md, "The
+// Hopper backward's staged bias loaded by TMA".)
 //
 // What is staged (bias_stageable, the one statement of the rule, for the forward's host and the backward's device):
 // a 16-bit elementwise bias whose pointer is 16-byte aligned and whose row, head and batch strides are multiples of 16
@@ -109,23 +110,24 @@ struct BiasCoord {
 
 // kSlots slots of 64 bias rows x kBlockN keys per stage, each read by kReaders consumer threads: the forward has one
 // slot per consumer warpgroup (its 64 query rows, 128 readers), the backward one slot that both consumer warpgroups
-// read (the CTA's 64 query rows of the tile against its kBlockN keys, 256 readers). kTma: the forward's loader and
-// layout (header comment).
-template <int kBlockN, int kSlots, int kStages_, int kReaders, bool kTma = false>
+// read (the CTA's 64 query rows of the tile against its kBlockN keys, 256 readers). The layout: header comment. A
+// kBlockN that is not whole 64-key boxes (the forward's plain 96-key tiles) may name the type (its sizes are then
+// rounded up and unused) but not stage or load it.
+template <int kBlockN, int kSlots_, int kStages_, int kReaders>
 struct BiasStage {
+    static constexpr int kSlots = kSlots_;
     static constexpr int kStages = kStages_;
-    static constexpr bool kSwizzled = kTma;            // 128-byte swizzled boxes (else padded rows)
-    static constexpr int kChunks = kBlockN * 2 / 16;   // 16-byte chunks of a row
-    static constexpr int kBoxBytes = kBiasBoxKeys * 2 * kBiasBoxRows;  // kSwizzled: one box, 64 rows of 128 bytes
-    static constexpr int kBoxes = kBlockN / kBiasBoxKeys;
-    static constexpr int kPitch = kSwizzled ? kBiasBoxKeys * 2 : kBlockN * 2 + 16;  // bytes per row (of a box)
-    static constexpr int kSlotBytes = kSwizzled ? kBoxes * kBoxBytes : 64 * kPitch;
+    static constexpr int kBoxKeys = kBiasBoxKeys;
+    static constexpr int kBoxBytes = kBiasBoxKeys * 2 * kBiasBoxRows;  // one box, 64 rows of 128 bytes
+    static constexpr int kBoxes = (kBlockN + kBiasBoxKeys - 1) / kBiasBoxKeys;
+    static constexpr int kPitch = kBiasBoxKeys * 2;  // bytes per row of a box
+    static constexpr int kSlotBytes = kBoxes * kBoxBytes;
     static constexpr int kStageBytes = kSlots * kSlotBytes;
-    static_assert(kBlockN % 8 == 0, "whole 16-byte chunks per row");
-    static_assert(!kSwizzled || kBlockN % kBiasBoxKeys == 0, "TMA: whole 64-key boxes per row");
+    static constexpr bool kWholeBoxes = kBlockN % kBiasBoxKeys == 0;
+    static_assert(kStages == 0 || kWholeBoxes, "TMA: whole 64-key boxes per row");
 
     struct Storage {
-        alignas(kSwizzled ? 1024 : 128) char data[kStages > 0 ? kStages * kStageBytes : 1];  // 1024: the swizzle atom
+        alignas(1024) char data[kStages > 0 ? kStages * kStageBytes : 1];  // 1024: the swizzle atom
         alignas(8) uint64_t full[kStages > 0 ? kStages * kSlots : 1];
         uint64_t empty[kStages > 0 ? kStages * kSlots : 1];
     };
@@ -144,45 +146,7 @@ struct BiasStage {
         cutlass::arch::fence_barrier_init();
     }
 
-    // The backward's loader (!kTma), the bias warp (all 32 lanes), tile t of the CTA's visit: slot k gets the bias
-    // rows row0 + 64k .. + 63 (counted from the sequence's start) of keys key0 .. key0 + kBlockN - 1, rows >= sq and
-    // keys >= sk zero-filled, once the slot's readers have released tile t - kStages. Lane l copies chunk l % kChunks
-    // of rows l / kChunks + kRowsPerPass·p (lanes past kRowsPerPass·kChunks idle), one 16-byte cp.async each, in a
-    // loop kept rolled: the producer warpgroup runs on 24 registers. finish() once after the last tile.
-    static constexpr int kRowsPerPass = 32 / kChunks;
-    static_assert(kChunks <= 32 && 64 % kRowsPerPass == 0, "a pass covers whole rows");
-    CUTLASS_DEVICE static void load(Storage& s, BiasRows const& rows, int t, int row0, int key0, int sq, int sk) {
-        static_assert(!kTma, "the TMA ring loads with load_tma");
-        const int lane = int(threadIdx.x % 32);
-        const int c = lane % kChunks, r = lane / kChunks;
-        const bool active = lane < kRowsPerPass * kChunks;
-        const int keys = sk - (key0 + 8 * c);  // keys of this lane's chunk inside the sequence, if < 8
-        const int chunk_bytes = !active ? 0 : keys >= 8 ? 16 : keys > 0 ? 2 * keys : 0;
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (int k = 0; k < kSlots; ++k) {
-            const int i = slot_index(k, t);
-            cutlass::arch::ClusterBarrier::wait(&s.empty[i], parity(t) ^ 1u);
-            if (active) {
-                const int row = row0 + k * 64 + r;
-                char const* src = rows.base + int64_t(row) * rows.row_bytes + 2 * (key0 + 8 * c);
-                uint32_t dst = cute::cast_smem_ptr_to_uint(s.data + i * kSlotBytes) + r * kPitch + 16 * c;
-                int left = sq - row;  // rows of the sequence from this lane's row on
-#pragma unroll 1
-                for (int p = 0; p < 64 / kRowsPerPass; ++p) {
-                    const int bytes = left > 0 ? chunk_bytes : 0;
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                                 "l"(bytes != 0 ? src : rows.base), "r"(bytes)
-                                 : "memory");
-                    src += kRowsPerPass * rows.row_bytes;
-                    dst += kRowsPerPass * kPitch;
-                    left -= kRowsPerPass;
-                }
-            }
-            cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[i]);
-        }
-    }
-
-    // kTma: whether the slot of rows row .. row + 63 and keys key0 .. key0 + kBlockN - 1 holds the bias (staged_slot),
+    // Whether the slot of rows row .. row + 63 and keys key0 .. key0 + kBlockN - 1 holds the bias (staged_slot),
     // for the bias warp and the slot's readers alike. Batch mode: always (TMA zero-fills past s_q and s_k). Group mode
     // (one map for sequences of different lengths, its extents only bounds): only a slot inside its sequence; the
     // bias warp leaves one that reaches past it (a sequence's last row block or key tile) empty, still completing its
@@ -193,16 +157,16 @@ struct BiasStage {
         return !kGroup || (row + 64 <= sq && key0 + kBlockN <= sk);
     }
 
-    // The forward's loader (kTma), the bias warp (all 32 lanes), tile t: slot k (rows row0 + 64k .. + 63, keys key0 ..
+    // The loader, the bias warp (all 32 lanes), tile t: slot k (rows row0 + 64k .. + 63, keys key0 ..
     // key0 + kBlockN - 1) of sequence b, query head h, once released, by TMA from map (make_bias_map of the call's
     // modifiers m): lane 0 arrives with expect_tx of the slot's bytes and issues its kBoxes boxes, the other lanes
     // arrive (a slot that is not staged_slot: every lane arrives, nothing is loaded). The coordinates are made here
     // from the kernel parameters (constant memory), not kept in registers across the key loop: the producer warpgroup
     // runs on 24.
     template <bool kGroup>
-    CUTLASS_DEVICE static void load_tma(Storage& s, cute::TmaDescriptor const* map, ScoreMods const& m, int b, int h,
-                                        int t, int row0, int key0, int sq, int sk) {
-        static_assert(kTma, "the cp.async ring loads with load");
+    CUTLASS_DEVICE static void load(Storage& s, cute::TmaDescriptor const* map, ScoreMods const& m, int b, int h, int t,
+                                    int row0, int key0, int sq, int sk) {
+        static_assert(kWholeBoxes, "TMA: whole 64-key boxes per row");
         constexpr uint64_t kEvictFirst = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);  // each byte read once
         const BiasCoord crd = BiasCoord::of(m, b, h);
         const bool lane0 = threadIdx.x % 32 == 0;
@@ -222,7 +186,6 @@ struct BiasStage {
             }
         }
     }
-    CUTLASS_DEVICE static void finish() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }  // no copy outlives its warp
 
     // A reader: tile t's slot once it has landed (the memory clobber keeps the reads after the wait), and its release
     // once the reader has read it (each of the slot's kReaders threads arrives).

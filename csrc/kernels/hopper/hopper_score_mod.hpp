@@ -9,13 +9,15 @@
 // Elementwise bias values: a quad of threads holds 8 consecutive keys of a row (a pair each), the 8 quads of a warp 8
 // rows, so a warp's read of one pair per thread covers 8 rows x 16 (16-bit bias) or 32 (fp32) contiguous bytes. A
 // 16-bit bias of a stageable layout (bias_stageable) comes from the shared-memory ring that the producer warpgroup's
-// bias warp fills (hopper_bias_stage.hpp: the forward's by TMA into 128-byte swizzled boxes; apply_score_mods_staged,
-// one 4-byte shared load per pair, no predicates: the slot holds zeros past the sequence, and the forward's group mode
-// leaves a slot that would reach past it unstaged); any other bias, and such a tile, is read from global memory by the
-// consumer threads, in the loop that applies it (apply_score_mods).
+// bias warp fills by TMA into 128-byte swizzled boxes (hopper_bias_stage.hpp; forward: apply_score_mods_staged, one
+// 4-byte shared load per pair; backward, on Sᵀ: apply_score_mods_t_staged, ldmatrix .trans; no predicates: the slot
+// holds zeros past the sequence, and group mode leaves a slot that would reach past it unstaged); any other bias, and
+// such a tile, is read from global memory by the consumer threads, in the loop that applies it (apply_score_mods,
+// apply_score_mods_t).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_fp16.h>
 
@@ -39,8 +41,9 @@ struct ModParams<true> {
     bool bias_staged;
 };
 
-// The backward's: the modifiers and where dS goes for an elementwise bias (dbias, the bias's element type; null when
-// not asked for). Plain instances: nothing.
+// The backward's: the modifiers, where dS goes for an elementwise bias (dbias, the bias's element type; null when
+// not asked for) and, for a staged one (the instances with a bias ring), its tensor map: bias_staged when the
+// launcher made one. Plain instances: nothing.
 template <bool kMods>
 struct BwdModParams {};
 template <>
@@ -48,6 +51,8 @@ struct BwdModParams<true> {
     ScoreMods mods;
     char* dbias;
     int64_t dbias_row, dbias_head, dbias_batch;  // elements
+    cute::TmaDescriptor bias_map;
+    bool bias_staged;
 };
 
 // Whether the call has a modifier that changes each score before the softmax (soft-cap, bias / ALiBi; dropout acts on
@@ -194,8 +199,8 @@ namespace detail {
 
 // One tile of apply_score_mods_staged: S -> tanh(S·arg) with a soft-cap, then + bias/U with the bias pair of each
 // (row, key pair) read from the warpgroup's shared-memory slot (Stage: hopper_bias_stage.hpp's BiasStage, 64 rows,
-// 16-bit elements of BiasT), one 4-byte shared load per pair. Padded rows (!Stage::kSwizzled): row·kPitch + 2·col.
-// 128-byte swizzled boxes (Stage::kSwizzled): box col / 64, row·128 + 16·((col / 8 % 8) ^ (row % 8)) + 2·(col % 8).
+// 16-bit elements of BiasT), one 4-byte shared load per pair. 128-byte swizzled boxes: box col / 64,
+// row·128 + 16·((col / 8 % 8) ^ (row % 8)) + 2·(col % 8).
 // The wgmma C fragment puts a thread's elements at rows r_t + 8a and columns c_t + 8b (+1), with c_t = 2·(lane % 4) < 8
 // (its rows x keys view: the first element, c_mn(0, 0), is the thread's (r_t, c_t)): every element of the thread has
 // the row phase r_t % 8 and its pair inside one chunk, so the swizzle is the XOR of the compile-time chunk index with
@@ -208,12 +213,12 @@ CUTLASS_DEVICE void score_mods_tile_staged(TensorS& s_mn, TensorC const& c_mn, S
     static_assert(C % 2 == 0, "a thread holds its keys in pairs");
     [[maybe_unused]] const float arg = m.softcap_arg;
     const float inv_unit = __fdividef(1.f, u.unit);
-    // kSwizzled: the thread's offset of chunk 0 in the slot with its row phase in the chunk bits (4..6: r_t·128 and
+    // The thread's offset of chunk 0 in the slot with its row phase in the chunk bits (4..6: r_t·128 and
     // 2·c_t < 16 leave them clear), made opaque per tile (a volatile move) so that the chunks' eight XORs stay in the
     // tile rather than being hoisted out of the key loop as eight more live registers (the slot's address is loop
     // invariant with one stage).
-    [[maybe_unused]] int off = 0;
-    if constexpr (Stage::kSwizzled) {
+    int off;
+    {
         const int r_t = int(cute::get<0>(c_mn(0, 0))), c_t = int(cute::get<1>(c_mn(0, 0)));
         off = r_t * Stage::kPitch + 2 * c_t + ((r_t % 8) << 4);
         asm volatile("mov.b32 %0, %0;\n" : "+r"(off));
@@ -223,14 +228,9 @@ CUTLASS_DEVICE void score_mods_tile_staged(TensorS& s_mn, TensorC const& c_mn, S
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < C; j += 2) {
             const int row = int(cute::get<0>(c_mn(i, j))), col = int(cute::get<1>(c_mn(i, j)));
-            char const* pair;
-            if constexpr (Stage::kSwizzled) {
-                // compile-time once folded: multiples of 8 from the thread's first element
-                const int dr = row - int(cute::get<0>(c_mn(0, 0))), dc = col - int(cute::get<1>(c_mn(0, 0)));
-                pair = slot + ((off ^ (((dc / 8) % 8) << 4)) + dr * Stage::kPitch + (dc / 64) * Stage::kBoxBytes);
-            } else {
-                pair = slot + row * Stage::kPitch + col * 2;
-            }
+            // compile-time once folded: multiples of 8 from the thread's first element
+            const int dr = row - int(cute::get<0>(c_mn(0, 0))), dc = col - int(cute::get<1>(c_mn(0, 0)));
+            char const* pair = slot + ((off ^ (((dc / 8) % 8) << 4)) + dr * Stage::kPitch + (dc / 64) * Stage::kBoxBytes);
             float b0, b1;
             load_bias_pair(reinterpret_cast<BiasT const*>(pair), b0, b1);
             float v0 = s_mn(i, j), v1 = s_mn(i, j + 1);
@@ -266,17 +266,63 @@ namespace detail {
 // element's compile-time offset in the thread's fragment (one FADD and the FFMA, no integer-to-float conversion per
 // element). Every element gets its logit, also outside the sequence, where its P is 0 anyway (a key past s_k:
 // recompute_pt masks it, the tile not being full; a row past s_q: LSE = +inf); only the bias is read inside it alone.
-// kBias = 3: a 16-bit bias staged in shared memory (tile: query rows kPitch bytes apart, zero outside the sequence;
-// a thread's pairs hold consecutive queries, so each element is its own 2-byte read).
-template <bool kCap, int kBias, class BiasT, int kPitch = 0, class TensorS, class TensorC, class Dcap>
+// kBias = 3: a 16-bit bias staged in shared memory (Stage: hopper_bias_stage.hpp's BiasStage of one 64-row slot, 128-
+// byte swizzled boxes of 64 keys, zero outside the sequence), read with ldmatrix .trans. The wgmma C fragment of
+// Sᵀ (keys x queries) gives lane l the key k_t = kw + l / 4 (kw: its warp's first key) and the queries
+// q_t = qw + 2·(l % 4) (+1) (qw: its warpgroup's first query), then (CuTe's value order, static_assert below) its
+// element pairs p = 0, 1, ... at key k_t + 8·(p % 2), queries q_t + 8·(p / 2) (+1). The bias tile is stored (query
+// rows, keys), so pair p is the lane's pair of the 8 x 8 matrix "rows qw + 8·(p / 2) .. + 7 (queries), key chunk
+// kw + 8·(p % 2)", as ldmatrix .trans hands it out: register j of a load is matrix j's (row 2·(l % 4) (+1), column
+// l / 4). kLdX matrices per load (.x2: pairs 2c, 2c + 1, the two key chunks of query rows 8c ..; .x4: pairs 4c ..
+// 4c + 3), matrix j = l / 8 taking its row l % 8 from lane l, one 16-byte row each; the swizzle puts a matrix's 8
+// rows (8 consecutive row phases) on 8 distinct chunks of 128-byte rows, so each matrix is read conflict-free. Per
+// tile: kSFrag / (2·kLdX) ldmatrix instead of kSFrag 2-byte loads. .x2, not .x4: ptxas (d128 batch mask _mods)
+// spilled 4 bytes more with .x4's four live words (98 / 96 bytes of spill stores / loads against 94 / 96).
+template <bool kCap, int kBias, class BiasT, class Stage = void, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
                                       Dcap& dcap, char const* tile = nullptr) {
     const auto unused16 = [](uint16_t) { return 0.f; };  // the bias is added here, not by modified_logit_t
     constexpr int N = decltype(cute::size(cS))::value;
     const int k00 = int(cute::get<0>(cS(0))), q00 = int(cute::get<1>(cS(0)));
     [[maybe_unused]] const float dist0 = float((r0 + q00) + (r.seqlen_k - r.seqlen_q) - (n0 + k00));
+    [[maybe_unused]] char const* ld_row = nullptr;  // kBias = 3: this lane's ldmatrix row of the first load
+    constexpr int kLdX = 2;                         // kBias = 3: matrices (pairs) per ldmatrix
+    if constexpr (kBias == 3) {
+        static_assert(N % (2 * kLdX) == 0, "whole ldmatrix loads");
+        static_assert(Stage::kSlots == 1, "one 64-row slot (kBlockM = 64)");
+        // the fragment's value order assumed above: (query + 1, key + 8, query + 8) over the modes (2, 2, N / 4)
+        using L = decltype(cS.layout());
+        using S0 = std::decay_t<decltype(cute::stride<0>(L{}))>;
+        using Z0 = std::decay_t<decltype(cute::shape<0>(L{}))>;
+        static_assert(std::is_same_v<std::decay_t<decltype(cute::get<0>(S0{}))>, cute::ScaledBasis<cute::_1, 1>> &&
+                          std::is_same_v<std::decay_t<decltype(cute::get<1>(S0{}))>, cute::ScaledBasis<cute::_8, 0>> &&
+                          std::is_same_v<std::decay_t<decltype(cute::get<2>(S0{}))>, cute::ScaledBasis<cute::_8, 1>> &&
+                          decltype(cute::get<0>(Z0{}))::value == 2 && decltype(cute::get<1>(Z0{}))::value == 2 &&
+                          decltype(cute::size<0>(L{}))::value == N,
+                      "Sᵀ fragment: pairs of consecutive queries, then key + 8, then query + 8");
+        const int lane = int(threadIdx.x % 32);
+        const int key = k00 - lane / 4 + 8 * ((lane / 8) % 2);
+        const int row = q00 - 2 * (lane % 4) + 8 * ((lane / 8) % kLdX / 2) + lane % 8;
+        ld_row = tile + (key / Stage::kBoxKeys) * Stage::kBoxBytes + row * Stage::kPitch +
+                 16 * (((key / 8) % 8) ^ (row % 8));
+    }
+    [[maybe_unused]] uint32_t bias_pairs[kLdX];
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N; i += 2) {
+        if constexpr (kBias == 3) {
+            // pairs i / 2 .. + kLdX - 1: 8 · kLdX / 2 rows further down the slot per load (the row phase kept)
+            if (i % (2 * kLdX) == 0) {
+                const uint32_t a = cute::cast_smem_ptr_to_uint(ld_row + (i / (2 * kLdX)) * 4 * kLdX * Stage::kPitch);
+                if constexpr (kLdX == 4)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(bias_pairs[0]), "=r"(bias_pairs[1]), "=r"(bias_pairs[2]), "=r"(bias_pairs[3])
+                                 : "r"(a));
+                else
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                                 : "=r"(bias_pairs[0]), "=r"(bias_pairs[1])
+                                 : "r"(a));
+            }
+        }
         float d[2] = {1.f, 1.f};
         CUTLASS_PRAGMA_UNROLL
         for (int e = 0; e < 2; ++e) {
@@ -290,8 +336,10 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
                 if (row < r.seqlen_q && key < r.seqlen_k)
                     l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
             }
-            if constexpr (kBias == 3)
-                l += float(BiasT::bitcast(*reinterpret_cast<uint16_t const*>(tile + qq * kPitch + kk * 2)));
+            if constexpr (kBias == 3) {
+                const uint32_t w = bias_pairs[(i / 2) % kLdX];
+                l += float(BiasT::bitcast(uint16_t(e == 0 ? w & 0xffffu : w >> 16)));
+            }
             acc_S(i + e) = l;
         }
         if constexpr (kCap) {
@@ -335,15 +383,15 @@ CUTLASS_DEVICE bool apply_score_mods_t(TensorS& acc_S, TensorC const& cS, RowMod
 }
 
 // apply_score_mods_t for an elementwise bias staged in shared memory by the backward's bias warp
-// (hopper_bias_stage.hpp): tile holds the bias of the query tile's rows (kPitch bytes apart) and the key block.
-template <class Element, int kPitch, class TensorS, class TensorC, class Dcap>
+// (hopper_bias_stage.hpp, Stage its BiasStage): tile holds the bias of the query tile's 64 rows and the key block.
+template <class Element, class Stage, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE bool apply_score_mods_t_staged(TensorS& acc_S, TensorC const& cS, RowMods const& r, Dcap& dcap,
                                               char const* tile) {
     if (r.softcap > 0.f) {
-        detail::score_mods_tile_t<true, 3, Element, kPitch>(acc_S, cS, r, 0, 0, dcap, tile);
+        detail::score_mods_tile_t<true, 3, Element, Stage>(acc_S, cS, r, 0, 0, dcap, tile);
         return true;
     }
-    detail::score_mods_tile_t<false, 3, Element, kPitch>(acc_S, cS, r, 0, 0, dcap, tile);
+    detail::score_mods_tile_t<false, 3, Element, Stage>(acc_S, cS, r, 0, 0, dcap, tile);
     return false;
 }
 
