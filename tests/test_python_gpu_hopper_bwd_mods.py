@@ -128,9 +128,24 @@ def test_rows_that_see_no_key(kind, launched):
 def test_group_mode(kind, mask, d, dv, launched):
     """Varlen with empty sequences on either side and sequences longer than one key block: per-sequence positions
     (ALiBi bottom-right per sequence, bias and dbias blocks [i, :, :s_q_i, :s_k_i]), d sink summed over sequences."""
+    run_group(kind, mask, d, dv, [37, 0, 190, 20, 5], [50, 20, 161, 0, 300], launched, f"bwd/group/{kind}/{mask}/{d}")
+
+
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64)])
+@pytest.mark.parametrize("mask", [None, "b", "t:30,5"])
+@pytest.mark.parametrize("kind", ["bias16", "cap+bias16+sink"])
+def test_group_mode_staged_bias(kind, mask, d, dv, launched):
+    """Group mode with a stageable 16-bit bias (the longest key length 304: 608-byte rows, 16-byte aligned): the
+    bias warp's TMA map serves every sequence, the slots inside a sequence (190 x 264: rows 0 .. 127, keys 0 .. 255)
+    from the ring, those reaching past it (its last row block or key tile, BiasStage::staged_slot) from global
+    memory; several query tiles per key block, so the two-stage ring wraps."""
+    run_group(kind, mask, d, dv, [37, 0, 190, 130, 5], [50, 20, 264, 0, 304], launched,
+              f"bwd/group_staged/{kind}/{mask}/{d}")
+
+
+def run_group(kind, mask, d, dv, lq, lk, launched, seed):
     dtype = "bf16"
-    rng = np.random.default_rng(zlib.crc32(f"bwd/group/{kind}/{mask}/{d}".encode()))
-    lq, lk = [37, 0, 190, 20, 5], [50, 20, 161, 0, 300]
+    rng = np.random.default_rng(zlib.crc32(seed.encode()))
     b, h, hk = len(lq), 4, 2
     cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
