@@ -26,12 +26,13 @@
 // backward loaded its ring by cp.async from the 32 lanes, padded rows, until TMA replaced it: PERFORMANCE.md, "The
 // Hopper backward's staged bias loaded by TMA".)
 //
-// What is staged (bias_stageable, the one statement of the rule, for the forward's host and the backward's device):
+// What is staged (bias_stageable, the one statement of the rule, for both directions' launchers):
 // a 16-bit elementwise bias whose pointer is 16-byte aligned and whose row, head and batch strides are multiples of 16
 // bytes (zero: broadcast) below 2^40, the row stride not zero. Any other bias (fp32, unaligned rows such as a
 // contiguous odd s_k, a row-broadcast one) keeps the consumers' direct global loads (apply_score_mods). The stage count
 // is what the instance's shared memory leaves after its other buffers (fmha_hopper_kernel.hpp,
-// fmha_bwd_hopper_kernel.hpp), 1 or 2.
+// fmha_bwd_hopper_kernel.hpp), 1 or 2 (forward d128: 1; backward d64 / d96 / d128 / d192: 2; none where it does not
+// fit, backward d256).
 #pragma once
 
 #include <cstdint>
@@ -61,19 +62,7 @@ CUTLASS_HOST_DEVICE bool bias_stageable(ScoreMods const& m) {
            bias_stride_ok(m.bias_batch_stride);
 }
 
-// The (b, h) block of a stageable bias (row stride in bytes), or a null base.
-struct BiasRows {
-    char const* base;
-    int64_t row_bytes;
-};
-CUTLASS_DEVICE BiasRows bias_rows(ScoreMods const& m, int b, int h) {
-    if (!bias_stageable(m)) return BiasRows{nullptr, 0};
-    char const* base = static_cast<char const*>(m.bias) +
-                       (int64_t(b) * m.bias_batch_stride + int64_t(h) * m.bias_head_stride) * 2;
-    return BiasRows{base, m.bias_row_stride * 2};
-}
-
-// The forward's TMA boxes: 64 keys (128 bytes, the 128-byte swizzle's span) x 64 query rows.
+// The TMA boxes: 64 keys (128 bytes, the 128-byte swizzle's span) x 64 query rows.
 constexpr int kBiasBoxKeys = 64;
 constexpr int kBiasBoxRows = 64;
 
