@@ -200,15 +200,6 @@ struct BwdKernel {
             params.dbias_row = p.dbias_row_stride;
             params.dbias_head = p.dbias_head_stride;
             params.dbias_batch = p.dbias_batch_stride;
-            // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp), as
-            // the forward's launcher makes it. Batch mode: extents s_q, s_k (TMA zero-fills past them); group mode:
-            // the packed totals, bounds of every sequence's lengths, the boxes staying inside their sequences
-            // (BiasStage::staged_slot). A map the driver refuses leaves the consumers' global loads.
-            params.bias_staged = false;
-            if constexpr (Impl::kBiasStages > 0) {
-                if (bias_stageable(p.mods))
-                    params.bias_staged = make_bias_map<Element>(&params.bias_map, p.mods, p.batch, p.nhead_q, sq, sk);
-            }
         }
         return params;
     }
@@ -281,7 +272,18 @@ struct BwdKernel {
             }
         }
 
-        const typename Impl::Params params = make_params(p, ws);
+        typename Impl::Params params = make_params(p, ws);
+        if constexpr (Impl::kBiasStages > 0) {
+            // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp), as
+            // the forward's launcher makes it. Batch mode: extents s_q, s_k (TMA zero-fills past them); group mode:
+            // the packed totals, bounds of every sequence's lengths, the boxes staying inside their sequences
+            // (BiasStage::staged_slot). The kernel stages every bias_stageable bias (the rule is TMA's requirements,
+            // and a kernel-side flag read from the parameters cost the d128 consumers 8 bytes more of spill loads),
+            // so a map the driver would refuse is an error here, not a silent fallback.
+            if (bias_stageable(p.mods) &&
+                !make_bias_map<Element>(&params.bias_map, p.mods, p.batch, p.nhead_q, tma_rows_q(p), tma_rows_k(p)))
+                return cudaErrorInvalidValue;
+        }
         const dim3 grid = params.det_group > 0
                               ? Impl::Scheduler::grid_interleaved(params.key_blocks, p.nhead_k, p.batch)
                               : Impl::Scheduler::grid(params.key_blocks, p.nhead_k, p.batch);

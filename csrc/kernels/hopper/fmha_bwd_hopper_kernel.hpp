@@ -394,7 +394,7 @@ struct HopperBwdKernelBody {
             cutlass::arch::ClusterTransactionBarrier::init(&st.bar_kv, 1);
             if constexpr (kBiasStages > 0) {
                 Bias::init(st.bias);
-                if (params.bias_staged) cute::prefetch_tma_descriptor(&params.bias_map);
+                if (bias_stageable(params.mods)) cute::prefetch_tma_descriptor(&params.bias_map);
             }
         }
 
@@ -557,11 +557,12 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
-    // Whether the call's elementwise bias comes staged from the bias warp's ring: the launcher made its tensor map
-    // (bias_stageable, make_bias_map: the whole call's, so the bias warp and the consumers of every CTA agree).
+    // Whether the call's elementwise bias comes staged from the bias warp's ring: a stageable layout (bias_stageable,
+    // hopper_bias_stage.hpp: the whole call's, so the bias warp and the consumers of every CTA agree), whose tensor
+    // map the launcher made (or refused the call).
     CUTLASS_DEVICE static bool bias_staged(Params const& params) {
         if constexpr (kBiasStages > 0)
-            return per_score_mods(params.mods) && params.bias_staged;
+            return per_score_mods(params.mods) && bias_stageable(params.mods);
         else
             return false;
     }
@@ -846,6 +847,7 @@ struct HopperBwdKernelBody {
                 if constexpr (kMods) {
                     if (logits) {
                         const RowMods rm = row_mods(params.mods, b, h, seq.sq, sk);
+                        bool done = false;  // the bias warp's tile applied (else: from global memory below)
                         if constexpr (kBiasStages > 0) {
                             if (bias_staged(params)) {  // the bias warp's tile: the stage's slots back to back
                                 char const* tile = nullptr;
@@ -855,7 +857,7 @@ struct HopperBwdKernelBody {
                                     if (k == 0) tile = slot;
                                 }
                                 // group mode: a slot reaching past the sequence is left empty (Bias::staged_slot),
-                                // its tile read from global memory (batch mode: always staged, one path)
+                                // its tile read from global memory below (one call site of that path)
                                 if (Bias::template staged_slot<kGroup>(r0 + kBlockM - 64, n0, seq.sq, sk)) {
                                     // The thread's coordinates again from %tid.x read here (volatile): made once
                                     // before the loop, the shared-memory address would hold a register across it
@@ -865,19 +867,15 @@ struct HopperBwdKernelBody {
                                     Tensor cS_now = mma_sdp.get_thread_slice(int(tid_now) - 128).partition_C(
                                         make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}))(_, part, _);
                                     cap = apply_score_mods_t_staged<Element, Bias>(acc_S, cS_now, rm, dcap, tile);
-                                } else {
-                                    cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
+                                    done = true;
                                 }
                                 if (part == kParts - 1) {
                                     CUTLASS_PRAGMA_UNROLL
                                     for (int k = 0; k < kBlockM / 64; ++k) Bias::release(st.bias, k, it);
                                 }
-                            } else {
-                                cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
                             }
-                        } else {
-                            cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
                         }
+                        if (!done) cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
                     }
                 }
                 recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);

@@ -42,8 +42,8 @@ struct ModParams<true> {
 };
 
 // The backward's: the modifiers, where dS goes for an elementwise bias (dbias, the bias's element type; null when
-// not asked for) and, for a staged one (the instances with a bias ring), its tensor map: bias_staged when the
-// launcher made one. Plain instances: nothing.
+// not asked for) and, for a staged one (bias_stageable, in the instances with a bias ring), its tensor map. Plain
+// instances: nothing.
 template <bool kMods>
 struct BwdModParams {};
 template <>
@@ -52,7 +52,6 @@ struct BwdModParams<true> {
     char* dbias;
     int64_t dbias_row, dbias_head, dbias_batch;  // elements
     cute::TmaDescriptor bias_map;
-    bool bias_staged;
 };
 
 // Whether the call has a modifier that changes each score before the softmax (soft-cap, bias / ALiBi; dropout acts on
@@ -276,8 +275,8 @@ namespace detail {
 // l / 4). kLdX matrices per load (.x2: pairs 2c, 2c + 1, the two key chunks of query rows 8c ..; .x4: pairs 4c ..
 // 4c + 3), matrix j = l / 8 taking its row l % 8 from lane l, one 16-byte row each; the swizzle puts a matrix's 8
 // rows (8 consecutive row phases) on 8 distinct chunks of 128-byte rows, so each matrix is read conflict-free. Per
-// tile: kSFrag / (2·kLdX) ldmatrix instead of kSFrag 2-byte loads. .x2, not .x4: ptxas (d128 batch mask _mods)
-// spilled 4 bytes more with .x4's four live words (98 / 96 bytes of spill stores / loads against 94 / 96).
+// tile: kSFrag / (2·kLdX) ldmatrix instead of kSFrag 2-byte loads. ptxas, d128 _mods (bytes of spill stores /
+// loads; main's cp.async ring 96 / 88 in both modes): .x4 batch 80 / 80, group 100 / 88; .x2 96 / 88 in both.
 template <bool kCap, int kBias, class BiasT, class Stage = void, class TensorS, class TensorC, class Dcap>
 CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods const& r, int r0, int n0,
                                       Dcap& dcap, char const* tile = nullptr) {
@@ -286,7 +285,7 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
     const int k00 = int(cute::get<0>(cS(0))), q00 = int(cute::get<1>(cS(0)));
     [[maybe_unused]] const float dist0 = float((r0 + q00) + (r.seqlen_k - r.seqlen_q) - (n0 + k00));
     [[maybe_unused]] char const* ld_row = nullptr;  // kBias = 3: this lane's ldmatrix row of the first load
-    constexpr int kLdX = 2;                         // kBias = 3: matrices (pairs) per ldmatrix
+    constexpr int kLdX = 4;                         // kBias = 3: matrices (pairs) per ldmatrix
     if constexpr (kBias == 3) {
         static_assert(N % (2 * kLdX) == 0, "whole ldmatrix loads");
         static_assert(Stage::kSlots == 1, "one 64-row slot (kBlockM = 64)");
