@@ -103,7 +103,8 @@ struct HopperFwdKernelBody {
     // instances: d64, three warpgroups of 160 registers, 80 / 92 -> 180 / 172 bytes; d256 0 / 0 -> 60 / 120, 40 / 60
     // with the ring's state re-read per tile; (192, 128) 0 / 0 -> 44 / 100), so those keep the global loads.
     static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128 && kBlockN % kBiasBoxKeys == 0;
-    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128, /*kTma=*/kStageBias>;  // no staging: never used
+    // BiasStageOf sizes the ring; the TMA layout (whole 64-key boxes) only where the bias is staged.
+    using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 1, 128, /*kTma=*/kStageBias>;
     static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kStages * kStageBytes) / BiasStageOf::kStageBytes;
     static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
     using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128, /*kTma=*/kStageBias>;  // a slot per consumer warpgroup
@@ -482,8 +483,8 @@ struct HopperFwdKernelBody {
 
     // The modifiers' terms (S / U) of key tile n (the t-th visited) on warpgroup wg's S, where the call has per-score
     // ones: a stageable 16-bit elementwise bias from the bias warp's shared-memory ring (staged: staged_bias(), made
-    // once per CTA by the consumer), any other from global memory. A member, not a
-    // lambda of consumer(): as a lambda nvcc outlined it, with S on the stack.
+    // once per CTA by the consumer), any other from global memory. A member, not a lambda of consumer(): as a lambda
+    // nvcc outlined it, with S on the stack.
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE static void score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
                                           SharedStorage& storage, FwdModUnits const& units, bool staged,
