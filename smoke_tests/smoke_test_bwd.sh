@@ -11,9 +11,8 @@
 # deterministic): prec x mode x hdim {59, 64, 128} x 10, 120 runs; then the modifiers at the Hopper-only buckets:
 # prec x mode x hdim {256, 192/128} x 5, 40 runs; then dropout (random bytes checked against the
 # host's Philox, masks, GQA, device seed / offset, with modifiers, deterministic): prec x mode x hdim x 4, 48 runs;
-# then the (192, 128) bucket's plain calls (its Hopper masked tile, the swapped key split, and its unmasked one:
-# causal kinds with s != s_k and key tails of 96-key blocks, windows, GQA / MQA, deterministic): prec x mode x 6,
-# 24 runs.
+# then the (192, 128) bucket's plain calls (its Hopper tile of every plain call, the swapped key split: causal kinds
+# with s != s_k and key tails of 96-key blocks, windows, GQA / MQA, deterministic, no mask): prec x mode x 6, 24 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.

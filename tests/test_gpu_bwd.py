@@ -276,7 +276,7 @@ def check_group_mode(lib, case) -> str:
     return name
 
 
-# The swapped key split (tile b64x96, the plain masked (192, 128) instances' tile; fmha_bwd_hopper_kernel.hpp,
+# The swapped key split (tile b64x96, every plain (192, 128) instance's tile; fmha_bwd_hopper_kernel.hpp,
 # consumer_swapped), on the profile's library: masks of every kind (an unbounded window, unmasked in effect, runs on
 # the masked instance too), key tails of 96-key blocks, GQA / MQA, padded head dims, deterministic turns through the
 # dQ writer, group mode with empty sequences on both sides. Each case must name the b64x96 instance.

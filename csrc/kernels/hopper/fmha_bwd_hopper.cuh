@@ -38,9 +38,9 @@
 // (key split: each of the two consumer warpgroups owns 64 keys; hdim 96 likewise, with 64B-swizzled tiles), 64 x 64
 // for hdim 256 (query split, dQ by vector atomics). 128 x 128 at hdim 64 was 1-11% slower, 64 x 64 at hdim 128 20-30% slower. Other legal values:
 // kBlockM in {64, 128}, kBlockN in {64, 96, 128}; 128 is the key split where kHdim == kHdimV and kHdim + kBlockM <= 192,
-// else a query split of 128 keys (in shared memory for (192, 128) at kBlockM = 64: the unmasked b64x128 tile); 96 is
-// the swapped key split (kBlockM = 64, head dims multiples of 64, kHdim + kHdimV <= 320, plain instances: the masked
-// (192, 128) b64x96 tile).
+// else a query split of 128 keys (in shared memory for (192, 128) at kBlockM = 64: the b64x128 candidate); 96 is the
+// swapped key split (kBlockM = 64, head dims multiples of 64, kHdim + kHdimV <= 320, plain instances: the (192, 128)
+// b64x96 tile of every plain call).
 //
 // Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM) and 4 bytes per query
 // tile, times batch·nhead_q (group mode: max_seqlen_q rows per sequence).

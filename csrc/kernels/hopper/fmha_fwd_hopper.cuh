@@ -221,9 +221,9 @@ struct FwdKernel {
                 // One CTA per tile (Impl::kOneTileOrder: batch-mode 16-bit one-tile instances, plain d256 and the
                 // two-warpgroup "_mods" tiles). A causal or window call whose L2 section holds more than one pair
                 // runs a 1-D grid of the persistent kernels' order (heaviest query block first, the pairs a section
-                // at a time), its last section
-                // taking the remainder (interleaved_tile's last_absorbs): pair after pair, as the 3-D grid goes, the
-                // last pairs' heaviest blocks start at the end of the grid and run alone. Measured on the H200 (d256
+                // at a time), its last section taking the remainder (interleaved_tile's last_absorbs): pair after
+                // pair, as the 3-D grid goes, the last pairs' heaviest blocks start at the end of the grid and run
+                // alone. Measured on the H200 (d256
                 // bf16 causal, docs/PERFORMANCE.md "One-tile grids of causal calls"): +7 % at s = 4k, +2 % at 1k;
                 // d128 causal modifier calls 14-19 % faster ("Causal modifier calls in the one-tile order").
                 // Other calls (sched.total = 0) keep the 3-D grid, whose order a one-pair section would repeat; so do
