@@ -31,7 +31,7 @@
 // bytes (zero: broadcast) below 2^40, the row stride not zero. Any other bias (fp32, unaligned rows such as a
 // contiguous odd s_k, a row-broadcast one) keeps the consumers' direct global loads (apply_score_mods). The stage count
 // is what the instance's shared memory leaves after its other buffers (fmha_hopper_kernel.hpp,
-// fmha_bwd_hopper_kernel.hpp), 1 or 2 (forward d128: 1; backward d64 / d96 / d128 / d192: 2; none where it does not
+// fmha_bwd_hopper_kernel.hpp), 1 or 2 (forward d128: 1; backward d64 / d96 / d192: 2, d128: 1; none where it does not
 // fit, backward d256).
 #pragma once
 
