@@ -1,8 +1,9 @@
 """What the Hopper kernels stage of an elementwise bias (csrc/kernels/hopper/hopper_bias_stage.hpp): the one rule,
 bias_stageable, on aiter's bias layouts (-bias=e / e:1 / e:2 of benchmark_mha_fwd: [1|b, 1|h, s_q, s_k] with row
 stride s_k) and the layouts it refuses, the TMA rings' sizes (two 8 KB swizzled boxes per 64 x 128 slot; forward: one
-stage at d128, two at d96; backward: two at d64 / d96 / d192, one at d128, one 8 KB box per slot of the 64-key query split,
-none at d256, none in plain instances), through a host program built with nvcc (no GPU)."""
+stage at d128 and d256 (whose K/V ring gives up a slot for it), two at d96; backward: two at d64 / d96 / d192, one at
+d128, one 8 KB box per slot of the 64-key query split, none at d256, none in plain instances), through a host program
+built with nvcc (no GPU)."""
 from __future__ import annotations
 
 import subprocess
@@ -31,8 +32,9 @@ static ScoreMods mods(int type, bool fp32, uintptr_t ptr, long long row, long lo
     return m;
 }
 
-template <int kHdim>
-using Fwd = HopperFwdKernelBody<cutlass::bfloat16_t, cutlass::bfloat16_t, kHdim, kHdim, false, true, 128, 128, true>;
+template <int kHdim, int kBlockN = 128, bool kMods = true>
+using Fwd =
+    HopperFwdKernelBody<cutlass::bfloat16_t, cutlass::bfloat16_t, kHdim, kHdim, false, true, 128, kBlockN, kMods>;
 
 template <int kHdim, int kHdimV, int kBlockN, bool kMods = true>
 using Bwd = HopperBwdKernelBody<cutlass::bfloat16_t, kHdim, kHdimV, false, true, 64, kBlockN, kMods>;
@@ -67,6 +69,11 @@ int main() {
     std::printf("slot_bytes %d\n", F128::Bias::kSlotBytes);
     std::printf("box_bytes %d\n", F128::Bias::kBoxBytes);
     std::printf("smem_fits %d\n", int(F128::SharedStorageSize <= F128::kSmemLimit));
+    std::printf("d128_kv_stages %d\n", F128::kStages);
+    std::printf("d256_stages %d\n", Fwd<256, 64>::kBiasStages);
+    std::printf("d256_kv_stages %d\n", Fwd<256, 64>::kStages);
+    std::printf("d256_plain_kv_stages %d\n", Fwd<256, 64, false>::kStages);
+    std::printf("d256_smem_fits %d\n", int(Fwd<256, 64>::SharedStorageSize <= Fwd<256, 64>::kSmemLimit));
     bwd_facts<Bwd<64, 64, 128>>("bwd64");
     bwd_facts<Bwd<96, 96, 128>>("bwd96");
     bwd_facts<Bwd<128, 128, 128>>("bwd128");
@@ -111,6 +118,14 @@ def test_forward_ring_is_tma_boxes(facts):
     assert facts["d128_stages"] == 1 and facts["d96_stages"] == 2
     assert facts["box_bytes"] == 64 * 128 and facts["slot_bytes"] == 2 * 64 * 128
     assert facts["smem_fits"] == 1
+
+
+@pytest.mark.compile
+def test_forward_d256_ring_takes_a_kv_slot(facts):
+    """d256 (128 x 64 tiles): one bias stage reserved before the K/V ring, which keeps 4 slots of the plain
+    instance's 5; d128 keeps its 5."""
+    assert facts["d256_stages"] == 1 and facts["d256_kv_stages"] == 4 and facts["d256_plain_kv_stages"] == 5
+    assert facts["d256_smem_fits"] == 1 and facts["d128_kv_stages"] == 5
 
 
 @pytest.mark.compile

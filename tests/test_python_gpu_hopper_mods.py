@@ -94,7 +94,7 @@ def test_head_dims(d, dv, kind, mask, launched):
                                         ("bias16", "g:90,33")])
 def test_staged_bias(d, dv, kind, mask, launched):
     """A 16-bit bias whose rows are 16-byte aligned (s_k = 264: 528-byte rows) comes through the bias warp's
-    shared-memory ring where the instance has one (d128; the others, and the other tests' s_k = 333 / 260 / 257, read
+    shared-memory ring where the instance has one (d128, d256; the others, and the other tests' s_k = 333 / 260 / 257, read
     it from global memory): partial query and key tiles (the last key tile of every width holds 8 or 72 keys), GQA
     4/2."""
     run_batch(kind, mask, "bf16", d, dv, 2, 4, 2, 150, 264, launched, f"staged/{kind}/{mask}/{d}/{dv}")

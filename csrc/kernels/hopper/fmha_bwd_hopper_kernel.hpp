@@ -279,7 +279,7 @@ struct HopperBwdKernelBody {
     // Modifier instances: the elementwise-bias ring (hopper_bias_stage.hpp, loaded by TMA), kBlockM / 64 slots of 64
     // query rows x kBlockN keys per stage that both consumer warpgroups read, as many stages (up to 2) as fit beside
     // the buffers above (the storage's real size, alignment included; none: the consumers read the bias from global
-    // memory). d64 / d96 / d192: 2; d128: 1 (a second 16 KB stage would fit, at exactly the limit: see kL1Leave);
+    // memory). d64 / d96 / d192: 2; d128: 1 (a second 16 KB stage would fit, at exactly the limit: kBiasL1Leave);
     // d256: none.
     template <int kStages>
     using BiasOf = BiasStage<kBlockN, kBlockM / 64, kStages, NumMmaThreads>;
@@ -289,12 +289,8 @@ struct HopperBwdKernelBody {
     };
     template <int kStages, int kLeave = 0>
     static constexpr bool kBiasFits = int(sizeof(SharedStorageModsOf<kStages>)) + kLeave <= kSmemLimit;
-    // A second stage only where it leaves kL1Leave bytes of the SM's shared memory to L1: at d128 it would take the
-    // last 15 KB; measured on the H200 (bf16 s=4k, base and branch interleaved) it did not speed up the bias call
-    // (0.801 vs 0.808 ms) and made the instance's other modifier calls 1-2 % slower (soft-cap, sink).
-    static constexpr int kL1Leave = 16384;
     static constexpr bool kStageBias = kMods && BiasOf<0>::kWholeBoxes;
-    static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFits<2, kL1Leave> ? 2 : kBiasFits<1> ? 1 : 0;
+    static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFits<2, kBiasL1Leave> ? 2 : kBiasFits<1> ? 1 : 0;
     using Bias = BiasOf<kBiasStages>;
     using SharedStorage =
         std::conditional_t<(kBiasStages > 0), SharedStorageModsOf<kBiasStages>, SharedStoragePlain>;

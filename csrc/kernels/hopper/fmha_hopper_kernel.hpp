@@ -93,19 +93,21 @@ struct HopperFwdKernelBody {
     static constexpr int kQBytes = kBlockM * kHdim * int(sizeof(Element));
     static constexpr int kStageBytes = kBlockN * kHdim * int(sizeof(Element));  // a ring slot: one K or V tile
     static constexpr int kVBytes = kBlockN * kHdimV * int(sizeof(Element));
-    static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes) / kStageBytes;
-    static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
-    // Modifier instances of two consumer warpgroups and head dims up to 128: the elementwise-bias ring
-    // (hopper_bias_stage.hpp, loaded by TMA: whole 64-key boxes) takes what shared memory leaves after Q and the K/V
-    // ring, up to 2 stages (d128: 1, 32 KB; a second would cost a K/V ring slot, which every modifier call on the
-    // instance would pay; d96: 2).
-    // Elsewhere the staged path cost the consumers spills where they had few or none (ptxas, the masked group
-    // instances: d64, three warpgroups of 160 registers, 80 / 92 -> 180 / 172 bytes; d256 0 / 0 -> 60 / 120, 40 / 60
-    // with the ring's state re-read per tile; (192, 128) 0 / 0 -> 44 / 100), so those keep the global loads.
-    static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kHdim <= 128 && kBlockN % kBiasBoxKeys == 0;
+    // Modifier instances of two consumer warpgroups with whole 64-key boxes (d96, d128, d256): the elementwise-bias
+    // ring (hopper_bias_stage.hpp, loaded by TMA) has a stage reserved before the K/V ring takes what is left (d256:
+    // 4 K/V slots instead of 5, which measured no slower on the instance's other modifier calls, where its bias read
+    // from global memory cost +250 %), and a second stage where kBiasL1Leave bytes remain (d96: 2; d128: 1, a
+    // second would cost a K/V ring slot; d256: 1).
+    // The d64 tile (three warpgroups of 160 registers) spilled with the staged path (ptxas, the masked group
+    // instance: 80 / 92 -> 180 / 172 bytes, with the earlier cp.async loader), and (192, 128)'s 96-key tiles are not
+    // whole boxes: both keep the global loads.
+    static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kBlockN % kBiasBoxKeys == 0;
     using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 0, 128>;  // its sizes (no staging: never used)
-    static constexpr int kBiasFitRing = (kSmemLimit - 1024 - kQBytes - kStages * kStageBytes) / BiasStageOf::kStageBytes;
-    static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFitRing < 2 ? kBiasFitRing : 2;
+    static constexpr int kBiasStageBytes = kStageBias ? BiasStageOf::kStageBytes : 0;
+    static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes - kBiasStageBytes) / kStageBytes;
+    static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
+    static constexpr int kBiasLeft = kSmemLimit - 1024 - kQBytes - kStages * kStageBytes;  // >= kBiasStageBytes
+    static constexpr int kBiasStages = !kStageBias ? 0 : kBiasLeft - 2 * kBiasStageBytes >= kBiasL1Leave ? 2 : 1;
     using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
     static_assert(kStages >= 2, "tile too large for shared memory");
     static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside the K/V ring");

@@ -31,8 +31,8 @@
 // bytes (zero: broadcast) below 2^40, the row stride not zero. Any other bias (fp32, unaligned rows such as a
 // contiguous odd s_k, a row-broadcast one) keeps the consumers' direct global loads (apply_score_mods). The stage count
 // is what the instance's shared memory leaves after its other buffers (fmha_hopper_kernel.hpp,
-// fmha_bwd_hopper_kernel.hpp), 1 or 2 (forward d128: 1; backward d64 / d96 / d192: 2, d128: 1; none where it does not
-// fit, backward d256).
+// fmha_bwd_hopper_kernel.hpp), 1 or 2, a second only with kBiasL1Leave bytes left (forward d96: 2, d128 / d256: 1;
+// backward d64 / d96 / d192: 2, d128: 1; none where it does not fit, backward d256).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +65,12 @@ CUTLASS_HOST_DEVICE bool bias_stageable(ScoreMods const& m) {
 // The TMA boxes: 64 keys (128 bytes, the 128-byte swizzle's span) x 64 query rows.
 constexpr int kBiasBoxKeys = 64;
 constexpr int kBiasBoxRows = 64;
+
+// A ring gets its second stage only where that leaves this much of the SM's shared memory to L1. Measured on the
+// H200 (bf16 s=4k): the backward's d128 ring with two stages (232448 bytes, the limit) ran the bias call no faster
+// than with one (0.808 vs 0.801 ms) and the instance's soft-cap and sink calls 2-3 % slower; the forward's d256
+// ring, one stage vs two, 0.217 vs 0.218 ms.
+constexpr int kBiasL1Leave = 16384;
 
 // The host's tensor map of a stageable bias (bias_stageable(m)) of 16-bit Element for boxes of kBiasBoxKeys x
 // kBiasBoxRows x 1 x 1, 128-byte swizzle: dims (keys, query rows, query heads, batch); a mode of stride 0 (broadcast)
