@@ -1,9 +1,10 @@
 """The decode family's split heuristic (csrc/kernels/decode/split_heuristic.h, host C++ only), compiled with the
-system C++ compiler and asked about grids of every size on 132 SMs with two (decode_tma d128) and three (decode
-d128) CTAs per SM: it never splits a grid whose waves are already 85 % busy, never cuts more parts than key blocks or
-MHAKIT_MAX_SPLITS, leaves no part empty, and where it splits the call is shorter in its time model (waves x (blocks
-per part + 2)) than unsplit; issue 10's rows get the counts the model was made for (512 CTAs in 396 slots: 3, as
-measured; 8 CTAs of 512 blocks in 264 slots: 32 parts of 16 blocks, one wave)."""
+system C++ compiler and asked about grids of every size on 132 SMs with waves of one (the TMA-ring kernels, decode_tma
+and its wgmma tiles), two and three (the generic decode kernel d128) CTAs per SM: it never splits a grid whose waves
+are already 85 % busy, never cuts more parts than key blocks or MHAKIT_MAX_SPLITS, leaves no part empty, and where it
+splits the call is shorter in its time model (waves x (blocks per part + 2)) than unsplit; issue 10's rows get the
+counts measured best on the H200 (TMA ring, one CTA per SM: b=1 32/8 s_k=32k 16 parts, b=8 64/8 s_k=64k 2, b=16 32/8
+s_k=8k unsplit; generic kernel, three per SM: 512 CTAs in 396 slots, 3)."""
 from __future__ import annotations
 
 import shutil
@@ -20,7 +21,7 @@ PROGRAM = r'''
 #include "kernels/decode/split_heuristic.h"
 int main() {
     const int sms = 132;
-    for (int per_sm : {2, 3})
+    for (int per_sm : {1, 2, 3})
         for (long long ctas : {1LL, 8LL, 32LL, 64LL, 128LL, 300LL, 317LL, 512LL, 4096LL})
             for (int blocks : {0, 1, 2, 7, 32, 64, 128, 512, 1024, 100000})
                 std::printf("%d %lld %d %d\n", per_sm, ctas, blocks,
@@ -78,7 +79,9 @@ def test_busy_grids_are_not_split_and_splits_shorten_the_call(answers):
     table = {(p, c, b): s for p, c, b, s in rows}
     assert table[(3, 512, 64)] == 3      # decode, b=64 32/8 s_k=4096: measured 3.35 -> 3.84 TB/s with 3 splits
     assert table[(3, 4096, 64)] == 1     # 10.3 waves: 94 % busy already
-    assert table[(2, 8, 512)] == 32      # decode_tma, b=1 32/8 s_k=32k: 256 CTAs of 16 blocks (was 29 x 18)
-    assert table[(2, 128, 128)] == 2     # b=16 32/8 s_k=8192: one wave of 256 CTAs
-    assert table[(2, 64, 1024)] == 4     # b=8 64/8 s_k=64k
-    assert table[(2, 512, 64)] == 1      # b=64 32/8 s_k=4096: 1.94 waves, 97 % busy
+    # decode_tma (one CTA per SM), measured with bench_decode.py --num-splits N on the H200 (TB/s):
+    assert table[(1, 8, 512)] == 16      # b=1 32/8 s_k=32k: 128 CTAs of 32 blocks, 3.22 (32 parts: 3.06)
+    assert table[(1, 128, 128)] == 1     # b=16 32/8 s_k=8192: 128 CTAs, 4.20 (2 parts: 4.06)
+    assert table[(1, 64, 1024)] == 2     # b=8 64/8 s_k=64k: 128 CTAs, 4.45 (4 parts: 4.36)
+    assert table[(1, 512, 64)] == 1      # b=64 32/8 s_k=4096: 3.9 waves, 97 % busy, 4.30 (best)
+    assert table[(2, 8, 512)] == 32      # the model at two per SM: 256 CTAs of 16 blocks, one wave

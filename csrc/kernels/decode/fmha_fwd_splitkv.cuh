@@ -657,7 +657,8 @@ struct SplitkvKernel {
 
     // The split count for num_splits = 0 (split_heuristic.h), from the SM count and shared memory the runtime read.
     static int num_splits(const SplitkvParams& p, int smem_per_sm) {
-        return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, Cfg::kBlockN, smem_bytes(p), smem_per_sm);
+        return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, Cfg::kBlockN,
+                                ctas_per_sm_by_smem(smem_bytes(p), smem_per_sm));
     }
 
     template <int kMT, bool kRowSplit>

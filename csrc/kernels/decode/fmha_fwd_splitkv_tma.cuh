@@ -515,9 +515,9 @@ struct SplitkvTmaKernel {
     // Pure host arithmetic.
     static bool supports(const SplitkvParams& p) { return tma_detail::tma_supports(p, row_chunks(p), kBlockN); }
 
-    // The split count for num_splits = 0: the decode family's heuristic over this kernel's CTAs per SM.
-    static int num_splits(const SplitkvParams& p, int smem_per_sm) {
-        return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, kBlockN, smem_bytes(p), smem_per_sm);
+    // The split count for num_splits = 0: the decode family's heuristic, waves of one CTA per SM (a TMA ring).
+    static int num_splits(const SplitkvParams& p, int /*smem_per_sm*/) {
+        return heuristic_splits(p, row_chunks(p) * p.nhead_k * p.batch, kBlockN, kTmaRingCtasPerSm);
     }
 
     // after_append: launched as a programmatic dependent of the append kernel just launched.

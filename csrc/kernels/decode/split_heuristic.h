@@ -8,11 +8,10 @@
 // flight, so a wave takes as long as its longest part, and the call waves(s) x (blocks per part + a fixed cost per
 // CTA: its start, the ring's fill and drain, the partial results, about kCtaBlocks blocks' time); ties go to fewer
 // parts. Only counts that leave no part empty are tried (parts of ceil(key_blocks / s) blocks), never more parts
-// than key blocks or MHAKIT_MAX_SPLITS. Measured on the H200 (bf16 d128, decode: three CTAs per SM): b=64 32/8 s_k=4096
-// (512 CTAs in 396 slots, 1.3 waves) reads 3.35 TB/s unsplit, 3.84 with three splits, which the model picks (4 waves
-// of 22 + 2 against 2 of 64 + 2). It replaced "the fewest splits within 90 % of the busiest waves", which cut b=1
-// 32/8 s_k=32k on decode_tma (8 CTAs, two per SM) 29 ways: 232 of 264 slots, parts of 18 blocks; the model takes 32
-// parts of 16 blocks (256 CTAs).
+// than key blocks or MHAKIT_MAX_SPLITS. The wave width is the kernel's: CTAs per SM by shared memory for the generic
+// kernel, one for the TMA-ring kernels (kTmaRingCtasPerSm below, with its measurements). Measured on the H200 with
+// the generic kernel (bf16 d128, three CTAs per SM): b=64 32/8 s_k=4096 (512 CTAs in 396 slots, 1.3 waves) read
+// 3.35 TB/s unsplit, 3.84 with three splits, which the model picks (4 waves of 22 + 2 against 2 of 64 + 2).
 #pragma once
 
 #include "../../include/mha_common.h"
@@ -39,13 +38,27 @@ inline int choose_num_splits(long long ctas, int key_blocks, int num_sms, int ct
     return best;
 }
 
-// The split count of a call whose kernel runs `ctas` CTAs of smem_bytes each over blocks of block_n keys, on a GPU
-// of p.num_sms SMs with smem_per_sm bytes of shared memory each (1 KB of it reserved per CTA).
-inline int heuristic_splits(const SplitkvParams& p, long long ctas, int block_n, int smem_bytes, int smem_per_sm) {
-    const int per_sm = smem_per_sm / (smem_bytes + 1024);
+// The split count of a call whose kernel runs `ctas` CTAs over blocks of block_n keys, on a GPU of p.num_sms SMs, in
+// waves of ctas_per_sm CTAs per SM.
+inline int heuristic_splits(const SplitkvParams& p, long long ctas, int block_n, int ctas_per_sm) {
     const long long keys = (long long)p.max_seqlen_k + p.seqlen_new;
     const int key_blocks = int((keys + block_n - 1) / block_n);
-    return choose_num_splits(ctas, key_blocks, p.num_sms, per_sm > 0 ? per_sm : 1);
+    return choose_num_splits(ctas, key_blocks, p.num_sms, ctas_per_sm > 0 ? ctas_per_sm : 1);
 }
+
+// The CTAs of smem_bytes each that fit on an SM of smem_per_sm bytes (1 KB of it reserved per CTA): the wave width of
+// the kernels whose loads are not TMA rings (the generic decode kernel), for which a second resident CTA adds loads in
+// flight.
+inline int ctas_per_sm_by_smem(int smem_bytes, int smem_per_sm) {
+    const int per_sm = smem_per_sm / (smem_bytes + 1024);
+    return per_sm > 0 ? per_sm : 1;
+}
+
+// The kernels that stream K / V through a TMA ring (decode_tma, its wgmma tiles) count waves at one CTA per SM: one
+// CTA's ring already draws the SM's share of the memory bandwidth, so a second resident CTA only adds its fixed cost
+// and the combine's partials. Measured on the H200 (bf16 d128, bench/bench_decode.py --num-splits N, TB/s): b=1 32/8
+// s_k=32k s_q=1: 16 parts (128 CTAs) 3.22, 32 parts (256 CTAs, two per SM) 3.06; b=16 32/8 s_k=8k s_q=16: unsplit
+// (128 CTAs) 3.90, 2 parts 3.46; b=8 64/8 s_k=64k s_q=1: 2 parts 4.45, 4 parts 4.36.
+constexpr int kTmaRingCtasPerSm = 1;
 
 }  // namespace mhakit::decode
