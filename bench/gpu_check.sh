@@ -165,6 +165,8 @@ if want bench; then
         | tee "$logs/bench_overhead.md" | tail -30
     MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_decode.py --json "$logs/bench_decode.json" 2>&1 \
         | tee "$logs/bench_decode.md" | tail -20
+    MHAKIT_CACHE_DIR="$work/jit_cache" python3 bench/bench_mods.py --json "$logs/bench_mods.json" 2>&1 \
+        | tee "$logs/bench_mods.md" | tail -30
     python3 bench/plot_perf.py "$logs/bench_fwd.json" "$logs/bench_bwd.json" --out-dir "$logs/plots"
     python3 bench/bench_fwd.py --lib "$lib_dir/libmha_fwd.so" --dtype bf16,fp8 --peers cudnn --shape 128,16384,0 \
         --shape 128,16384,1 --shape 256,16384,0 --shape 256,16384,1 --json "$logs/bench_fp8.json" 2>&1 \
@@ -180,7 +182,7 @@ if want bench; then
             done
         done
     done | tee "$logs/mods_cost.txt"
-    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, bench_fp8.md, mods_cost.txt, plots/"
+    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, bench_mods.md, bench_fp8.md, mods_cost.txt, plots/"
 fi
 
 echo
