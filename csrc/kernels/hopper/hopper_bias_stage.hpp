@@ -106,8 +106,9 @@ struct BiasCoord {
 // kSlots slots of 64 bias rows x kBlockN keys per stage, each read by kReaders consumer threads: the forward has one
 // slot per consumer warpgroup (its 64 query rows, 128 readers), the backward one slot that both consumer warpgroups
 // read (the CTA's 64 query rows of the tile against its kBlockN keys, 256 readers). The layout: header comment. A
-// kBlockN that is not whole 64-key boxes (the forward's plain 96-key tiles) may name the type (its sizes are then
-// rounded up and unused) but not stage or load it.
+// kBlockN that is not whole 64-key boxes (the 96-key tiles of both directions) may name the type with any stage
+// count, since the kernels size candidate rings before they decide to stage (its sizes are then rounded up and
+// unused), but not load it (load's assertion).
 template <int kBlockN, int kSlots_, int kStages_, int kReaders>
 struct BiasStage {
     static constexpr int kSlots = kSlots_;
@@ -119,7 +120,6 @@ struct BiasStage {
     static constexpr int kSlotBytes = kBoxes * kBoxBytes;
     static constexpr int kStageBytes = kSlots * kSlotBytes;
     static constexpr bool kWholeBoxes = kBlockN % kBiasBoxKeys == 0;
-    static_assert(kStages == 0 || kWholeBoxes, "TMA: whole 64-key boxes per row");
 
     struct Storage {
         alignas(1024) char data[kStages > 0 ? kStages * kStageBytes : 1];  // 1024: the swizzle atom
