@@ -334,8 +334,8 @@ struct HopperFwdKernelBody {
                 if (warp_in_wg == 1 && staged_bias(params)) {
                     for (int n = tiles.visit.begin; n < tiles.visit.end; ++n)
                         Bias::template load<kGroup>(storage.bias, &params.bias_map, params.mods, work.batch,
-                                                        work.head, n - tiles.visit.begin, work.block * kBlockM,
-                                                        n * kBlockN, seq.sq, seq.sk);
+                                                    work.head, n - tiles.visit.begin, work.block * kBlockM,
+                                                    n * kBlockN, seq.sq, seq.sk);
                 }
             }
         } else {
@@ -484,8 +484,8 @@ struct HopperFwdKernelBody {
 
     // The modifiers' terms (S / U) of key tile n (the t-th visited) on warpgroup wg's S, where the call has per-score
     // ones: a stageable 16-bit elementwise bias from the bias warp's shared-memory ring (staged: staged_bias(), made
-    // once per CTA by the consumer), any other from global memory. A member, not a
-    // lambda of consumer(): as a lambda nvcc outlined it, with S on the stack.
+    // once per CTA by the consumer), any other from global memory. A member, not a lambda of consumer(): as a lambda
+    // nvcc outlined it, with S on the stack.
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE static void score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
                                           SharedStorage& storage, FwdModUnits const& units, bool staged,
