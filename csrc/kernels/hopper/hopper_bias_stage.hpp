@@ -68,7 +68,7 @@ constexpr int kBiasBoxRows = 64;
 
 // A ring gets its second stage only where that leaves this much of the SM's shared memory to L1. Measured on the
 // H200 (bf16 s=4k): the backward's d128 ring with two stages (232448 bytes, the limit) ran the bias call no faster
-// than with one (0.808 vs 0.801 ms) and the instance's soft-cap and sink calls 2-3 % slower; the forward's d256
+// than with one (0.808 vs 0.801 ms) and the instance's soft-cap and sink calls about 2 % slower; the forward's d256
 // ring, one stage vs two, 0.217 vs 0.218 ms.
 constexpr int kBiasL1Leave = 16384;
 
