@@ -223,9 +223,9 @@ struct FwdKernel {
                 // runs a 1-D grid of the persistent kernels' order (heaviest query block first, the pairs a section
                 // at a time), its last section taking the remainder (interleaved_tile's last_absorbs): pair after
                 // pair, as the 3-D grid goes, the last pairs' heaviest blocks start at the end of the grid and run
-                // alone. Measured on the H200 (d256
-                // bf16 causal, docs/PERFORMANCE.md "One-tile grids of causal calls"): +7 % at s = 4k, +2 % at 1k;
-                // d128 causal modifier calls 14-19 % faster ("Causal modifier calls in the one-tile order").
+                // alone. Measured on the H200 (d256 bf16 causal, docs/PERFORMANCE.md "One-tile grids of causal
+                // calls"): +7 % at s = 4k, +2 % at 1k; d128 causal modifier calls 14-19 % faster ("Causal modifier
+                // calls in the one-tile order").
                 // Other calls (sched.total = 0) keep the 3-D grid, whose order a one-pair section would repeat; so do
                 // group mode, fp8 and the d64 "_mods" tile (not kOneTileOrder).
                 params.sched = Impl::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, true, nullptr, 0);
