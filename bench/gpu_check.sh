@@ -32,8 +32,8 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm -
 # ninja's deps log holds each object's own time.) Any other content: nothing is touched.
 mkdir -p "$work/objects"
 cutlass=$(cd "$repo" && python3 -c 'from codegen import toolchain; print(toolchain.find_cutlass())' 2>/dev/null)
-hashed_files() {  # the files the hash covers, each tagged with its root, NUL-separated, sorted
-    (cd "$repo" && find "$repo"/{compile.py,codegen,csrc,templates,mhakit} -type f ! -name '*.pyc' -print0)
+hashed_files() {  # the files the hash covers, absolute paths, NUL-separated (tree_hash sorts them)
+    find "$repo"/{compile.py,codegen,csrc,templates,mhakit} -type f ! -name '*.pyc' -print0
     [ -n "$cutlass" ] && (find "$cutlass"/{include,tools/util/include} -type f -print0 2>/dev/null)
 }
 tree_hash() {
