@@ -150,6 +150,37 @@ def test_mha_fwd_cupy(case):
         assert_close(lse.numpy(), ref_lse, dtype, "LSE")
 
 
+# Row maxima that move along the keys: the Hopper forward's lazy rescale (hopper_softmax.hpp: d256 and others where
+# O holds many registers per score) keeps a row's reference maximum until a tile passes it by 2^8, so these inputs
+# make it move tile after tile (ramp), once late and far (spike), or never after the first tile (fall); d128 runs the
+# eager rescale on the same data.
+@pytest.mark.parametrize("d", [256, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", ["ramp", "spike", "fall"])
+def test_row_maxima_moving_along_the_keys(d, causal, pattern):
+    rng = np.random.default_rng(7)
+    b, sq, sk, hq, hk = 1, 300, 521, 4, 2
+    q = rng.standard_normal((b, sq, hq, d), np.float32)
+    k = rng.standard_normal((b, sk, hk, d), np.float32)
+    v = rng.standard_normal((b, sk, hk, d), np.float32)
+    ramp = 1 + 8 * np.arange(sk, dtype=np.float32) / sk
+    if pattern == "ramp":
+        k *= ramp[None, :, None, None]
+    elif pattern == "fall":
+        k *= ramp[None, ::-1, None, None]
+    else:  # keys aligned with the mean query of their group, late in the sequence
+        for j in (sk // 2 + 3, 3 * sk // 4, sk - 7):
+            k[:, j] = 6 * q.reshape(b, sq, hk, hq // hk, d).mean(axis=(1, 3))
+    (qh, qr), (kh, kr), (vh, vr) = (round_to(x, "bf16") for x in (q, k, v))
+    o, lse = mhakit.mha_fwd(cp.asarray(qh), cp.asarray(kh), cp.asarray(vh), causal=causal, return_lse=True,
+                            dtype="bf16")
+    mask_type, left, right = api._resolve_mask(causal, None, None)
+    ref_o, ref_lse = reference.attention_fwd(qr, kr, vr, layout="bshd", mask_type=mask_type, window_left=left,
+                                             window_right=right, return_lse=True)
+    assert_close(to_float(o.numpy(), "bf16"), ref_o, "bf16", "O")
+    assert_close(lse.numpy(), ref_lse, "bf16", "LSE")
+
+
 def test_out_and_lse_out_are_filled_in_place():
     rng = np.random.default_rng(7)
     (q, k, v), (qr, kr, vr) = make_qkv(rng, "fp16", 2, 64, 64, 4, 4, 128, 128, "bshd")

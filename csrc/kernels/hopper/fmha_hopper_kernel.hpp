@@ -112,6 +112,13 @@ struct HopperFwdKernelBody {
     static_assert(kStages >= 2, "tile too large for shared memory");
     static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside the K/V ring");
 
+    // Lazy rescaling of O (OnlineSoftmax, hopper_softmax.hpp) where O holds at least twice as many registers per
+    // thread as a key tile's scores (hdim_v / 2 against block_n / 2): there the skipped rescale outweighs the
+    // per-tile vote. Measured on the H200 (bench_fwd.py, bf16, b·s = 16k, hidden 2048, s = 1k / 4k / 16k, both mask
+    // kinds, two rounds): d256 (128 x 64 tiles, 4x) +2 to +5 % on every row, fp8 d256 (128 x 128, 2x) +2 %; d128
+    // (128 x 128, 1x) 0 to -5 %, d64 (0.5x) -1 to -3.5 %, fp8 d128 (128 x 192) -1 %: those keep the eager rescale.
+    static constexpr bool kLazyRescale = kHdimV >= 2 * kBlockN;
+
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
     using PersistentScheduler = DynamicPersistentScheduler;
@@ -580,7 +587,7 @@ struct HopperFwdKernelBody {
             }
         };
 
-        OnlineSoftmax<R> softmax;
+        OnlineSoftmax<R, kLazyRescale> softmax;
         clear(acc_o);
         if constexpr (kPersistent) pipe_q.consumer_wait(rq);
 

@@ -3,13 +3,14 @@
 // the O accumulator must be rescaled after each tile. Four threads share a row (the wgmma C layout), so row
 // reductions are two xor-shuffles.
 //
-// Lazy rescaling (FlashAttention-4's idea): a row's reference maximum moves only when a tile's maximum exceeds it by
-// more than kRescaleLog2 in log2 units (a factor of 2^8); otherwise the tile's probabilities are taken against the
-// old reference, so they may reach 2^8 instead of 1 (in fp32, and in P's 16-bit or e4m3 operand: all hold 256 with
-// their usual relative precision), and O keeps its scale. The row sum, O and the LSE are all taken against the same
-// reference, so the result is the same softmax. A warp whose rows all kept their reference skips O's rescale (the
-// R x hdim_v / 4 multiplies per thread on the path between one P·V and the next); after a row's first tiles that is
-// almost every tile.
+// Lazy rescaling (kLazy; FlashAttention-4's idea): a row's reference maximum moves only when a tile's maximum
+// exceeds it by more than kRescaleLog2 in log2 units (a factor of 2^8); otherwise the tile's probabilities are taken
+// against the old reference, so they may reach 2^8 instead of 1 (in fp32, and in P's 16-bit or e4m3 operand: all
+// hold 256 with their usual relative precision), and O keeps its scale. The row sum, O and the LSE are all taken
+// against the same reference, so the result is the same softmax. A warp whose rows all kept their reference skips
+// O's rescale (hdim_v / 2 multiplies per thread, on the path between one P·V and the next); after a row's first
+// tiles that is almost every tile. It pays where O holds many registers per score: the kernel's rule
+// (HopperFwdKernelBody::kLazyRescale) and its measurements are there.
 #pragma once
 
 #include <cmath>
@@ -23,10 +24,10 @@ namespace mhakit::hopper {
 
 constexpr float kRescaleLog2 = 8.f;  // how far (log2 units) a row's maximum may pass its reference unrescaled
 
-template <int R>  // rows held by one thread
+template <int R, bool kLazy = false>  // R: rows held by one thread
 struct OnlineSoftmax {
     float row_max[R], row_sum[R], scale_o[R];
-    bool rescale_warp;  // some row of this warp moved its reference in the last update: O must be rescaled
+    bool rescale_warp;  // kLazy: some row of this warp moved its reference in the last update (O must be rescaled)
 
     CUTLASS_DEVICE OnlineSoftmax() {
         CUTLASS_PRAGMA_UNROLL
@@ -43,7 +44,7 @@ struct OnlineSoftmax {
     CUTLASS_DEVICE void update(TensorS& s_mn, float scale_log2) {
         constexpr int C = decltype(cute::size<1>(s_mn))::value;
         static_assert(decltype(cute::size<0>(s_mn))::value == R);
-        bool moved = false;
+        [[maybe_unused]] bool moved = false;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < R; ++i) {
             float mx = row_max[i];
@@ -51,7 +52,7 @@ struct OnlineSoftmax {
             for (int j = 0; j < C; ++j) mx = fmaxf(mx, s_mn(i, j));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            if constexpr (!kFirst) {
+            if constexpr (!kFirst && kLazy) {
                 // The reference moves only past the threshold (-inf to a finite maximum always: +inf > it; a row
                 // with nothing visible yet compares NaN and keeps -inf).
                 const bool move = (mx - row_max[i]) * scale_log2 > kRescaleLog2;
@@ -63,6 +64,7 @@ struct OnlineSoftmax {
             }
             const float m_ref = (mx == -INFINITY) ? 0.f : mx;  // rows with nothing visible yet: no NaN
             const float neg = -m_ref * scale_log2;
+            if constexpr (!kFirst && !kLazy) scale_o[i] = detail::exp2_approx((row_max[i] - m_ref) * scale_log2);
             row_max[i] = mx;
             float sum = 0.f;
             CUTLASS_PRAGMA_UNROLL
@@ -73,13 +75,13 @@ struct OnlineSoftmax {
             }
             row_sum[i] = kFirst ? sum : fmaf(row_sum[i], scale_o[i], sum);
         }
-        if constexpr (!kFirst) rescale_warp = __any_sync(0xffffffffu, moved);
+        if constexpr (!kFirst && kLazy) rescale_warp = __any_sync(0xffffffffu, moved);
     }
 
     // O *= the factor of the last update (O in its rows x columns view), unless no row of the warp moved.
     template <class TensorO>
     CUTLASS_DEVICE void rescale(TensorO& o_mn) const {
-        if (!rescale_warp) return;
+        if (kLazy && !rescale_warp) return;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < R; ++i) scale_row(o_mn, i, scale_o[i]);
     }
