@@ -114,6 +114,20 @@ def host_rows() -> list[dict]:
             lambda: mhakit.mha_varlen_bwd(pdo, pq, pk, pv, po, plse, cu, cu, 78, 78, causal=True, dq=pdq, dk=pdk,
                                           dv=pdv), path)
     use_c_path(True)
+    # A 16-bit elementwise bias at d128 is staged through shared memory by TMA on the Hopper modifier instances, with
+    # a tensor map encoded on the host for every call: these rows put that call's host cost beside the same shape's
+    # plain call (d64's tile reads its bias from global memory).
+    q2, k2, v2, do2 = (torch.randn(b, s, h, 128, device="cuda", dtype=dt) for _ in range(4))
+    o2, lse2 = torch.empty_like(q2), torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+    dq2, dk2, dv2 = torch.empty_like(q2), torch.empty_like(k2), torch.empty_like(v2)
+    bias = torch.randn(1, 1, s, s, device="cuda", dtype=dt)
+    for name, kw in (("", {}), ("bias=, ", {"bias": bias})):
+        mhakit.mha_fwd(q2, k2, v2, causal=True, out=o2, lse_out=lse2, **kw)
+        mhakit.mha_bwd(do2, q2, k2, v2, o2, lse2, causal=True, dq=dq2, dk=dk2, dv=dv2, **kw)
+        add(f"mha_fwd({name}out=, lse_out=), d128",
+            lambda kw=kw: mhakit.mha_fwd(q2, k2, v2, causal=True, out=o2, lse_out=lse2, **kw), "C")
+        add(f"mha_bwd({name}dq=, dk=, dv=), d128",
+            lambda kw=kw: mhakit.mha_bwd(do2, q2, k2, v2, o2, lse2, causal=True, dq=dq2, dk=dk2, dv=dv2, **kw), "C")
     try:
         import cupy as cp
         cq, ck, cv = (cp.asarray(t) for t in (q.view(torch.int16), k.view(torch.int16), v.view(torch.int16)))

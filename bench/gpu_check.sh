@@ -47,16 +47,19 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(tree_hash)" ]; then
 fi
 
 if want build; then
+    build_rc=0
     for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
         start=$(date +%s)
         (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile "$profile" --benchmark -j "$(nproc)" \
             --build-dir "$work/objects") >"$logs/build_$api.log" 2>&1
         rc=$?
+        [ $rc -eq 0 ] || build_rc=$rc
         count=$(python3 compile.py --api $api --list --arch sm_90a --profile "$profile" | tail -1)
         note "build $profile $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
         tail -2 "$logs/build_$api.log"
     done
-    tree_hash >"$stamp"
+    # Stamped only after a build that passed (a failed one leaves no claim on the objects).
+    if [ $build_rc -eq 0 ]; then tree_hash >"$stamp"; else rm -f "$stamp"; fi
 fi
 lib_dir="$work/lib"
 
