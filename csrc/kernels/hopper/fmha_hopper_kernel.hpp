@@ -115,8 +115,9 @@ struct HopperFwdKernelBody {
     // Lazy rescaling of O (OnlineSoftmax, hopper_softmax.hpp) where O holds at least twice as many registers per
     // thread as a key tile's scores (hdim_v / 2 against block_n / 2): there the skipped rescale outweighs the
     // per-tile vote. Measured on the H200 (bench_fwd.py, bf16, b·s = 16k, hidden 2048, s = 1k / 4k / 16k, both mask
-    // kinds, two rounds): d256 (128 x 64 tiles, 4x) +2 to +5 % on every row, fp8 d256 (128 x 128, 2x) +2 %; d128
-    // (128 x 128, 1x) 0 to -5 %, d64 (0.5x) -1 to -3.5 %, fp8 d128 (128 x 192) -1 %: those keep the eager rescale.
+    // kinds, two rounds): d256 (128 x 64 tiles, 4x) +2 to +5 % on every row, fp8 d256 (128 x 128, 2x) +2 %, d192
+    // (128 x 96, 2x) +1 to +3 %; d128 (128 x 128, 1x) 0 to -5 %, d64 (0.5x) -1 to -3.5 %, fp8 d128 (128 x 192)
+    // -1 %: those keep the eager rescale. docs/PERFORMANCE.md, "Lazy O rescale for the wide head dims".
     static constexpr bool kLazyRescale = kHdimV >= 2 * kBlockN;
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
