@@ -80,31 +80,36 @@ if want build; then
 fi
 lib_dir="$work/lib"
 
-# gpu_test_files LABEL WHAT FILE...: `pytest -m gpu` on each file in a process of its own, MHAKIT_GPU_TEST_JOBS (8)
-# at a time (the environment passes through); a log per file in $logs/LABEL/, a line per file in $logs/LABEL.log.
+# gpu_test_files LABEL WHAT FILE...: `pytest -m gpu` on each file, cut into MHAKIT_GPU_TEST_SHARDS (3) shards of its
+# collected tests (conftest.py's --shard=I/N), each shard a process of its own, MHAKIT_GPU_TEST_JOBS (12) at a time
+# (the environment passes through; the NumPy references are CPU-bound, one core each): whole files took more than one
+# 10-minute device call (test_python_gpu_mods.py alone about 6 minutes), a third of each fits beside the others. A log
+# per shard in $logs/LABEL/, a line per shard in $logs/LABEL.log.
 gpu_test_files() {
-    local label=$1 what=$2 start totals
+    local label=$1 what=$2 start totals shards=${MHAKIT_GPU_TEST_SHARDS:-3} f i
     shift 2
     rm -rf "${logs:?}/$label"; mkdir -p "$logs/$label"
     start=$(date +%s)
-    printf '%s\n' "$@" | xargs -P "${MHAKIT_GPU_TEST_JOBS:-8}" -I{} bash -c \
-        'log="$1/$(basename "$2" .py).log"; python3 -m pytest -q -m gpu -p no:cacheprovider "$2" >"$log" 2>&1
-         echo "$2: rc=$? $(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$log" | tail -1)"' \
-        _ "$logs/$label" {} | tee "$logs/$label.log"
+    for f in "$@"; do for ((i = 0; i < shards; i++)); do echo "$f $i"; done; done |
+        xargs -P "${MHAKIT_GPU_TEST_JOBS:-12}" -L 1 bash -c \
+        'log="$1/$(basename "$3" .py)_$4.log"; python3 -m pytest -q -m gpu -p no:cacheprovider --shard="$4/$2" "$3" \
+             >"$log" 2>&1
+         echo "$3 [$4/$2]: rc=$? $(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$log" | tail -1)"' \
+        _ "$logs/$label" "$shards" | tee "$logs/$label.log"
     totals=$(grep -o -E "[0-9]+ (passed|failed|errors?|skipped)" "$logs/$label.log" |
         awk '{n[$2] += $1} END {for (k in n) printf "%d %s, ", n[k], k}')
-    note "pytest -m gpu, $what ($# files in $(( $(date +%s) - start )) s): ${totals%, }; files that failed (rc other than 0, or 5: nothing collected): $(grep -c -v -E ': rc=(0|5) ' "$logs/$label.log")"
+    note "pytest -m gpu, $what ($# files in $shards shards each, $(( $(date +%s) - start )) s): ${totals%, }; shards that failed (rc other than 0, or 5: nothing selected): $(grep -c -v -E ': rc=(0|5) ' "$logs/$label.log")"
 }
 
 if want tests; then
     # The Python tests' kernels, compiled up front with every core (on first use they would build one entry at a
     # time): every library a call could need within the profile (already in the cache when the build step ran).
     prebuild
-    # Each file with GPU tests in a pytest process of its own, MHAKIT_GPU_TEST_JOBS (8) at a time: in one process the
-    # suites take about 25 minutes on the H200 machine, most of it the NumPy references on one CPU core. A log per
-    # file under $logs/<label>/, its summary line in $logs/<label>.log, the totals in the summary.
+    # Each file with GPU tests in shards of pytest processes (gpu_test_files): in one process the suites take about
+    # 25 minutes on the H200 machine, most of it the NumPy references on one CPU core. A log per shard under
+    # $logs/<label>/, its summary line in $logs/<label>.log, the totals in the summary.
     export MHAKIT_TEST_PROFILE=$profile MHAKIT_TEST_LIB_DIR="$lib_dir" MHAKIT_TEST_BUILD_DIR="$work" \
-        MHAKIT_TEST_CACHE_DIR="$work/jit_cache" OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
+        MHAKIT_TEST_CACHE_DIR="$work/jit_cache" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
     gpu_test_files pytest_gpu "the C call path" $(grep -l -E "pytest\.mark\.gpu|pytestmark = .*gpu" tests/test_*.py)
     # The same Python GPU tests through the pure-Python call path (the C path above is the default).
     MHAKIT_NO_EXT=1 gpu_test_files pytest_gpu_python_path "the pure-Python call path" tests/test_python_gpu.py \

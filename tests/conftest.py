@@ -41,7 +41,32 @@ def rocm_unavailable() -> str:
     return ""
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only every N-th collected test, starting at the I-th (0 <= I < N): the shards of one "
+                          "file run side by side (bench/gpu_check.sh)")
+
+
+def shard_of(spec: str | None) -> tuple[int, int] | None:
+    """--shard's (I, N), None without it; a UsageError (pytest's one-line refusal) for anything but 0 <= I < N."""
+    if spec is None:
+        return None
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard={spec}: expected I/N with integers 0 <= I < N") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--shard={spec}: expected I/N with integers 0 <= I < N")
+    return i, n
+
+
 def pytest_collection_modifyitems(config, items):
+    shard = shard_of(config.getoption("--shard"))
+    if shard is not None:  # collection order is deterministic, so the shards of a file partition its tests
+        i, n = shard
+        dropped = [item for k, item in enumerate(items) if k % n != i]
+        items[:] = [item for k, item in enumerate(items) if k % n == i]
+        config.hook.pytest_deselected(items=dropped)
     skip_gpu = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
     skip_nvcc = pytest.mark.skip(reason="nvcc not found")
     gpu, nvcc = have_gpu(), have_nvcc()
