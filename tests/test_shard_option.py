@@ -10,9 +10,13 @@ from conftest import REPO
 TARGET = "tests/test_score_mods.py"  # many quick CPU tests, parametrized ids included
 
 
+def run_collect(*extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", TARGET,
+                           *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
 def collected(*extra: str) -> list[str]:
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", TARGET,
-                          *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = run_collect(*extra)
     assert res.returncode == 0, res.stdout + res.stderr
     return [line for line in res.stdout.splitlines() if "::" in line]
 
@@ -27,8 +31,7 @@ def test_shards_partition_the_collection():
 
 def test_malformed_shard_is_one_line():
     for spec in ("3/3", "-1/2", "a/b", "1"):
-        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-                              TARGET, f"--shard={spec}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        res = run_collect(f"--shard={spec}")
         assert res.returncode != 0
         assert "expected I/N with integers 0 <= I < N" in res.stderr
         assert "Traceback" not in res.stderr + res.stdout
