@@ -52,19 +52,17 @@ struct OnlineSoftmax {
             for (int j = 0; j < C; ++j) mx = fmaxf(mx, s_mn(i, j));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            [[maybe_unused]] bool move = true;  // the reference moves to mx (always, without kLazy)
             if constexpr (!kFirst && kLazy) {
-                // The reference moves only past the threshold (-inf to a finite maximum always: +inf > it; a row
-                // with nothing visible yet compares NaN and keeps -inf).
-                const bool move = (mx - row_max[i]) * scale_log2 > kRescaleLog2;
-                const float m_new = move ? mx : row_max[i];
-                const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
-                scale_o[i] = move ? detail::exp2_approx((row_max[i] - m_ref) * scale_log2) : 1.f;
+                // Only past the threshold (-inf to a finite maximum always: +inf > it; a row with nothing visible
+                // yet compares NaN and keeps -inf).
+                move = (mx - row_max[i]) * scale_log2 > kRescaleLog2;
+                if (!move) mx = row_max[i];
                 moved |= move;
-                mx = m_new;
             }
             const float m_ref = (mx == -INFINITY) ? 0.f : mx;  // rows with nothing visible yet: no NaN
             const float neg = -m_ref * scale_log2;
-            if constexpr (!kFirst && !kLazy) scale_o[i] = detail::exp2_approx((row_max[i] - m_ref) * scale_log2);
+            if constexpr (!kFirst) scale_o[i] = move ? detail::exp2_approx((row_max[i] - m_ref) * scale_log2) : 1.f;
             row_max[i] = mx;
             float sum = 0.f;
             CUTLASS_PRAGMA_UNROLL
