@@ -116,6 +116,24 @@ def hopper_bwd_tiles_fit(spec: KernelSpec, cat) -> Optional[str]:
     return None
 
 
+def hopper_fwd_stages_are_persistent(spec: KernelSpec, cat) -> Optional[str]:
+    """The Hopper forward's `stages` caps the K/V ring of a persistent tile (to leave O a staging buffer of its own;
+    fmha_hopper_kernel.hpp, kMaxStages): only instances that run the persistent grid (spec.persistent: batch-mode
+    plain 16-bit ones) take it, so a tile with stages needs persistent = true, plain_only = true and modes = ["batch"],
+    and at most the 5 slots the kernel ever uses."""
+    if spec.signature.api != "fwd" or spec.algorithm.family != "hopper":
+        return None
+    stages = dict(spec.algorithm.tile).get("stages")
+    if stages is None:
+        return None
+    if not spec.persistent:
+        return ("a Hopper forward tile's stages caps a persistent grid's ring: give it persistent = true, "
+                "plain_only = true and modes = [\"batch\"] (this instance would run the one-tile kernel)")
+    if not 2 <= stages <= 5:
+        return f"a Hopper forward tile's stages is 2 .. 5 (got {stages})"
+    return None
+
+
 def ck_group_mode_pads_sequences(spec: KernelSpec, cat) -> Optional[str]:
     """CK-tile forward: a group-mode kernel cannot know whether a sequence fills its last tile, so it must pad both
     sequence dimensions (the padding flags of each variant are catalogue data: ck.fwd_pads)."""
@@ -137,6 +155,7 @@ RULES: tuple[Rule, ...] = (
     tiles_have_block_sizes,
     wgmma_decode_tiles_agree,
     hopper_bwd_tiles_fit,
+    hopper_fwd_stages_are_persistent,
     ck_group_mode_pads_sequences,
 )
 

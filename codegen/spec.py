@@ -63,7 +63,9 @@ class Algorithm:
             token += f"o{values['overlap']}"
         if values.get("ctas_per_sm"):  # decode_tma: a cap of CTAs per SM (none: no token)
             token += f"c{values['ctas_per_sm']}"
-        if self.candidate and "stages" in values:
+        # The ring depth: a candidate's (see above), and a persistent tile's cap on its ring (Hopper forward), which
+        # runs a different kernel from the one-tile tile of the same block shape beside it.
+        if "stages" in values and (self.candidate or values.get("persistent")):
             token += f"s{values['stages']}"
         if values.get("prefetch"):  # decode_tma: blocks prefetched into L2 ahead of the loads (none: no token)
             token += f"p{values['prefetch']}"

@@ -121,7 +121,7 @@ def test_fp8_without_fp8_instances_is_unsupported_with_what_fp8_needs(lib):
         lib.workspace_size(args)
     # a 16-bit call on a persistent Hopper instance (catalogue `persistent`) asks for its 8-byte tile counter, one on
     # the generic family (a head dim that is not a multiple of 8) for nothing
-    assert lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
+    assert lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
     assert lib.workspace_size(valid_args()) == 8
     assert lib.workspace_size(valid_args(hdim_q=127, hdim_v=127)) == 0
 
@@ -129,7 +129,7 @@ def test_fp8_without_fp8_instances_is_unsupported_with_what_fp8_needs(lib):
 def test_smaller_head_dims_are_served_by_a_larger_bucket(lib):
     assert lib.kernel_name(valid_args(hdim_q=64, hdim_v=64)).startswith("fwd_d128_bf16_batch_nmask_sm90a_")
     # hdim_q != hdim_v, each within the bucket: the Hopper forward too (Q·Kᵀ over hdim_q, P·V over hdim_v)
-    assert lib.kernel_name(valid_args(hdim_q=64, hdim_v=128)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
+    assert lib.kernel_name(valid_args(hdim_q=64, hdim_v=128)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
 
 
 @pytest.mark.parametrize("d", [1, 3, 59, 111, 127])
@@ -142,11 +142,11 @@ def test_head_dims_that_are_not_multiples_of_8_run_on_the_generic_family(lib, d)
                       nhead_stride_v=256 * d, nhead_stride_o=256 * d)
     assert lib.kernel_name(valid_args(hdim_q=d, hdim_v=d, **contiguous)) == name
     # a multiple of 8 below the bucket keeps the hopper instance
-    assert lib.kernel_name(valid_args(hdim_q=56, hdim_v=56)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
+    assert lib.kernel_name(valid_args(hdim_q=56, hdim_v=56)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
 
 
 def test_instance_choice(lib):
-    assert lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
+    assert lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
     assert lib.last_error() == ""
     causal = valid_args(mask_type=1, window_size_left=-1, window_size_right=0)
     assert lib.kernel_name(causal) == "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128"
@@ -161,7 +161,7 @@ def test_padded_and_unaligned_cases_fall_back_to_the_generic_family(lib):
     # the catalogue's align_bytes = 16 of [fwd.hopper]: a base pointer 8 bytes off, a head stride 4 elements off
     assert lib.kernel_name(valid_args(v_ptr=FAKE + 8)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
     assert lib.kernel_name(valid_args(nhead_stride_o=256 * 128 + 4)) == "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"
-    assert lib.kernel_name(valid_args(batch=1, batch_stride_k=3)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
+    assert lib.kernel_name(valid_args(batch=1, batch_stride_k=3)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
 
 
 def test_empty_problems_return_zero_without_launching(lib):

@@ -1,6 +1,7 @@
 """Catalogue, spec rules, names, profiles, rendering and the ninja file: the code generator without a compiler."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -93,7 +94,8 @@ class TestNames:
         specs = profiles.select("fwd", "sm_90a", "default").specs
         names = [s.name for s in specs]
         assert len(names) == len(set(names))
-        pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16|fp8bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+)?$")
+        pattern = re.compile(r"^fwd_d\d+(x\d+)?_(fp16|bf16|fp8bf16)_(batch|group)_(n?mask)(_mods)?_sm\d+a?_(hopper|generic)_b\d+x\d+(w\d+|s\d+)?$")
+        # (s<stages>: a persistent Hopper tile that caps its ring, e.g. d256's b128x64s4 beside the one-tile b128x64)
         # the forward library's split-KV (decode) instances: batch "mode", one mask class serving every mask
         # (decode_tma's wgmma tile: g<warpgroups> instead of w<warps>, o1 where its consumer loop is pipelined)
         decode = re.compile(r"^splitkv_d\d+_(fp16|bf16)_batch_mask_sm\d+a?_decode(_tma)?_b\d+x\d+(w\d+|g\d+(o1)?)$")
@@ -117,10 +119,11 @@ class TestProfiles:
         # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
         # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`; the ranged d64 masked tile
         # (128 x 128 up to max_seqlen_q 1024, plain only): 2 dtypes x 2 modes in both; decode_tma's wgmma tiles (2
-        # dtypes x (d64 one warpgroup, d128 one and two warpgroups))
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4 + 6
+        # dtypes x (d64 one warpgroup, d128 one and two warpgroups)); the ranged d256 masked persistent tile (up to
+        # max_seqlen_q 1024, plain, batch mode): 2 dtypes in both
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4 + 6 + 2
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4 + 6
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4 + 6 + 2
         # (the unmasked (192, 128) backward tile is plain only: no nmask "_mods" instance, 2 dtypes x 2 modes)
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48 - 4
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6
@@ -137,11 +140,18 @@ class TestProfiles:
                 if s.algorithm.family == "hopper"} == {("bf16", d, m, "mask") for d in (64, 128, 256)
                                                          for m in ("batch", "group")}
         assert sum(s.algorithm.family == "generic" for s in fwd) == 12
-        # every modifier instance has its plain twin, and only families whose score_mods list `mods` have them
+        # every modifier instance has its plain twin (the same signature without the modifiers; the same tile except
+        # where the plain calls take a tile of their own: the Hopper d128 / d256 batch-mode unmasked ones), and only
+        # families whose score_mods list `mods` have them
         every = profiles.enumerate_specs("fwd", "sm_90a").specs
         plain = {s.name for s in every if not s.signature.mods}
+        plain_signatures = {s.signature for s in every if not s.signature.mods}
         twins = [s for s in every if s.signature.mods]
-        assert len(twins) == 40 + 48 and all(s.name.replace("_mods", "") in plain for s in twins)
+        assert len(twins) == 40 + 48
+        assert all(dataclasses.replace(s.signature, mods=False) in plain_signatures for s in twins)
+        own_tile = [s.name for s in twins if s.name.replace("_mods", "") not in plain]
+        assert sorted(own_tile) == sorted(f"fwd_d{d}_{t}_batch_nmask_mods_sm90a_hopper_b128x{n}" for d, n in
+                                          ((128, 128), (256, 64)) for t in ("fp16", "bf16"))
         assert all(s.guards.instance_mods for s in twins)
         bwd_twins = [s for s in profiles.enumerate_specs("bwd", "sm_90a").specs if s.signature.mods]
         # (less the unmasked (192, 128) backward tile's 4, which is plain only)

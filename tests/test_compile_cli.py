@@ -17,7 +17,7 @@ def test_list_prints_names_and_count(tmp_path):
     assert lines[-1] == "10 fwd instances for sm_90a (profile minimal)"
     assert "splitkv_d128_bf16_batch_mask_sm90a_decode_b32x64w4" in lines
     assert "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4" in lines  # the profile's one modifier instance
-    assert "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128" in lines
+    assert "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176" in lines
     assert not list(tmp_path.iterdir()), "--list must not write anything"
 
 

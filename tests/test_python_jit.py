@@ -72,7 +72,7 @@ def make_cache(tmp_path, builder=None):
 class TestDerive:
     def test_hopper_batch_equal_dims_gets_hopper_and_generic_fallback(self):
         e = entry()
-        assert e.instance_names == ["fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128",
+        assert e.instance_names == ["fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176",
                                     "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4"]
         assert e.name == "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"
 
@@ -87,7 +87,7 @@ class TestDerive:
                     "fwd_d192x128_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
         (160, 160, ["fwd_d192_fp16_batch_nmask_sm90a_hopper_b128x96",
                     "fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
-        (16, 256, ["fwd_d256_fp16_batch_nmask_sm90a_hopper_b128x64", "fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
+        (16, 256, ["fwd_d256_fp16_batch_nmask_sm90a_hopper_b128x64s4", "fwd_d256_fp16_batch_nmask_sm90a_generic_b64x64w4"]),
     ])
     def test_tightest_bucket_per_family(self, hq, hv, expected):
         assert entry("fp16", hq, hv).instance_names == expected

@@ -96,7 +96,7 @@ class TestListing:
         assert max(by_name[n].priority for n in by_name if "_qr_b" in n) < trload.priority
 
     def test_cuda_names_are_unchanged(self):
-        assert "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128" in names("fwd", "sm_90a")
+        assert "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176" in names("fwd", "sm_90a")
         assert "fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4" in names("fwd", "sm_90a")
 
 

@@ -66,7 +66,7 @@ def test_forward_modifier_calls_run_on_the_hopper_modifier_instance(fwd_lib, ove
     minimal profile's masked one serves this unmasked call too); what Hopper refuses (a head dim not a multiple of
     8) goes to the generic "_mods" instance, or, for a sink alone, to the plain generic one; plain calls never reach a
     modifier instance."""
-    assert fwd_lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x128"
+    assert fwd_lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
     assert fwd_lib.kernel_name(valid_args(mask_type=1, hdim_q=59, hdim_v=59)) == \
         "fwd_d128_bf16_batch_mask_sm90a_generic_b128x64w4"
     for mask_type in (0, 1, 2, 3):

@@ -15,6 +15,8 @@ from codegen.catalogue import CatalogueError, Tile, _parse_tile, check_seqlen_ra
 FAM = {"dtypes": ["fp16", "bf16"], "modes": ["batch", "group"], "masks": ["nmask", "mask"]}
 D64_MASKED = [f"fwd_d64_{dt}_{mode}_mask_sm90a_hopper_b128x128" for dt in ("bf16", "fp16")
               for mode in ("batch", "group")]
+# d256 masked up to 1024 query rows: the persistent tile with a 4-slot ring (batch-mode plain calls)
+D256_MASKED = [f"fwd_d256_{dt}_batch_mask_sm90a_hopper_b128x64s4" for dt in ("bf16", "fp16")]
 
 
 def tile(block_m=192, seqlen_q=None, **narrowing) -> Tile:
@@ -76,19 +78,56 @@ class TestCatalogue:
                                                  r"the seqlen ranges \[1, 2048\] and \[1024, 4096\] overlap"):
             catalogue.load("overlap")
 
-    def test_the_shipped_catalogue_ranges_the_d64_masked_hopper_forward(self):
+    def test_the_shipped_catalogue_ranges_the_d64_and_d256_masked_hopper_forward(self):
         hopper = catalogue.load("cuda").family("fwd", "hopper")
         ranged = [t for t in hopper.tiles if t.seqlen_q is not None]
         assert [(t.hdim_q, t.get("block_m"), t.get("block_n"), t.seqlen_q, t.masks, t.dtypes, t.has_mods)
-                for t in ranged] == [(64, 128, 128, (1, 1024), ("mask",), ("fp16", "bf16"), False)]
+                for t in ranged] == [(64, 128, 128, (1, 1024), ("mask",), ("fp16", "bf16"), False),
+                                     (256, 128, 64, (1, 1024), ("mask",), ("fp16", "bf16"), False)]
+        # the d256 one is the persistent grid with a capped ring, batch mode only
+        assert (ranged[1].get("persistent"), ranged[1].get("stages"), ranged[1].modes) == (1, 4, ("batch",))
+
+
+class TestStagesRule:
+    """A Hopper forward tile's `stages` caps a persistent grid's ring (codegen/rules.py,
+    hopper_fwd_stages_are_persistent): its instances must run that grid, and the name spells the cap."""
+
+    @staticmethod
+    def spec(stages=4, persistent=True, mode="batch", mods=False, dtype="bf16"):
+        from codegen import rules
+        from codegen.spec import Algorithm, Guards, KernelSpec, Signature
+        tile = (("block_m", 128), ("block_n", 64)) + ((("persistent", 1),) if persistent else ()) + \
+            ((("stages", stages),) if stages is not None else ())
+        fam = catalogue.load("cuda").family("fwd", "hopper")
+        spec = KernelSpec(Signature("fwd", dtype, 256, 256, mode, "mask", mods), Algorithm("hopper", "sm_90a", tile), 10,
+                          "instance_hopper.cu.j2", Guards.of(fam))
+        return spec, rules.violations(spec)
+
+    def test_the_shipped_tile_passes_and_is_named_apart(self):
+        spec, reasons = self.spec()
+        assert reasons == [] and spec.name == "fwd_d256_bf16_batch_mask_sm90a_hopper_b128x64s4"
+        spec, reasons = self.spec(stages=None, persistent=False)
+        assert reasons == [] and spec.name == "fwd_d256_bf16_batch_mask_sm90a_hopper_b128x64"
+
+    @pytest.mark.parametrize("change", [dict(persistent=False), dict(mode="group"), dict(mods=True),
+                                        dict(dtype="fp8bf16")])
+    def test_stages_on_a_one_tile_instance_is_refused(self, change):
+        _, reasons = self.spec(**change)
+        assert any("caps a persistent grid's ring" in r for r in reasons), reasons
+
+    @pytest.mark.parametrize("stages", [1, 6])
+    def test_stages_out_of_range_is_refused(self, stages):
+        _, reasons = self.spec(stages=stages)
+        assert any("stages is 2 .. 5" in r for r in reasons), reasons
 
 
 class TestProfiles:
-    def test_default_builds_the_four_ranged_instances_and_minimal_none(self):
+    def test_default_builds_the_six_ranged_instances_and_minimal_none(self):
         default = {s.name: s for s in profiles.select("fwd", "sm_90a", "default").specs}
         ranged = sorted(n for n, s in default.items() if s.seqlen_q is not None)
-        assert ranged == sorted(D64_MASKED)
-        assert all(default[n.replace("b128x128", "b192x128")].seqlen_q is None for n in ranged)  # the defaults
+        assert ranged == sorted(D64_MASKED + D256_MASKED)
+        defaults = [n.replace("b128x128", "b192x128").replace("b128x64s4", "b128x64") for n in ranged]
+        assert all(default[n].seqlen_q is None for n in defaults)
         # plain_only: no "_mods" instance of the ranged tile in any profile
         every = profiles.select("fwd", "sm_90a", "all").specs
         assert not [s for s in every if s.seqlen_q is not None and s.signature.mods]
@@ -127,8 +166,8 @@ class TestJit:
     def test_prebuild_of_default_covers_the_masked_d64_entries(self):
         from mhakit import jit
         entries = jit.entries_within("fwd", "sm_90a", profiles.select("fwd", "sm_90a", "default").specs)
-        with_ranged = {n for e in entries for n in e.instance_names if n in D64_MASKED}
-        assert with_ranged == set(D64_MASKED)
+        with_ranged = {n for e in entries for n in e.instance_names if n in D64_MASKED + D256_MASKED}
+        assert with_ranged == set(D64_MASKED + D256_MASKED)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -198,7 +237,7 @@ def _args(seqlen_q, *, group_max=None, masked=True, softcap=0.0, d=64):
 @pytest.fixture(scope="module")
 def stub_lib(tmp_path_factory):
     from mhakit import _capi
-    specs = profiles.select("fwd", "sm_90a", "default", "fwd_d64_bf16_").specs
+    specs = profiles.select("fwd", "sm_90a", "default", "fwd_d64_bf16_,fwd_d128_bf16_,fwd_d256_bf16_").specs
     return _capi.load_library(_stub_library(specs, tmp_path_factory.mktemp("tilechoice") / "full"))
 
 
@@ -224,6 +263,28 @@ class TestRuntimeChoice:
         # head dims of the d64 bucket below 64 choose alike; 72 goes past the bucket (generic d128 is not built)
         assert stub_lib.kernel_name(_args(1024, d=48)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"
         assert stub_lib.kernel_name(_args(4096, d=48)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b192x128"
+
+    @pytest.mark.parametrize("seqlen, tile", [(1, "b128x64s4"), (1024, "b128x64s4"), (1025, "b128x64"),
+                                              (4096, "b128x64"), (16384, "b128x64")])
+    def test_d256_masked_takes_the_persistent_tile_up_to_1024_rows(self, stub_lib, seqlen, tile):
+        assert stub_lib.kernel_name(_args(seqlen, d=256)) == f"fwd_d256_bf16_batch_mask_sm90a_hopper_{tile}", \
+            stub_lib.last_error()
+        # group mode and modifier calls keep the one-tile instances; unmasked batch calls the persistent one always
+        assert stub_lib.kernel_name(_args(9000, group_max=seqlen, d=256)) == \
+            "fwd_d256_bf16_group_mask_sm90a_hopper_b128x64"
+        assert stub_lib.kernel_name(_args(seqlen, d=256, softcap=30.0)) == \
+            "fwd_d256_bf16_batch_mask_mods_sm90a_hopper_b128x64"
+        assert stub_lib.kernel_name(_args(seqlen, d=256, masked=False)) == \
+            "fwd_d256_bf16_batch_nmask_sm90a_hopper_b128x64s4"
+
+    def test_d128_unmasked_batch_calls_take_128_x_176(self, stub_lib):
+        assert stub_lib.kernel_name(_args(4096, d=128, masked=False)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
+        assert stub_lib.kernel_name(_args(4096, d=128)) == "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128"
+        assert stub_lib.kernel_name(_args(9000, group_max=4096, d=128, masked=False)) == \
+            "fwd_d128_bf16_group_nmask_sm90a_hopper_b128x128"
+        # an unmasked modifier call: the masked "_mods" instance (the default profile builds masked ones only)
+        assert stub_lib.kernel_name(_args(4096, d=128, masked=False, softcap=30.0)) == \
+            "fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128"
 
     def test_persistent_instances_want_a_tile_counter_but_run_without_one(self, stub_lib):
         # The batch-mode plain instances of the d64 tiles are persistent (catalogue `persistent`): they ask for the

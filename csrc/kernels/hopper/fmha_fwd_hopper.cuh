@@ -66,14 +66,16 @@
 namespace mhakit::hopper {
 
 template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods,
-          bool kPersistent = false>
+          bool kPersistent = false, int kMaxStages = 5>
 struct FwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
     using ElementOut = typename DtypeOf<kDtype>::out;
+    static_assert(kMaxStages == 5 || kPersistent, "catalogue `stages`: persistent tiles only");
     using Impl = std::conditional_t<
         kMods, HopperFwdKernelModsImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
         std::conditional_t<kPersistent,
-                           HopperFwdKernelPersistentImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
+                           HopperFwdKernelPersistentImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM,
+                                                         kBlockN, kMaxStages>,
                            HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>>;
     static constexpr int kCounterBytes = 8;  // persistent: the tile counter (epoch, count) at the workspace's start
     static constexpr bool kFp8 = Impl::kFp8;

@@ -65,7 +65,7 @@ namespace mhakit::hopper {
 using namespace cute;
 
 template <class Element_, class ElementOut_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM,
-          int kBlockN, bool kMods, bool kPersistent = false>
+          int kBlockN, bool kMods, bool kPersistent = false, int kMaxStages = 5>
 struct HopperFwdKernelBody {
     using Element = Element_;       // q, k, v
     using ElementOut = ElementOut_;  // o
@@ -105,7 +105,10 @@ struct HopperFwdKernelBody {
     using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 0, 128>;  // its sizes (no staging: never used)
     static constexpr int kBiasStageBytes = kStageBias ? BiasStageOf::kStageBytes : 0;
     static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes - kBiasStageBytes) / kStageBytes;
-    static constexpr int kStages = kFitStages < 5 ? kFitStages : 5;  // K and V tiles alternate in one ring
+    // K and V tiles alternate in one ring of as many slots as fit, at most kMaxStages (5; a persistent tile's
+    // catalogue `stages` may ask for fewer, to leave O a staging buffer of its own)
+    static_assert(kMaxStages >= 2 && kMaxStages <= 5);
+    static constexpr int kStages = kFitStages < kMaxStages ? kFitStages : kMaxStages;
     static constexpr int kBiasLeft = kSmemLimit - 1024 - kQBytes - kStages * kStageBytes;  // >= kBiasStageBytes
     static constexpr int kBiasStages = !kStageBias ? 0 : kBiasLeft - 2 * kBiasStageBytes >= kBiasL1Leave ? 2 : 1;
     using Bias = BiasStage<kBlockN, NumMmaWG, kBiasStages, 128>;  // a slot per consumer warpgroup
@@ -230,6 +233,7 @@ struct HopperFwdKernelBody {
     };
     static constexpr bool kOwnO = kOwnOSwizzled || kOwnORows;
     static_assert(!(kPersistent && kHdim == 192) || kOwnO, "the persistent 192 tiles stage O in a buffer of their own");
+    static_assert(kMaxStages == 5 || kOwnO, "a shorter ring is for O's own staging buffer");
     using SharedStorage = std::conditional_t<
         (kBiasStages > 0), SharedStorageMods,
         std::conditional_t<kOwnOSwizzled, SharedStoragePersistentQO,
@@ -755,8 +759,10 @@ struct HopperFwdKernelModsImpl
     : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
 // The persistent grid (catalogue `persistent`; batch-mode plain instances): a type of its own, so that the one-tile
 // kernels keep their symbols and code.
-template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN,
+          int kMaxStages = 5>
 struct HopperFwdKernelPersistentImpl
-    : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false, true> {};
+    : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false, true,
+                          kMaxStages> {};
 
 }  // namespace mhakit::hopper
