@@ -85,12 +85,13 @@ class Guards:
     head_dim_multiple: int = 1  # serves only head dims that are multiples of this
     plain_mods: tuple[str, ...] = ()     # the score modifiers its plain instances serve (catalogue score_mods.plain)
     instance_mods: tuple[str, ...] = ()  # those only its modifier instances serve (score_mods.mods; Signature.mods)
+    mod_dtypes: tuple[str, ...] | None = None  # the dtypes whose instances serve any of them (score_mods.dtypes; None: all)
 
     @classmethod
     def of(cls, family) -> "Guards":
         """From a catalogue Family."""
         return cls(family.equal_head_dims, family.deterministic, family.align_bytes, family.head_dim_multiple,
-                   family.plain_mods, family.instance_mods)
+                   family.plain_mods, family.instance_mods, family.mod_dtypes or None)
 
 
 def mod_bits(names) -> str:
@@ -116,6 +117,8 @@ class KernelSpec:
     def serves_mods(self) -> tuple[str, ...]:
         """The score modifiers this instance serves: its family's plain ones, and in a modifier instance the rest."""
         g = self.guards
+        if g.mod_dtypes is not None and self.signature.dtype not in g.mod_dtypes:
+            return ()  # e.g. the Hopper forward's fp8 instances: no modifier, not even a plain one's sink
         return g.plain_mods + g.instance_mods if self.signature.mods else g.plain_mods
 
     def serves_call_mods(self, names) -> bool:

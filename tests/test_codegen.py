@@ -362,14 +362,10 @@ class TestRendering:
         for s in specs:
             row = text[text.index(f'{{"{s.name}"'):]
             row = row[:row.index("&instances::")]
-            served = {("generic", False): "MHAKIT_MOD_SINK",
-                      ("generic", True): "MHAKIT_MOD_SINK | MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | "
-                                         "MHAKIT_MOD_DROPOUT",
-                      ("hopper", False): "0",
-                      ("hopper", True): "MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | MHAKIT_MOD_SINK | "
-                                        "MHAKIT_MOD_DROPOUT"}
-            plain = "MHAKIT_MOD_SINK" if s.algorithm.family == "generic" else "0"
-            assert f"/*mod_kinds=*/{served[(s.algorithm.family, s.signature.mods)]}, /*plain_mod_kinds=*/{plain}," in row
+            # (both families: a sink alone on the plain instances, the per-score modifiers on the "_mods" ones)
+            every = "MHAKIT_MOD_SINK | MHAKIT_MOD_SOFTCAP | MHAKIT_MOD_BIAS | MHAKIT_MOD_ALIBI | MHAKIT_MOD_DROPOUT"
+            served = every if s.signature.mods else "MHAKIT_MOD_SINK"
+            assert f"/*mod_kinds=*/{served}, /*plain_mod_kinds=*/MHAKIT_MOD_SINK," in row
         sm80 = render.render_dispatch("bwd", "sm_86", profiles.select("bwd", "sm_86", "minimal").specs)
         assert 'const BuiltArch kBwdBuiltArch = {"sm_86", 8, 6, /*arch_specific=*/false};' in sm80
 

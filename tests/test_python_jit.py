@@ -197,24 +197,25 @@ class TestDerive:
         assert entry(api=api, mods=mods, hq=59, hv=59).instance_names == [
             f"{api}_d64_bf16_batch_mask_mods_sm90a_generic_{tiles[4]}"]
 
-    def test_a_sink_alone_gets_the_hopper_modifier_instance_and_the_plain_generic_one(self):
-        """A sink is served by the plain generic instances (in their epilogue) but only by Hopper's "_mods" ones,
-        forward and backward (d sink)."""
-        for masked, mask in ((False, "nmask"), (True, "mask")):
+    def test_a_sink_alone_gets_the_plain_instances(self):
+        """A sink changes no score, only the final normalisation (and d sink): the plain instances of both families
+        serve it (catalogue score_mods.plain), forward and backward, so a sink call's entry is the plain call's."""
+        for masked, mask, tile in ((False, "nmask", "b128x176"), (True, "mask", "b128x128")):
             e = entry(mods=SINK, masked=masked)
-            assert e.instance_names == ["fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128",
+            assert e.instance_names == [f"fwd_d128_bf16_batch_{mask}_sm90a_hopper_{tile}",
                                         f"fwd_d128_bf16_batch_{mask}_sm90a_generic_b128x64w4"]
-            assert e.name == f"fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128_{mask}"
+            assert e.name == entry(masked=masked).name == f"fwd_bf16_batch_{mask}_sm90a-hopper_d128-generic_d128"
             assert entry(api="bwd", mods=SINK, masked=masked).instance_names == [
-                "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128", f"bwd_d128_bf16_batch_{mask}_sm90a_generic_b64x64w4"]
+                f"bwd_d128_bf16_batch_{mask}_sm90a_hopper_b64x128", f"bwd_d128_bf16_batch_{mask}_sm90a_generic_b64x64w4"]
+        # with a per-score modifier beside it, the "_mods" instances
+        assert entry(mods=SINK | SOFTCAP).instance_names[0] == "fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128"
 
     def test_modifier_entries_within_a_profile(self):
         default = profiles_mod.select("bwd", "sm_90a", "default").specs
         mods = [e.name for e in jit.entries_within("bwd", "sm_90a", default) if "_mods_" in e.name]
         # the default profile's masked modifier instances of 64 / 128 / 256: generic alone (fp16, bf16; batch, group:
-        # 12), and each bf16 Hopper one with its generic fallbacks (the "_mods" one, and for a sink alone the plain
-        # masked and unmasked ones of the tightest bucket: 6 x 3 + 2 x 2 for d64, whose sink fallback is d32's)
-        assert len(mods) == 34 and all("_mask_mods_" in n for n in mods)
+        # 12), and each bf16 Hopper one with its generic "_mods" fallback (6; a sink alone takes the plain entries)
+        assert len(mods) == 18 and all("_mask_mods_" in n for n in mods)
         for api in ("fwd", "bwd"):
             entries = jit.entries_within(api, "sm_90a", profiles_mod.select(api, "sm_90a", "default").specs)
             hopper_mods = {sp.name for e in entries for sp in e.specs
@@ -232,16 +233,14 @@ class TestDerive:
         names = [e.name for e in jit.entries_within("fwd", "sm_90a", minimal)]
         assert names == ["fwd_bf16_batch_mask_mods_sm90a-generic_d128",
                          "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128",
-                         "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128_mask",
-                         "fwd_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128_nmask",
                          "fwd_bf16_batch_mask_sm90a-generic_d128", "fwd_bf16_batch_mask_sm90a-hopper_d128-generic_d128",
                          "fwd_bf16_batch_nmask_sm90a-generic_d128", "fwd_bf16_batch_nmask_sm90a-hopper_d128-generic_d128"]
         default = jit.entries_within("fwd", "sm_90a", profiles_mod.select("fwd", "sm_90a", "default").specs)
         # 80 plain entries, 12 of the generic modifier instances alone (the masked ones of 64 / 128 / 256: the
-        # modifier calls Hopper's head-dim rule refuses, and fp16 ones), 22 with a Hopper modifier instance (bf16 64 / 128 / 256,
-        # batch and group: with the generic modifier instance, or with a plain generic one for a sink alone), 4 fp8
+        # modifier calls Hopper's head-dim rule refuses, and fp16 ones), 6 with a Hopper modifier instance (bf16 64 /
+        # 128 / 256, batch and group, with the generic modifier instance; a sink alone takes the plain entries), 4 fp8
         # ones (fp8bf16, 128 / 256, masked and not: hopper only, no generic fallback)
-        assert len(default) == 118 and len({e.name for e in default}) == 118
+        assert len(default) == 102 and len({e.name for e in default}) == 102
         fp8 = [e.name for e in default if "fp8" in e.name]
         assert sorted(fp8) == ["fwd_fp8bf16_batch_mask_sm90a-hopper_d128", "fwd_fp8bf16_batch_mask_sm90a-hopper_d256",
                                "fwd_fp8bf16_batch_nmask_sm90a-hopper_d128", "fwd_fp8bf16_batch_nmask_sm90a-hopper_d256"]
@@ -543,18 +542,17 @@ class TestPrebuild:
         # every library's instance table is compiled in the one ninja run, so that each library then only links
         (request,) = requests
         union = {sp.name for sp in request.specs}
-        assert len(request.also_dispatch) == 10 and all(t and {sp.name for sp in t} <= union
+        assert len(request.also_dispatch) == 8 and all(t and {sp.name for sp in t} <= union
                                                         for t in request.also_dispatch)
-        # four mha_fwd libraries, four with modifier instances (generic alone: what Hopper refuses; hopper + generic; a sink:
-        # hopper's modifier instance + a plain generic one, masked or not) and two split-KV ones (decode alone,
-        # decode_tma + decode)
-        assert len(paths) == 10 and builder.calls == 10 and compiled == [10]
+        # four mha_fwd libraries, two with modifier instances (generic alone: what Hopper refuses; hopper + generic; a
+        # sink alone takes a plain library) and two split-KV ones (decode alone, decode_tma + decode)
+        assert len(paths) == 8 and builder.calls == 8 and compiled == [10]
         from mhakit import _ext
         assert _ext.compiler() is None or _ext.cached(cache) is not None, "prebuild fills in the C call path too"
-        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 10
+        assert jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True) == paths and builder.calls == 8
         # a first call of a prebuilt configuration finds it without building or rendering
         monkeypatch.setattr(jit, "make_plan", lambda *a, **k: pytest.fail("prebuilt entries are indexed"))
-        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 10
+        assert cache.library_for("fwd", "sm_90a", "bf16", 128, 128, "batch", True) in paths and builder.calls == 8
         # an unmasked modifier call too: the masked modifier instance serves it
         mods_lib = cache.library_for("fwd", "sm_90a", "bf16", 100, 100, "batch", False, mods=SOFTCAP)
         assert mods_lib in paths and "mask_mods" in str(mods_lib)
@@ -574,13 +572,13 @@ class TestPrebuild:
         real_ensure = cache.ensure
         monkeypatch.setattr(cache, "ensure", lambda plan, **kw: (dirs.append(kw["build_dir"]), real_ensure(plan, **kw))[1])
         jit.prebuild("minimal", "sm_90a", cache=cache, quiet=True, build_dir=tmp_path / "objects")
-        assert len(dirs) == 11 and set(dirs) == {(tmp_path / "objects").resolve()}
+        assert len(dirs) == 9 and set(dirs) == {(tmp_path / "objects").resolve()}  # one build + 8 libraries
         # a build directory that cannot be one: a sentence, nothing built
         (tmp_path / "a_file").write_text("")
         cache2 = make_cache(tmp_path / "second", FakeBuilder())
         with pytest.raises(jit.JitError, match=r"the build directory .*a_file.* cannot be created.*--build-dir"):
             jit.prebuild("minimal", "sm_90a", cache=cache2, quiet=True, build_dir=tmp_path / "a_file" / "objects")
-        assert len(dirs) == 11
+        assert len(dirs) == 9
 
     def test_prebuild_errors(self, tmp_path, monkeypatch):
         cache = make_cache(tmp_path)

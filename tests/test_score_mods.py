@@ -62,16 +62,19 @@ MOD_CALLS = [dict(logits_soft_cap=30.0), dict(bias_type=2, bias_ptr=FAKE),
 @pytest.mark.compile
 @pytest.mark.parametrize("overrides", MOD_CALLS)
 def test_forward_modifier_calls_run_on_the_hopper_modifier_instance(fwd_lib, overrides):
-    """The Hopper forward serves soft-cap, bias / ALiBi and sinks on its "_mods" instances (catalogue score_mods: the
-    minimal profile's masked one serves this unmasked call too); what Hopper refuses (a head dim not a multiple of
-    8) goes to the generic "_mods" instance, or, for a sink alone, to the plain generic one; plain calls never reach a
-    modifier instance."""
+    """The Hopper forward serves soft-cap, bias / ALiBi (with or without a sink) on its "_mods" instances (catalogue
+    score_mods: the minimal profile's masked one serves this unmasked call too), a sink alone on its plain ones; what
+    Hopper refuses (a head dim not a multiple of 8) goes to the generic "_mods" instance, or, for a sink alone, to the
+    plain generic one; plain calls never reach a modifier instance."""
     assert fwd_lib.kernel_name(valid_args()) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
     assert fwd_lib.kernel_name(valid_args(mask_type=1, hdim_q=59, hdim_v=59)) == \
         "fwd_d128_bf16_batch_mask_sm90a_generic_b128x64w4"
+    sink_alone = overrides == dict(sink_ptr=FAKE)
     for mask_type in (0, 1, 2, 3):
+        plain = "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176" if mask_type == 0 else \
+            "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128"
         assert fwd_lib.kernel_name(valid_args(mask_type=mask_type, **overrides)) == \
-            "fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128", fwd_lib.last_error()
+            (plain if sink_alone else "fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128"), fwd_lib.last_error()
     odd = fwd_lib.kernel_name(valid_args(hdim_q=59, hdim_v=59, **overrides))
     assert odd == ("fwd_d128_bf16_batch_nmask_sm90a_generic_b128x64w4" if overrides == dict(sink_ptr=FAKE)
                    else "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4")
@@ -92,14 +95,18 @@ def test_forward_dropout_runs_on_the_hopper_modifier_instance(fwd_lib):
 @pytest.mark.compile
 @pytest.mark.parametrize("overrides", MOD_CALLS)
 def test_backward_modifier_calls_run_on_the_hopper_modifier_instance(bwd_lib, overrides):
-    """The Hopper backward serves soft-cap, bias / ALiBi (+ dbias) and sinks (+ d sink) on its "_mods" instances, for
-    every mask type (the minimal profile's masked one serves unmasked calls too), deterministic or not; an odd head
-    dim goes to the generic "_mods" instance, or, for a sink alone, to the plain generic one."""
+    """The Hopper backward serves soft-cap, bias / ALiBi (+ dbias, with or without a sink) on its "_mods" instances,
+    for every mask type (the minimal profile's masked one serves unmasked calls too), deterministic or not, a sink
+    alone (+ d sink) on its plain ones; an odd head dim goes to the generic "_mods" instance, or, for a sink alone, to
+    the plain generic one."""
     assert bwd_lib.kernel_name(valid_bwd_args()) == "bwd_d128_bf16_batch_nmask_sm90a_hopper_b64x128"
+    sink_alone = overrides == dict(sink_ptr=FAKE)
     for mask_type in (0, 1, 2, 3):
         for deterministic in (0, 1):
             name = bwd_lib.kernel_name(valid_bwd_args(mask_type=mask_type, deterministic=deterministic, **overrides))
-            assert name == "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128", bwd_lib.last_error()
+            plain = f"bwd_d128_bf16_batch_{'nmask' if mask_type == 0 else 'mask'}_sm90a_hopper_b64x128"
+            assert name == (plain if sink_alone else "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128"), \
+                bwd_lib.last_error()
     odd = bwd_lib.kernel_name(valid_bwd_args(hdim_q=59, hdim_v=59, **overrides))
     assert odd == ("bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4" if overrides == dict(sink_ptr=FAKE)
                    else "bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4"), bwd_lib.last_error()
@@ -131,8 +138,8 @@ def plain_fwd_lib(minimal_fwd_build, build_root):
 
 @pytest.mark.compile
 def test_a_library_without_the_modifier_instance_refuses_modifier_calls(plain_fwd_lib):
-    # a sink alone: the plain generic instance (the plain Hopper kernel has no sink)
-    assert plain_fwd_lib.kernel_name(valid_args(sink_ptr=FAKE)).endswith("_nmask_sm90a_generic_b128x64w4")
+    # a sink alone: the plain Hopper instance (its final normalisation takes the sink)
+    assert plain_fwd_lib.kernel_name(valid_args(sink_ptr=FAKE)) == "fwd_d128_bf16_batch_nmask_sm90a_hopper_b128x176"
     assert plain_fwd_lib.mha_fwd_raw(valid_args(logits_soft_cap=30.0)) == _capi.ERROR_UNSUPPORTED
     message = plain_fwd_lib.last_error()
     assert message.startswith("no forward kernel built into this library serves dtype=bf16 hdim_q=128") and \
@@ -144,8 +151,8 @@ def test_catalogue_states_which_families_serve_modifiers():
     cat = catalogue.load("cuda")
     served = {(api, name): (fam.plain_mods, fam.instance_mods) for (api, name), fam in cat.families.items()}
     for api in ("fwd", "bwd"):
-        assert served[(api, "generic")] == (("sink",), ("softcap", "bias", "alibi", "dropout"))
-        assert served[(api, "hopper")] == ((), ("softcap", "bias", "alibi", "sink", "dropout"))
+        for family in ("generic", "hopper"):  # a sink alone on the plain instances, the rest on "_mods" ones
+            assert served[(api, family)] == (("sink",), ("softcap", "bias", "alibi", "dropout"))
     assert not served[("splitkv", "decode")][0] and not served[("splitkv", "decode")][1]
     assert not any(f.plain_mods or f.instance_mods for f in catalogue.load("rocm").families.values())
 

@@ -254,22 +254,21 @@ struct BwdKernel {
         }
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
-        if constexpr (kMods) {
-            if (p.dsink != nullptr && p.mods.sink != nullptr) {
-                bwd::DsinkParams dp;
-                dp.sink = p.mods.sink;
-                dp.dsink = p.dsink;
-                dp.lse2 = pp.lse2;
-                dp.dsum = pp.dsum;
-                dp.seqstart_q = p.seqstart_q;
-                dp.sq_pad = ws.sq_pad;
-                dp.batch = p.batch;
-                dp.nhead_q = p.nhead_q;
-                dp.seqlen_q = p.seqlen_q;
-                bwd::dsink_kernel<256><<<p.nhead_q, 256, 0, stream>>>(dp);
-                err = cudaGetLastError();
-                if (err != cudaSuccess) return err;
-            }
+        // d sink (plain instances too: a sink alone changes no score, only the LSE the main kernel is given)
+        if (p.dsink != nullptr && p.mods.sink != nullptr) {
+            bwd::DsinkParams dp;
+            dp.sink = p.mods.sink;
+            dp.dsink = p.dsink;
+            dp.lse2 = pp.lse2;
+            dp.dsum = pp.dsum;
+            dp.seqstart_q = p.seqstart_q;
+            dp.sq_pad = ws.sq_pad;
+            dp.batch = p.batch;
+            dp.nhead_q = p.nhead_q;
+            dp.seqlen_q = p.seqlen_q;
+            bwd::dsink_kernel<256><<<p.nhead_q, 256, 0, stream>>>(dp);
+            err = cudaGetLastError();
+            if (err != cudaSuccess) return err;
         }
 
         typename Impl::Params params = make_params(p, ws);

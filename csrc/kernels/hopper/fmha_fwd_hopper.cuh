@@ -189,6 +189,7 @@ struct FwdKernel {
         params.mask_type = p.mask_type;
         params.window_left = p.window_left;
         params.window_right = p.window_right;
+        if constexpr (!kMods) params.sink = p.mods.sink;  // a sink alone: the plain kernel's normalisation
         if constexpr (kMods) {
             params.mods = p.mods;
             // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp). Batch

@@ -19,8 +19,9 @@
 // kMods: the modifier instances ("_mods"): soft-cap and bias / ALiBi on each S tile before the mask (S in units of U,
 // logit = U·S, the softmax with scale U: FwdModUnits), the sink in the final normalisation (hopper_score_mod.hpp),
 // dropout on P after the softmax's update and 1 / (1 − p) on O at the end (hopper_dropout.hpp). The plain kernel is the type
-// HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below: a plain instance compiles
-// to exactly the code (and the kernel symbol) it had before the modifiers came.
+// HopperFwdKernelImpl, the modifier kernel HopperFwdKernelModsImpl, both the body below. A sink alone (no per-score
+// work) runs on the plain 16-bit instances, in the final normalisation only (Params::sink; catalogue
+// score_mods.plain), so that a sink call keeps the plain tiles, persistent grids included.
 // fp8 (Element = e4m3, ElementOut = bf16 / fp16; batch mode): Q·Kᵀ as is; V comes transposed (keys contiguous) from
 // the caller's workspace with its key slots permuted, and P is packed into the P·V operand registers to match
 // (hopper_fp8.hpp); the softmax scale folds in the q and k descale factors and O is multiplied by v's; O is staged
@@ -260,6 +261,9 @@ struct HopperFwdKernelBody {
         const int32_t* seqstart_q;  // group mode: [batch + 1] row offsets into the packed tensors
         const int32_t* seqstart_k;
         int mask_type, window_left, window_right;  // group mode: each sequence's mask is made on the device
+        // Plain 16-bit instances: the call's attention sink logits [h] (catalogue score_mods.plain: a sink alone needs
+        // no per-score work, only the final normalisation), or null. The "_mods" instances read mods.sink instead.
+        const float* sink;
         const float* descale_q;  // fp8: device fp32 descale factors of q, k, v
         const float* descale_k;
         const float* descale_v;
@@ -709,6 +713,8 @@ struct HopperFwdKernelBody {
         }
         if constexpr (kMods)
             softmax.finalize(o_mn, scale, lse, sink_logit(params.mods, work.head));
+        else if constexpr (!kFp8)
+            softmax.finalize(o_mn, scale, lse, params.sink != nullptr ? params.sink[work.head] : -INFINITY);
         else
             softmax.finalize(o_mn, scale, lse);
         if constexpr (kFp8) {
