@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.compile]
 cp = pytest.importorskip("cupy")
 
 from test_python_gpu import kernel_cache  # noqa: E402,F401  (autouse: MHAKIT_CACHE_DIR for the module)
-from test_python_gpu_hopper_mods import hopper_only, launched_names  # noqa: E402,F401  (hopper_only: autouse)
+from test_python_gpu_hopper_mods import hopper_only, launched_names, ran_on_hopper  # noqa: E402,F401  (hopper_only: autouse)
 
 
 @pytest.fixture
@@ -39,14 +39,7 @@ def hopper_name(dtype, d, dv, mode):
 
 
 def hopper_ran(names, dtype, d, dv, mode, kind):
-    """The calls ran on the Hopper "_mods" instance of the bucket, or, for a sink alone (no per-score modifier: the
-    catalogue's score_mods.plain), on a plain Hopper instance of the same dtype and mode (its tile is the plain
-    call's: the catalogue's choice by mask and length)."""
-    if kind != "sink":
-        return names == [hopper_name(dtype, d, dv, mode)] * len(names) and bool(names)
-    hd = f"d{d}" if d == dv else f"d{d}x{dv}"
-    return bool(names) and all(n.startswith(f"bwd_{hd}_{dtype}_{mode}_") and "_sm90a_hopper_" in n
-                               and "_mods_" not in n for n in names)
+    return ran_on_hopper(names, hopper_name(dtype, d, dv, mode), "bwd", dtype, d, dv, mode, kind)
 
 
 def mod_grads(d_kw, shape):

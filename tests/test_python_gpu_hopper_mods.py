@@ -54,15 +54,21 @@ def hopper_name(dtype, d, dv, mode):
     return f"fwd_{hd}_{dtype}_{mode}_mask_mods_sm90a_hopper_{tile}"
 
 
-def hopper_ran(names, dtype, d, dv, mode, kind):
-    """The calls ran on the Hopper "_mods" instance of the bucket, or, for a sink alone (no per-score modifier: the
-    catalogue's score_mods.plain), on a plain Hopper instance of the same dtype and mode (its tile is the plain
-    call's: the catalogue's choice by mask and length)."""
+def ran_on_hopper(names, expected_mods, api_name, dtype, d, dv, mode, kind):
+    """The calls ran on the Hopper "_mods" instance `expected_mods`, or, for a sink alone (no per-score modifier: the
+    catalogue's score_mods.plain), on a plain Hopper instance of the same API, bucket, dtype and mode (its tile is
+    the plain call's: the catalogue's choice by mask and length). Shared with the backward's tests."""
+    if not names:
+        return False
     if kind != "sink":
-        return names == [hopper_name(dtype, d, dv, mode)] * len(names) and bool(names)
+        return names == [expected_mods] * len(names)
     hd = f"d{d}" if d == dv else f"d{d}x{dv}"
-    return bool(names) and all(n.startswith(f"fwd_{hd}_{dtype}_{mode}_") and "_sm90a_hopper_" in n
-                               and "_mods_" not in n for n in names)
+    return all(n.startswith(f"{api_name}_{hd}_{dtype}_{mode}_") and "_sm90a_hopper_" in n and "_mods_" not in n
+               for n in names)
+
+
+def hopper_ran(names, dtype, d, dv, mode, kind):
+    return ran_on_hopper(names, hopper_name(dtype, d, dv, mode), "fwd", dtype, d, dv, mode, kind)
 
 
 def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text):
