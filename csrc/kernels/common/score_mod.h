@@ -196,9 +196,12 @@ MHAKIT_HOST_DEVICE float modified_logit(const RowMods& r, float qk, int i, int j
     return l;
 }
 
-// The sink logit of query head h, or -inf without one (exp(-inf) adds nothing to the denominator).
-MHAKIT_HOST_DEVICE float sink_logit(const ScoreMods& m, int h) {
-    return m.sink != nullptr ? m.sink[h] : -__builtin_huge_valf();
+// The sink logit of query head h from the call's sink logits (null: none), or -inf without one (exp(-inf) adds
+// nothing to the denominator). The ScoreMods form is for kernels that carry the modifiers; the Hopper plain kernels
+// carry only the sink pointer.
+MHAKIT_HOST_DEVICE float sink_logit(const float* sink, int h) {
+    return sink != nullptr ? sink[h] : -__builtin_huge_valf();
 }
+MHAKIT_HOST_DEVICE float sink_logit(const ScoreMods& m, int h) { return sink_logit(m.sink, h); }
 
 }  // namespace mhakit

@@ -189,7 +189,6 @@ struct FwdKernel {
         params.mask_type = p.mask_type;
         params.window_left = p.window_left;
         params.window_right = p.window_right;
-        if constexpr (!kMods) params.sink = p.mods.sink;  // a sink alone: the plain kernel's normalisation
         if constexpr (kMods) {
             params.mods = p.mods;
             // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp). Batch
@@ -203,6 +202,8 @@ struct FwdKernel {
                                                                 kGroup ? p.max_seqlen_q : p.seqlen_q,
                                                                 kGroup ? p.total_k : p.seqlen_k);
             }
+        } else {
+            params.sink = p.mods.sink;  // a sink alone: the plain kernel's final normalisation
         }
         params.descale_q = p.descale_q;
         params.descale_k = p.descale_k;

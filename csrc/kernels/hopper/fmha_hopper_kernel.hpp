@@ -714,7 +714,7 @@ struct HopperFwdKernelBody {
         if constexpr (kMods)
             softmax.finalize(o_mn, scale, lse, sink_logit(params.mods, work.head));
         else if constexpr (!kFp8)
-            softmax.finalize(o_mn, scale, lse, params.sink != nullptr ? params.sink[work.head] : -INFINITY);
+            softmax.finalize(o_mn, scale, lse, sink_logit(params.sink, work.head));
         else
             softmax.finalize(o_mn, scale, lse);
         if constexpr (kFp8) {
