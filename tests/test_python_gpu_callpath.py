@@ -140,14 +140,18 @@ def test_cupy_stream_capture_and_replay():
     cp = pytest.importorskip("cupy")
     q, k, v = (cp.random.standard_normal((2, 200, 4, 64)).astype(cp.float16) for _ in range(3))
     o = cp.empty_like(q)
+    # A non-blocking stream does not wait for the legacy default stream, where CuPy wrote q, k and v: every write the
+    # graph must see is ordered before it explicitly (the new q and the cleared o go on the graph's own stream).
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     mhakit.mha_fwd(q, k, v, out=o, stream=stream)  # warm-up
     stream.synchronize()
     stream.begin_capture()
     mhakit.mha_fwd(q, k, v, out=o, stream=stream)
     graph = stream.end_capture()
-    q[...] = cp.random.standard_normal(q.shape).astype(q.dtype)
-    o[...] = 0
+    with stream:
+        q[...] = cp.random.standard_normal(q.shape).astype(q.dtype)
+        o[...] = 0
     graph.launch(stream)
     stream.synchronize()
     want = reference(*(torch.from_dlpack(x) for x in (q, k, v)))
