@@ -165,6 +165,8 @@ fwd -prec=bf16 -b=2 -h=4 -h_k=2 -s=300 -s_k=333 -d=128 -mask=b -logits_soft_cap=
 fwd -prec=bf16 -mode=1 -b=4 -h=4 -h_k=1 -s=100,0,257,31 -s_k=64,19,300,0 -d=128 -mask=t -bias=e -sink=1 -lse=1
 bwd -prec=bf16 -b=2 -h=4 -h_k=2 -s=300 -s_k=333 -d=128 -mask=b -logits_soft_cap=20 -bias=a
 bwd -prec=bf16 -mode=1 -b=4 -h=4 -h_k=1 -s=100,0,257,31 -s_k=64,19,300,0 -d=128 -mask=t -bias=e -dbias=1 -sink=1
+bwd -prec=bf16 -b=2 -h=4 -h_k=2 -s=300 -s_k=333 -d=128 -mask=0 -logits_soft_cap=20 -bias=a
+bwd -prec=bf16 -mode=1 -b=3 -h=4 -h_k=2 -s=100,0,257 -s_k=64,19,300 -d=64 -mask=0 -bias=e -dbias=1 -p_drop=0.2
 CASES
     n=$(find "$logs/sanitizer" -name '*.log' | wc -l)
     bad=$(grep -c 'sanitizer FAILED' "$logs/sanitizer_failed.txt")

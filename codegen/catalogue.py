@@ -88,6 +88,11 @@ class Family:
     # The dtypes whose instances serve them (score_mods.dtypes, default: every dtype of the family; the Hopper
     # forward's fp8 kernels have none).
     mod_dtypes: tuple[str, ...] = ()
+    # Whether its unmasked modifier calls take a modifier instance of their own mask class (score_mods.unmasked,
+    # default false: the masked "_mods" instance serves them, one instance for both classes). The JIT builds the
+    # unmasked one for them (mhakit/jit.py, derive_entry); the runtime always takes the exact class where a library
+    # has it.
+    unmasked_mods: bool = False
 
     @property
     def has_mod_instances(self) -> bool:
@@ -299,15 +304,20 @@ SCORE_MODS = ("softcap", "bias", "alibi", "sink", "dropout")
 
 
 def _parse_score_mods(raw, where: str, family_dtypes: list) -> dict:
-    """A family's `score_mods` table: {plain = [names], mods = [names], dtypes = [...]} -> Family's plain_mods /
-    instance_mods / mod_dtypes."""
-    if not isinstance(raw, dict) or set(raw) - {"plain", "mods", "dtypes"}:
+    """A family's `score_mods` table: {plain = [names], mods = [names], dtypes = [...], unmasked = bool} -> Family's
+    plain_mods / instance_mods / mod_dtypes / unmasked_mods."""
+    if not isinstance(raw, dict) or set(raw) - {"plain", "mods", "dtypes", "unmasked"}:
         raise CatalogueError(f"{where}.score_mods: must be a table with the keys plain and mods (lists of names) and "
-                             "optionally dtypes")
+                             "optionally dtypes and unmasked")
     dtypes = raw.get("dtypes", list(family_dtypes))
     if not isinstance(dtypes, list) or not dtypes or any(d not in family_dtypes for d in dtypes):
         raise CatalogueError(f"{where}.score_mods.dtypes: must be a non-empty list of the family's dtypes")
-    out = {"mod_dtypes": tuple(dtypes)}
+    unmasked = raw.get("unmasked", False)
+    if not isinstance(unmasked, bool):
+        raise CatalogueError(f"{where}.score_mods.unmasked: must be true or false")
+    if unmasked and not raw.get("mods"):
+        raise CatalogueError(f"{where}.score_mods.unmasked: needs modifier instances (score_mods.mods)")
+    out = {"mod_dtypes": tuple(dtypes), "unmasked_mods": unmasked}
     for key, field_name in (("plain", "plain_mods"), ("mods", "instance_mods")):
         names = raw.get(key, [])
         if not isinstance(names, list) or any(n not in SCORE_MODS for n in names) or len(set(names)) != len(names):

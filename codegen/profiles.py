@@ -14,7 +14,7 @@ from .rules import violations
 from .spec import Algorithm, Guards, KernelSpec, Signature
 
 PROFILES_FILE = Path(__file__).resolve().parent / "profiles.toml"
-PROFILE_KEYS = ("dtype", "hdim", "mode", "mask", "family")
+PROFILE_KEYS = ("api", "dtype", "hdim", "mode", "mask", "family")
 # A profile's `mods` key narrows its modifier instances (Signature.mods) further: a table of the keys above (what the
 # profile keeps of them), a list of such tables (it keeps what any of them keeps), or false (none). Without it the
 # profile keeps the modifier instances of every plain one.
@@ -130,6 +130,7 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
 def _profile_admits(profile: dict, spec: KernelSpec) -> bool:
     s = spec.signature
     values = {
+        "api": s.api,
         "dtype": s.dtype,
         "hdim": f"{s.hdim_q}x{s.hdim_v}",
         "mode": s.mode,

@@ -86,12 +86,13 @@ class Guards:
     plain_mods: tuple[str, ...] = ()     # the score modifiers its plain instances serve (catalogue score_mods.plain)
     instance_mods: tuple[str, ...] = ()  # those only its modifier instances serve (score_mods.mods; Signature.mods)
     mod_dtypes: tuple[str, ...] | None = None  # the dtypes whose instances serve any of them (score_mods.dtypes; None: all)
+    unmasked_mods: bool = False  # unmasked modifier calls take an unmasked "_mods" instance (score_mods.unmasked)
 
     @classmethod
     def of(cls, family) -> "Guards":
         """From a catalogue Family."""
         return cls(family.equal_head_dims, family.deterministic, family.align_bytes, family.head_dim_multiple,
-                   family.plain_mods, family.instance_mods, family.mod_dtypes or None)
+                   family.plain_mods, family.instance_mods, family.mod_dtypes or None, family.unmasked_mods)
 
 
 def mod_bits(names) -> str:

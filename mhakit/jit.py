@@ -191,9 +191,9 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     and whose static guard admits the head dims, the instance with the tightest head-dim bucket that holds them (the
     runtime's own score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one
     as fallback. mods: the score modifiers the call sets (mhakit_score_mod bits): a family serves them on its plain
-    instance when that has them all (catalogue score_mods.plain), else on its modifier instance ("_mods", the masked
-    one: a masked instance serves unmasked calls too, and the default profile builds only those), else not at all
-    (KernelSpec.serves_call_mods, the runtime's static_guards_hold)."""
+    instance when that has them all (catalogue score_mods.plain), else on its modifier instance ("_mods": the masked
+    one, which serves unmasked calls too, unless the family's catalogue score_mods.unmasked gives its unmasked calls
+    an unmasked one), else not at all (KernelSpec.serves_call_mods, the runtime's static_guards_hold)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if mode not in MODES:
@@ -205,14 +205,18 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
         s = spec.signature
         if s.dtype != dtype or s.mode != mode or not spec.serves_call_mods(names):
             continue
-        if s.mask != ("mask" if masked or s.mods else "nmask"):
+        # A modifier call of a family with unmasked "_mods" instances (catalogue score_mods.unmasked) may take
+        # either class when unmasked; the masked one only where no unmasked one of as tight a bucket exists (the
+        # runtime's score: padding first, then the exact mask class), e.g. the (192, 128) tile that has none.
+        either = s.mods and spec.guards.unmasked_mods and not masked
+        if not either and s.mask != ("mask" if masked or s.mods else "nmask"):
             continue
         if not spec.admits_head_dims(hdim_q, hdim_v):
             continue
-        padding = (s.hdim_q - hdim_q) + (s.hdim_v - hdim_v)
+        rank = ((s.hdim_q - hdim_q) + (s.hdim_v - hdim_v), s.mask == "mask" and either)
         family = spec.algorithm.family
-        if family not in best or padding < best[family][0] or (padding == best[family][0] and spec.name < best[family][1].name):
-            best[family] = (padding, spec)
+        if family not in best or rank < best[family][0] or (rank == best[family][0] and spec.name < best[family][1].name):
+            best[family] = (rank, spec)
     if not best:
         raise ValueError(f"no {api} kernel in the catalogue serves dtype={dtype} hdim_q={hdim_q} hdim_v={hdim_v} "
                          f"mode={mode} {'masked' if masked else 'unmasked'}"

@@ -32,14 +32,18 @@ def launched(monkeypatch, capfd):
     return launched_names(monkeypatch, capfd, "mha_bwd")
 
 
-def hopper_name(dtype, d, dv, mode):
+def hopper_name(dtype, d, dv, mode, masked):
+    """The Hopper "_mods" instance of a modifier call: an unmasked call's own unmasked one (catalogue
+    score_mods.unmasked), except at (192, 128), whose unmasked tile is plain only."""
     tile = {(64, 64): "b64x128", (128, 128): "b64x128", (256, 256): "b64x64", (192, 128): "b64x64"}[(d, dv)]
     hd = f"d{d}" if d == dv else f"d{d}x{dv}"
-    return f"bwd_{hd}_{dtype}_{mode}_mask_mods_sm90a_hopper_{tile}"
+    cls = "mask" if masked or (d, dv) == (192, 128) else "nmask"
+    return f"bwd_{hd}_{dtype}_{mode}_{cls}_mods_sm90a_hopper_{tile}"
 
 
-def hopper_ran(names, dtype, d, dv, mode, kind):
-    return ran_on_hopper(names, hopper_name(dtype, d, dv, mode), "bwd", dtype, d, dv, mode, kind)
+def hopper_ran(names, dtype, d, dv, mode, kind, mask):
+    masked = api._resolve_mask(False, mask, None)[0] != 0
+    return ran_on_hopper(names, hopper_name(dtype, d, dv, mode, masked), "bwd", dtype, d, dv, mode, kind)
 
 
 def mod_grads(d_kw, shape):
@@ -67,7 +71,7 @@ def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text, d
     dq, dk, dv_ = mhakit.mha_bwd(do, q, k, v, o, lse, layout="bhsd", dtype=dtype, deterministic=deterministic,
                                  **mask_kw, **d_kw, **grads)
     ran = launched()
-    assert hopper_ran(ran, dtype, d, dv, "batch", kind), ran
+    assert hopper_ran(ran, dtype, d, dv, "batch", kind, mask), ran
     ref = reference.attention_bwd(qf, kf, vf, dof, mask_type=mt, window_left=wl, window_right=wr,
                                   o=host(o, dtype), return_mod_grads=True, **r_kw)
     check_grads(dq, dk, dv_, grads, ref, dtype, reference.tolerances_bwd(dtype, d, dv))
@@ -169,7 +173,7 @@ def run_group(kind, mask, d, dv, lq, lk, launched, seed):
     dq, dk, dv_ = mhakit.mha_varlen_bwd(do, q, k, v, o, lse, cp.asarray(cq), cp.asarray(ck), mq, mk, dtype=dtype,
                                         **mask_kw, **d_kw, **grads)
     ran = launched()
-    assert hopper_ran(ran, dtype, d, dv, "group", kind), ran
+    assert hopper_ran(ran, dtype, d, dv, "group", kind, mask), ran
     oh = host(o, dtype)
     dqh, dkh, dvh = host(dq, dtype), host(dk, dtype), host(dv_, dtype)
     dsink_ref = np.zeros(h)
@@ -207,4 +211,4 @@ def test_dropout_runs_on_hopper(launched):
     mhakit.mha_bwd(q, q, q, q, o, lse, layout="bhsd", dtype="bf16", softcap=20.0, dropout_p=0.1, seed=1, offset=2)
     o, lse = mhakit.mha_fwd(q, q, q, layout="bhsd", return_lse=True, dtype="bf16", softcap=20.0)
     mhakit.mha_bwd(q, q, q, q, o, lse, layout="bhsd", dtype="bf16", softcap=20.0)
-    assert launched() == [hopper_name("bf16", 128, 128, "batch")] * 2
+    assert launched() == [hopper_name("bf16", 128, 128, "batch", masked=False)] * 2

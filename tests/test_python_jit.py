@@ -182,14 +182,18 @@ class TestDerive:
     def test_a_hopper_modifier_call_gets_the_hopper_modifier_instance(self, mods, api):
         """Soft-cap, bias / ALiBi, sinks and dropout run on the Hopper "_mods" instance, forward and backward
         (catalogue score_mods), with the generic one as the fallback for the calls Hopper refuses at run time
-        (unaligned, odd head dims)."""
+        (unaligned, odd head dims). The forward's masked instance serves unmasked calls too; the backward's unmasked
+        calls take an unmasked one (catalogue score_mods.unmasked), beside the generic masked one."""
         tiles = {"fwd": ("b128x128", "b128x64w4", "b128x96", "b64x64w4", "b128x128w4"),
                  "bwd": ("b64x128", "b64x64w4", "b64x64", "b32x64w8", "b64x128w8")}[api]
         for masked in (False, True):
             e = entry(api=api, mods=mods, masked=masked)
-            assert e.instance_names == [f"{api}_d128_bf16_batch_mask_mods_sm90a_hopper_{tiles[0]}",
+            own = api == "bwd" and not masked
+            cls = "nmask" if own else "mask"
+            assert e.instance_names == [f"{api}_d128_bf16_batch_{cls}_mods_sm90a_hopper_{tiles[0]}",
                                         f"{api}_d128_bf16_batch_mask_mods_sm90a_generic_{tiles[1]}"]
-            assert e.name == f"{api}_bf16_batch_mask_mods_sm90a-hopper_d128-generic_d128"
+            assert e.name == f"{api}_bf16_batch_{cls}_mods_sm90a-hopper_d128-generic_d128" + ("_mask_mods" if own else "")
+        # (192, 128) has no unmasked "_mods" tile: the masked one of its own bucket, not the d192 bucket's unmasked one
         assert entry(api=api, mods=mods, hq=192, hv=128, mode="group").instance_names == [
             f"{api}_d192x128_bf16_group_mask_mods_sm90a_hopper_{tiles[2]}",
             f"{api}_d192x128_bf16_group_mask_mods_sm90a_generic_{tiles[3]}"]
@@ -214,13 +218,16 @@ class TestDerive:
         default = profiles_mod.select("bwd", "sm_90a", "default").specs
         mods = [e.name for e in jit.entries_within("bwd", "sm_90a", default) if "_mods_" in e.name]
         # the default profile's masked modifier instances of 64 / 128 / 256: generic alone (fp16, bf16; batch, group:
-        # 12), and each bf16 Hopper one with its generic "_mods" fallback (6; a sink alone takes the plain entries)
-        assert len(mods) == 18 and all("_mask_mods_" in n for n in mods)
-        for api in ("fwd", "bwd"):
+        # 12), and each bf16 Hopper one with its generic "_mods" fallback (6; a sink alone takes the plain entries);
+        # the backward's unmasked calls: each bf16 Hopper unmasked one with the generic masked one (6)
+        assert len(mods) == 24 and sum("_nmask_mods_" in n for n in mods) == 6
+        assert all("_mask_mods_" in n for n in mods if "_nmask_mods_" not in n)
+        for api, classes in (("fwd", ("mask",)), ("bwd", ("mask", "nmask"))):
             entries = jit.entries_within(api, "sm_90a", profiles_mod.select(api, "sm_90a", "default").specs)
             hopper_mods = {sp.name for e in entries for sp in e.specs
                            if sp.signature.mods and sp.algorithm.family == "hopper"}
-            assert len(hopper_mods) == 6 and all("_bf16_" in n and "_mask_mods_" in n for n in hopper_mods)
+            assert len(hopper_mods) == 6 * len(classes) and all("_bf16_" in n for n in hopper_mods)
+            assert {n.split("_")[4] for n in hopper_mods} == set(classes)
 
     def test_unknown_values_are_refused(self):
         with pytest.raises(ValueError, match="dtype must be one of"):

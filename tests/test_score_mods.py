@@ -3,6 +3,8 @@ catalogue guard that steers such calls to the generic family (through a real min
 the NumPy reference's arithmetic (finite differences of its forward against its backward)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -180,10 +182,36 @@ def test_catalogue_score_mods_errors(tmp_path, monkeypatch):
                          ({"instances": ["sink"]}, "must be a table with the keys plain and mods"),
                          (True, "must be a table with the keys plain and mods"),
                          ({"mods": ["sink"], "dtypes": ["fp8bf16"]}, "dtypes: must be a non-empty list of the family"),
-                         ({"mods": ["sink"], "dtypes": []}, "dtypes: must be a non-empty list of the family")]:
+                         ({"mods": ["sink"], "dtypes": []}, "dtypes: must be a non-empty list of the family"),
+                         ({"mods": ["sink"], "unmasked": 1}, "unmasked: must be true or false"),
+                         ({"plain": ["sink"], "unmasked": True}, "unmasked: needs modifier instances")]:
         with pytest.raises(catalogue.CatalogueError, match=message):
             catalogue._parse_score_mods(raw, "cuda.toml: fwd.x", ["fp16", "bf16"])
     assert catalogue._parse_score_mods({"mods": ["sink"]}, "w", ["fp16", "bf16"])["mod_dtypes"] == ("fp16", "bf16")
+    assert catalogue._parse_score_mods({"mods": ["sink"]}, "w", ["fp16"])["unmasked_mods"] is False
+    assert catalogue._parse_score_mods({"mods": ["sink"], "unmasked": True}, "w", ["fp16"])["unmasked_mods"] is True
+
+
+def test_unmasked_modifier_instances_are_catalogue_data():
+    """Which families give their unmasked modifier calls an unmasked "_mods" instance is the catalogue's
+    score_mods.unmasked (the Hopper backward; measured faster there), and the user-facing profiles that keep such a
+    family's masked modifier instance of a signature keep the unmasked one too, so that their libraries and the
+    JIT's prebuilt entries serve those calls (`minimal`, a compile check, keeps one modifier instance per family)."""
+    from codegen import profiles
+    from codegen.catalogue import load
+    cat = load("cuda")
+    flagged = {(f.api, f.name) for f in cat.families.values() if f.unmasked_mods}
+    assert flagged == {("bwd", "hopper")}
+    for name in ("default", "all"):
+        for api in ("fwd", "bwd"):
+            specs = profiles.select(api, "sm_90a", name).specs
+            have = {(s.algorithm.family, s.signature) for s in specs}
+            for s in specs:
+                if s.signature.mods and s.signature.mask == "mask" and s.guards.unmasked_mods:
+                    twin = dataclasses.replace(s.signature, mask="nmask")
+                    if any(t.signature == twin for t in profiles.enumerate_specs(api, "sm_90a").specs
+                           if t.algorithm.family == s.algorithm.family):
+                        assert (s.algorithm.family, twin) in have, (name, s.name)
 
 
 def test_fp8_instances_have_no_score_modifiers():
