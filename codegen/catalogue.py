@@ -52,6 +52,10 @@ class Tile:
     # Whether it has plain instances (catalogue `mods_only = true`: no; the tile then serves only the modifier calls
     # of its instances, and a `plain_only` tile beside it the plain ones).
     has_plain: bool = True
+    # Whether unmasked modifier calls take its unmasked "_mods" instance (catalogue `unmasked_mods = true`; default:
+    # the masked "_mods" instance serves them, one modifier instance for both mask classes). The JIT derives it for
+    # them (mhakit/jit.py, derive_entry); the runtime takes the exact mask class wherever a library holds it.
+    unmasked_mods: bool = False
 
     def get(self, key: str) -> int:
         return dict(self.params)[key]
@@ -88,11 +92,6 @@ class Family:
     # The dtypes whose instances serve them (score_mods.dtypes, default: every dtype of the family; the Hopper
     # forward's fp8 kernels have none).
     mod_dtypes: tuple[str, ...] = ()
-    # Whether its unmasked modifier calls take a modifier instance of their own mask class (score_mods.unmasked,
-    # default false: the masked "_mods" instance serves them, one instance for both classes). The JIT builds the
-    # unmasked one for them (mhakit/jit.py, derive_entry); the runtime always takes the exact class where a library
-    # has it.
-    unmasked_mods: bool = False
 
     @property
     def has_mod_instances(self) -> bool:
@@ -191,7 +190,7 @@ def _require(table: dict, key: str, where: str):
 
 _TILE_NARROWING = ("dtypes", "modes", "masks")
 # Tile keys that say when the tile is chosen or what it is built with, not how it computes (no template parameters).
-_TILE_CHOICE = ("candidate", "min_seqlen_q", "max_seqlen_q", "plain_only", "mods_only")
+_TILE_CHOICE = ("candidate", "min_seqlen_q", "max_seqlen_q", "plain_only", "mods_only", "unmasked_mods")
 
 
 def _parse_seqlen_range(raw: dict, where: str) -> tuple[int, int] | None:
@@ -222,6 +221,13 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
     if mods_only and (plain_only or not family.get("score_mods", {}).get("mods")):
         raise CatalogueError(f"{where}: a mods_only tile has modifier instances only, so it cannot be plain_only and "
                              "its family needs score_mods.mods")
+    unmasked_mods = raw.get("unmasked_mods", False)
+    if not isinstance(unmasked_mods, bool):
+        raise CatalogueError(f"{where}.unmasked_mods: must be true or false")
+    if unmasked_mods and (plain_only or not family.get("score_mods", {}).get("mods")
+                          or "nmask" not in raw.get("masks", family.get("masks", []))):
+        raise CatalogueError(f"{where}: unmasked_mods needs the tile's unmasked modifier instances (not plain_only, "
+                             "an unmasked mask class, and its family's score_mods.mods)")
     seqlen_q = _parse_seqlen_range(raw, where)
     if seqlen_q is not None and candidate:
         raise CatalogueError(f"{where}: a candidate tile replaces the default one, so it takes no seqlen range")
@@ -236,7 +242,7 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
                 raise CatalogueError(f"{where}.{key}: must be a non-empty list of the family's {key} {served}")
             narrowed[key] = tuple(values)
     return Tile(hdim_q, hdim_v, params, candidate=candidate, seqlen_q=seqlen_q, has_mods=not plain_only,
-                has_plain=not mods_only, **narrowed)
+                has_plain=not mods_only, unmasked_mods=unmasked_mods, **narrowed)
 
 
 def check_seqlen_ranges(tiles, family: dict, where: str) -> None:
@@ -304,20 +310,15 @@ SCORE_MODS = ("softcap", "bias", "alibi", "sink", "dropout")
 
 
 def _parse_score_mods(raw, where: str, family_dtypes: list) -> dict:
-    """A family's `score_mods` table: {plain = [names], mods = [names], dtypes = [...], unmasked = bool} -> Family's
-    plain_mods / instance_mods / mod_dtypes / unmasked_mods."""
-    if not isinstance(raw, dict) or set(raw) - {"plain", "mods", "dtypes", "unmasked"}:
+    """A family's `score_mods` table: {plain = [names], mods = [names], dtypes = [...]} -> Family's plain_mods /
+    instance_mods / mod_dtypes."""
+    if not isinstance(raw, dict) or set(raw) - {"plain", "mods", "dtypes"}:
         raise CatalogueError(f"{where}.score_mods: must be a table with the keys plain and mods (lists of names) and "
-                             "optionally dtypes and unmasked")
+                             "optionally dtypes")
     dtypes = raw.get("dtypes", list(family_dtypes))
     if not isinstance(dtypes, list) or not dtypes or any(d not in family_dtypes for d in dtypes):
         raise CatalogueError(f"{where}.score_mods.dtypes: must be a non-empty list of the family's dtypes")
-    unmasked = raw.get("unmasked", False)
-    if not isinstance(unmasked, bool):
-        raise CatalogueError(f"{where}.score_mods.unmasked: must be true or false")
-    if unmasked and not raw.get("mods"):
-        raise CatalogueError(f"{where}.score_mods.unmasked: needs modifier instances (score_mods.mods)")
-    out = {"mod_dtypes": tuple(dtypes), "unmasked_mods": unmasked}
+    out = {"mod_dtypes": tuple(dtypes)}
     for key, field_name in (("plain", "plain_mods"), ("mods", "instance_mods")):
         names = raw.get(key, [])
         if not isinstance(names, list) or any(n not in SCORE_MODS for n in names) or len(set(names)) != len(names):

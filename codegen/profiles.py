@@ -110,6 +110,7 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
                 guards=Guards.of(fam),
                 knobs=knobs,
                 seqlen_q=tile.seqlen_q,
+                unmasked_mods=mods and tile.unmasked_mods,
             )
             reasons = violations(spec, backend)
             if reasons:

@@ -86,13 +86,12 @@ class Guards:
     plain_mods: tuple[str, ...] = ()     # the score modifiers its plain instances serve (catalogue score_mods.plain)
     instance_mods: tuple[str, ...] = ()  # those only its modifier instances serve (score_mods.mods; Signature.mods)
     mod_dtypes: tuple[str, ...] | None = None  # the dtypes whose instances serve any of them (score_mods.dtypes; None: all)
-    unmasked_mods: bool = False  # unmasked modifier calls take an unmasked "_mods" instance (score_mods.unmasked)
 
     @classmethod
     def of(cls, family) -> "Guards":
         """From a catalogue Family."""
         return cls(family.equal_head_dims, family.deterministic, family.align_bytes, family.head_dim_multiple,
-                   family.plain_mods, family.instance_mods, family.mod_dtypes or None, family.unmasked_mods)
+                   family.plain_mods, family.instance_mods, family.mod_dtypes or None)
 
 
 def mod_bits(names) -> str:
@@ -113,6 +112,9 @@ class KernelSpec:
     # The range of max_seqlen_q (inclusive) in which the runtime prefers this instance over the default tile's
     # instance of the same signature (catalogue `min_seqlen_q` / `max_seqlen_q`); None: it is the default tile's.
     seqlen_q: tuple[int, int] | None = None
+    # A modifier instance of a tile with `unmasked_mods` (catalogue): unmasked modifier calls take the unmasked one
+    # rather than the masked one, which serves them otherwise (mhakit/jit.py, derive_entry).
+    unmasked_mods: bool = False
 
     @property
     def serves_mods(self) -> tuple[str, ...]:

@@ -192,8 +192,8 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
     runtime's own score). On sm_90a, batch mode with hdim_q == hdim_v gives the hopper instance and the generic one
     as fallback. mods: the score modifiers the call sets (mhakit_score_mod bits): a family serves them on its plain
     instance when that has them all (catalogue score_mods.plain), else on its modifier instance ("_mods": the masked
-    one, which serves unmasked calls too, unless the family's catalogue score_mods.unmasked gives its unmasked calls
-    an unmasked one), else not at all (KernelSpec.serves_call_mods, the runtime's static_guards_hold)."""
+    one, which serves unmasked calls too, unless the tile's catalogue unmasked_mods gives its unmasked calls an
+    unmasked one), else not at all (KernelSpec.serves_call_mods, the runtime's static_guards_hold)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if mode not in MODES:
@@ -205,10 +205,10 @@ def derive_entry(api: str, arch: str, dtype: str, hdim_q: int, hdim_v: int, mode
         s = spec.signature
         if s.dtype != dtype or s.mode != mode or not spec.serves_call_mods(names):
             continue
-        # A modifier call of a family with unmasked "_mods" instances (catalogue score_mods.unmasked) may take
-        # either class when unmasked; the masked one only where no unmasked one of as tight a bucket exists (the
-        # runtime's score: padding first, then the exact mask class), e.g. the (192, 128) tile that has none.
-        either = s.mods and spec.guards.unmasked_mods and not masked
+        # An unmasked modifier call may take either class of a tile with unmasked "_mods" instances (catalogue
+        # unmasked_mods); the masked one only where no unmasked one of as tight a bucket exists (the runtime's
+        # score: padding first, then the exact mask class).
+        either = s.mods and spec.unmasked_mods and not masked
         if not either and s.mask != ("mask" if masked or s.mods else "nmask"):
             continue
         if not spec.admits_head_dims(hdim_q, hdim_v):

@@ -122,8 +122,9 @@ class TestProfiles:
         # dtypes x (d64 one warpgroup, d128 one and two warpgroups)); the ranged d256 masked persistent tile (up to
         # max_seqlen_q 1024, plain, batch mode): 2 dtypes in both
         assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4 + 6 + 2
-        # (the backward's Hopper modifier instances: the unmasked ones too, catalogue score_mods.unmasked: 6 more)
-        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 6
+        # (the backward's Hopper modifier instances: the unmasked ones of d64 / d128 too, catalogue unmasked_mods:
+        # bf16 x 2 buckets x 2 modes)
+        assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4
         assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4 + 6 + 2
         # (the unmasked (192, 128) backward tile is plain only: no nmask "_mods" instance, 2 dtypes x 2 modes)
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48 - 4
@@ -131,11 +132,11 @@ class TestProfiles:
 
     def test_modifier_instances_are_a_trait_the_profile_narrows(self):
         mods = [s for s in profiles.select("bwd", "sm_90a", "default").specs if s.signature.mods]
-        # the Hopper backward's unmasked modifier calls have instances of their own (catalogue score_mods.unmasked),
-        # which the default profile keeps (its `api` key); the generic family's take the masked one
+        # the Hopper backward's unmasked d64 / d128 modifier calls have instances of their own (catalogue
+        # unmasked_mods), which the default profile keeps (its `api` key); the other tiles' take the masked one
         assert {(s.signature.hdim_q, s.signature.mask, s.algorithm.family) for s in mods} == \
             {(d, "mask", f) for d in (64, 128, 256) for f in ("generic", "hopper")} | \
-            {(d, "nmask", "hopper") for d in (64, 128, 256)}
+            {(d, "nmask", "hopper") for d in (64, 128)}
         assert {(s.signature.dtype, s.signature.mode) for s in mods if s.algorithm.family == "hopper"} == \
             {("bf16", "batch"), ("bf16", "group")}
         assert all(s.name.split("_")[4:6] == [s.signature.mask, "mods"] for s in mods)

@@ -33,11 +33,11 @@ def launched(monkeypatch, capfd):
 
 
 def hopper_name(dtype, d, dv, mode, masked):
-    """The Hopper "_mods" instance of a modifier call: an unmasked call's own unmasked one (catalogue
-    score_mods.unmasked), except at (192, 128), whose unmasked tile is plain only."""
+    """The Hopper "_mods" instance of a modifier call: at d64 / d128 an unmasked call's own unmasked one (catalogue
+    unmasked_mods), elsewhere the masked one."""
     tile = {(64, 64): "b64x128", (128, 128): "b64x128", (256, 256): "b64x64", (192, 128): "b64x64"}[(d, dv)]
     hd = f"d{d}" if d == dv else f"d{d}x{dv}"
-    cls = "mask" if masked or (d, dv) == (192, 128) else "nmask"
+    cls = "mask" if masked or d not in (64, 128) else "nmask"
     return f"bwd_{hd}_{dtype}_{mode}_{cls}_mods_sm90a_hopper_{tile}"
 
 

@@ -182,36 +182,41 @@ def test_catalogue_score_mods_errors(tmp_path, monkeypatch):
                          ({"instances": ["sink"]}, "must be a table with the keys plain and mods"),
                          (True, "must be a table with the keys plain and mods"),
                          ({"mods": ["sink"], "dtypes": ["fp8bf16"]}, "dtypes: must be a non-empty list of the family"),
-                         ({"mods": ["sink"], "dtypes": []}, "dtypes: must be a non-empty list of the family"),
-                         ({"mods": ["sink"], "unmasked": 1}, "unmasked: must be true or false"),
-                         ({"plain": ["sink"], "unmasked": True}, "unmasked: needs modifier instances")]:
+                         ({"mods": ["sink"], "dtypes": []}, "dtypes: must be a non-empty list of the family")]:
         with pytest.raises(catalogue.CatalogueError, match=message):
             catalogue._parse_score_mods(raw, "cuda.toml: fwd.x", ["fp16", "bf16"])
     assert catalogue._parse_score_mods({"mods": ["sink"]}, "w", ["fp16", "bf16"])["mod_dtypes"] == ("fp16", "bf16")
-    assert catalogue._parse_score_mods({"mods": ["sink"]}, "w", ["fp16"])["unmasked_mods"] is False
-    assert catalogue._parse_score_mods({"mods": ["sink"], "unmasked": True}, "w", ["fp16"])["unmasked_mods"] is True
 
 
 def test_unmasked_modifier_instances_are_catalogue_data():
-    """Which families give their unmasked modifier calls an unmasked "_mods" instance is the catalogue's
-    score_mods.unmasked (the Hopper backward; measured faster there), and the user-facing profiles that keep such a
-    family's masked modifier instance of a signature keep the unmasked one too, so that their libraries and the
-    JIT's prebuilt entries serve those calls (`minimal`, a compile check, keeps one modifier instance per family)."""
+    """Which tiles give their unmasked modifier calls an unmasked "_mods" instance is the catalogue's unmasked_mods
+    (the Hopper backward's d64 and d128 tiles, measured faster there): only their modifier specs carry it, the key is
+    refused where no unmasked modifier instance could exist, and the user-facing profiles that keep such a tile's
+    masked modifier instance keep the unmasked one too, so that their libraries and the JIT's prebuilt entries serve
+    those calls (`minimal`, a compile check, keeps one modifier instance per family)."""
     from codegen import profiles
-    from codegen.catalogue import load
-    cat = load("cuda")
-    flagged = {(f.api, f.name) for f in cat.families.values() if f.unmasked_mods}
-    assert flagged == {("bwd", "hopper")}
+    from codegen.catalogue import CatalogueError, _parse_tile
+    every = profiles.enumerate_specs("bwd", "sm_90a").specs + profiles.enumerate_specs("fwd", "sm_90a").specs
+    flagged = {(s.signature.api, s.algorithm.family, s.signature.hdim_q) for s in every if s.unmasked_mods}
+    assert flagged == {("bwd", "hopper", 64), ("bwd", "hopper", 128)}
+    assert all(s.signature.mods for s in every if s.unmasked_mods)
+    family = {"masks": ["nmask", "mask"], "score_mods": {"mods": ["softcap"]}}
+    for raw, message in (({"unmasked_mods": 1}, "unmasked_mods: must be true or false"),
+                         ({"unmasked_mods": True, "plain_only": True}, "unmasked_mods needs"),
+                         ({"unmasked_mods": True, "masks": ["mask"]}, "unmasked_mods needs")):
+        with pytest.raises(CatalogueError, match=message):
+            _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "block_n": 128, **raw}, "bwd.x.tiles[0]", family)
+    with pytest.raises(CatalogueError, match="unmasked_mods needs"):
+        _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "unmasked_mods": True}, "w", {"masks": ["nmask"]})
+    assert _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "unmasked_mods": True}, "w", family).unmasked_mods
     for name in ("default", "all"):
         for api in ("fwd", "bwd"):
             specs = profiles.select(api, "sm_90a", name).specs
             have = {(s.algorithm.family, s.signature) for s in specs}
             for s in specs:
-                if s.signature.mods and s.signature.mask == "mask" and s.guards.unmasked_mods:
+                if s.unmasked_mods and s.signature.mask == "mask":
                     twin = dataclasses.replace(s.signature, mask="nmask")
-                    if any(t.signature == twin for t in profiles.enumerate_specs(api, "sm_90a").specs
-                           if t.algorithm.family == s.algorithm.family):
-                        assert (s.algorithm.family, twin) in have, (name, s.name)
+                    assert (s.algorithm.family, twin) in have, (name, s.name)
 
 
 def test_fp8_instances_have_no_score_modifiers():
