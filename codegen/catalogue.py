@@ -52,6 +52,11 @@ class Tile:
     # Whether it has plain instances (catalogue `mods_only = true`: no; the tile then serves only the modifier calls
     # of its instances, and a `plain_only` tile beside it the plain ones).
     has_plain: bool = True
+    # Whether its instances are the batch-mode plain ones of its signatures, in place of the default tile's
+    # (catalogue `plain_batch = true`): the tile a family gives its batch-mode plain calls where group mode and the
+    # "_mods" instances keep another (the Hopper forward's d128 unmasked 128 x 176 beside 128 x 128). It has neither
+    # "_mods" nor group-mode instances, and no seqlen range.
+    plain_batch: bool = False
     # Whether unmasked modifier calls take its unmasked "_mods" instance (catalogue `unmasked_mods = true`; default:
     # the masked "_mods" instance serves them, one modifier instance for both mask classes). The JIT derives it for
     # them (mhakit/jit.py, derive_entry); the runtime takes the exact mask class wherever a library holds it.
@@ -190,7 +195,7 @@ def _require(table: dict, key: str, where: str):
 
 _TILE_NARROWING = ("dtypes", "modes", "masks")
 # Tile keys that say when the tile is chosen or what it is built with, not how it computes (no template parameters).
-_TILE_CHOICE = ("candidate", "min_seqlen_q", "max_seqlen_q", "plain_only", "mods_only", "unmasked_mods")
+_TILE_CHOICE = ("candidate", "min_seqlen_q", "max_seqlen_q", "plain_only", "mods_only", "unmasked_mods", "plain_batch")
 
 
 def _parse_seqlen_range(raw: dict, where: str) -> tuple[int, int] | None:
@@ -231,6 +236,14 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
     seqlen_q = _parse_seqlen_range(raw, where)
     if seqlen_q is not None and candidate:
         raise CatalogueError(f"{where}: a candidate tile replaces the default one, so it takes no seqlen range")
+    plain_batch = raw.get("plain_batch", False)
+    if not isinstance(plain_batch, bool):
+        raise CatalogueError(f"{where}.plain_batch: must be true or false")
+    if plain_batch:
+        clash = [k for k in ("modes", "plain_only", "mods_only", "unmasked_mods", "candidate", "max_seqlen_q") if k in raw]
+        if clash or "batch" not in family.get("modes", []):
+            raise CatalogueError(f"{where}: a plain_batch tile is the batch-mode plain instances of its signatures, so "
+                                 f"it takes none of {', '.join(clash) or 'these keys'} and its family needs batch mode")
     params = tuple((k, int(v)) for k, v in raw.items()
                    if k not in ("hdim_q", "hdim_v", *_TILE_CHOICE, *_TILE_NARROWING))
     narrowed = {}
@@ -241,8 +254,10 @@ def _parse_tile(raw: dict, where: str, family: dict) -> Tile:
             if not isinstance(values, list) or not values or not set(values) <= set(served):
                 raise CatalogueError(f"{where}.{key}: must be a non-empty list of the family's {key} {served}")
             narrowed[key] = tuple(values)
-    return Tile(hdim_q, hdim_v, params, candidate=candidate, seqlen_q=seqlen_q, has_mods=not plain_only,
-                has_plain=not mods_only, unmasked_mods=unmasked_mods, **narrowed)
+    if plain_batch:
+        narrowed["modes"] = ("batch",)
+    return Tile(hdim_q, hdim_v, params, candidate=candidate, seqlen_q=seqlen_q, has_mods=not (plain_only or plain_batch),
+                has_plain=not mods_only, unmasked_mods=unmasked_mods, plain_batch=plain_batch, **narrowed)
 
 
 def check_seqlen_ranges(tiles, family: dict, where: str) -> None:
@@ -258,10 +273,15 @@ def check_seqlen_ranges(tiles, family: dict, where: str) -> None:
                 for mask in tile.masks or family.get("masks", []):
                     groups.setdefault((dtype, tile.hdim_q, tile.hdim_v, mode, mask), []).append(tile)
     for (dtype, hq, hv, mode, mask), members in groups.items():
+        group = f"{where}: the {dtype} d{hq}x{hv} {mode} {mask} tiles"
+        if sum(t.plain_batch for t in members) > 1:
+            raise CatalogueError(f"{group} have more than one plain_batch tile")
         ranged = sorted((t.seqlen_q for t in members if t.seqlen_q is not None))
         if not ranged:
             continue
-        group = f"{where}: the {dtype} d{hq}x{hv} {mode} {mask} tiles"
+        if any(t.plain_batch for t in members):
+            raise CatalogueError(f"{group} have a plain_batch tile and a ranged one: the ranged one's default would be "
+                                 "two tiles")
         defaults = sum(t.seqlen_q is None for t in members)
         if defaults != 1:
             raise CatalogueError(f"{group} have {defaults} tiles without a seqlen range; a group with ranged tiles "

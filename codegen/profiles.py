@@ -92,6 +92,10 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
         knobs = (*cat.tables, *arch_record.traits, *fam.knobs)
         # A family with the score modifiers has a modifier instance beside each plain one.
         mods_choices = (False, True) if fam.has_mod_instances else (False,)
+        # The signatures whose batch-mode plain instances a plain_batch tile gives (catalogue), in place of the
+        # default tile's.
+        plain_batch = {(t.hdim_q, t.hdim_v, dtype, mask) for t in fam.tiles if t.plain_batch and not t.candidate
+                       for dtype in fam.dtypes for mask in fam.masks if t.serves(dtype, "batch", mask)}
         for tile, dtype, mode, mask, (variant, rank), mods in itertools.product(
                 fam.tiles, fam.dtypes, fam.modes, fam.masks, _variant_choices(fam), mods_choices):
             if not tile.serves(dtype, mode, mask):  # a tile narrowed to some dtypes / modes / masks (catalogue)
@@ -102,6 +106,9 @@ def enumerate_specs(api: str, arch: str, backend: str | None = None, candidates:
                 continue
             if not mods and not tile.has_plain:  # catalogue `mods_only`: plain calls run on a plain_only tile
                 continue
+            if (not mods and mode == "batch" and not tile.plain_batch and tile.seqlen_q is None and not tile.candidate
+                    and (tile.hdim_q, tile.hdim_v, dtype, mask) in plain_batch):
+                continue  # a plain_batch tile gives these
             spec = KernelSpec(
                 signature=Signature(fam.api, dtype, tile.hdim_q, tile.hdim_v, mode, mask, mods),
                 algorithm=Algorithm(fam.name, arch, tile.params, variant, candidate=tile.candidate),

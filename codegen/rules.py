@@ -119,16 +119,17 @@ def hopper_bwd_tiles_fit(spec: KernelSpec, cat) -> Optional[str]:
 def hopper_fwd_stages_are_persistent(spec: KernelSpec, cat) -> Optional[str]:
     """The Hopper forward's `stages` caps the K/V ring of a persistent tile (to leave O a staging buffer of its own;
     fmha_hopper_kernel.hpp, kMaxStages): only instances that run the persistent grid (spec.persistent: batch-mode
-    plain 16-bit ones) take it, so a tile with stages needs persistent = true, plain_only = true and modes = ["batch"],
-    and at most the 5 slots the kernel ever uses."""
+    plain 16-bit ones) take it, so a tile with stages needs persistent = true and only batch-mode plain instances
+    (plain_batch = true, or plain_only = true and modes = ["batch"]), and at most the 5 slots the kernel ever uses."""
     if spec.signature.api != "fwd" or spec.algorithm.family != "hopper":
         return None
     stages = dict(spec.algorithm.tile).get("stages")
     if stages is None:
         return None
     if not spec.persistent:
-        return ("a Hopper forward tile's stages caps a persistent grid's ring: give it persistent = true, "
-                "plain_only = true and modes = [\"batch\"] (this instance would run the one-tile kernel)")
+        return ("a Hopper forward tile's stages caps a persistent grid's ring: give it persistent = true and "
+                "plain_batch = true (or plain_only = true and modes = [\"batch\"]): this instance would run the "
+                "one-tile kernel")
     if not 2 <= stages <= 5:
         return f"a Hopper forward tile's stages is 2 .. 5 (got {stages})"
     return None

@@ -309,3 +309,52 @@ class TestRuntimeChoice:
         lib = _capi.load_library(_stub_library(specs, tmp_path / "ranged_only"))
         for seqlen in (1024, 4096):
             assert lib.kernel_name(_args(seqlen)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"
+
+
+class TestPlainBatch:
+    """A plain_batch tile (catalogue) gives the batch-mode plain instances of its signatures in place of the default
+    tile's, which keeps the group-mode and "_mods" ones: one entry says what took four."""
+
+    def test_it_parses_to_batch_plain_only_and_refuses_what_would_contradict_it(self):
+        t = _parse_tile({"hdim_q": 128, "hdim_v": 128, "block_m": 128, "block_n": 176, "plain_batch": True}, "t", FAM)
+        assert t.plain_batch and t.modes == ("batch",) and not t.has_mods and t.has_plain and t.seqlen_q is None
+        assert t.params == (("block_m", 128), ("block_n", 176))
+        fam = {**FAM, "score_mods": {"mods": ["softcap"]}}
+        for extra in ({"modes": ["batch"]}, {"plain_only": True}, {"mods_only": True}, {"candidate": True},
+                      {"max_seqlen_q": 1024}, {"unmasked_mods": True}):
+            with pytest.raises(CatalogueError, match="a plain_batch tile is the batch-mode plain instances"):
+                _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 128, "plain_batch": True, **extra}, "t", fam)
+        with pytest.raises(CatalogueError, match="plain_batch: must be true or false"):
+            _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 128, "plain_batch": "yes"}, "t", FAM)
+        with pytest.raises(CatalogueError, match="its family needs batch mode"):
+            _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 128, "plain_batch": True}, "t",
+                        {**FAM, "modes": ["group"]})
+
+    def test_one_per_group_and_no_ranged_tile_beside_it(self):
+        pb = Tile(64, 64, (("block_m", 128),), modes=("batch",), has_mods=False, plain_batch=True)
+        check_seqlen_ranges([tile(), pb], FAM, "f")
+        with pytest.raises(CatalogueError, match="more than one plain_batch tile"):
+            check_seqlen_ranges([tile(), pb, Tile(64, 64, (("block_m", 64),), modes=("batch",), has_mods=False,
+                                                  plain_batch=True)], FAM, "f")
+        with pytest.raises(CatalogueError, match="a plain_batch tile and a ranged one"):
+            check_seqlen_ranges([tile(), pb, tile(128, (1, 1024))], FAM, "f")
+
+    def test_the_d128_and_d256_unmasked_instances(self):
+        """The Hopper forward's d128 / d256 unmasked batch-mode plain calls run the plain_batch tiles; group mode and
+        the "_mods" instances (and every masked call) the default tile's; no signature has two instances."""
+        specs = profiles.select("fwd", "sm_90a", "all").specs
+        for d, default, batch_tile in ((128, "b128x128", "b128x176"), (256, "b128x64", "b128x64s4")):
+            for dt in ("fp16", "bf16"):
+                names = {s.name for s in specs if s.signature.hdim_q == d and s.signature.dtype == dt
+                         and s.algorithm.family == "hopper"}
+                assert f"fwd_d{d}_{dt}_batch_nmask_sm90a_hopper_{batch_tile}" in names
+                assert f"fwd_d{d}_{dt}_batch_nmask_sm90a_hopper_{default}" not in names
+                assert {f"fwd_d{d}_{dt}_group_nmask_sm90a_hopper_{default}",
+                        f"fwd_d{d}_{dt}_batch_nmask_mods_sm90a_hopper_{default}",
+                        f"fwd_d{d}_{dt}_group_nmask_mods_sm90a_hopper_{default}",
+                        f"fwd_d{d}_{dt}_batch_mask_sm90a_hopper_{default}"} <= names
+        keyed = {}
+        for s in (s for s in specs if s.algorithm.family == "hopper"):
+            key = (s.signature, s.seqlen_q)
+            assert key not in keyed, (s.name, keyed.get(key))
+            keyed[key] = s.name
