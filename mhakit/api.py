@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
 from . import _arrays, _codegen
+from . import _ext as _ext_module
 from ._arrays import ArrayView, DeviceArray
 
 __all__ = ["mha_fwd", "mha_varlen_fwd", "mha_fwd_kvcache", "mha_bwd", "mha_varlen_bwd"]
@@ -1391,14 +1392,17 @@ def _ext_callbacks():
 
 
 def _ext():
-    from . import _ext as ext_module
-    return ext_module.module()
+    """The C call path's module, or None. The per-call cost matters here (a few hundred ns of Python on every call):
+    the loaded module is read straight from _ext's state, and only the first call (or one after a reset) goes
+    through _ext.module()."""
+    mod = _ext_module._STATE.get("module", False)
+    return mod if mod is not False else _ext_module.module()
 
 
 def mha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, mask: Any = None, window: Any = None,
             scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
             layout: str = "bshd", stream: Any = None, dtype: Any = None, **mods: Any):
-    ext_mods = _ext_mods(mods, _FWD_MODS)
+    ext_mods = _ext_mods(mods, _FWD_MODS) if mods else None
     ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
@@ -1414,7 +1418,7 @@ def mha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                    max_seqlen_k: int, *, causal: bool = False, mask: Any = None, window: Any = None,
                    scale: Optional[float] = None, return_lse: bool = False, out: Any = None, lse_out: Any = None,
                    stream: Any = None, dtype: Any = None, **mods: Any):
-    ext_mods = _ext_mods(mods, _FWD_MODS)
+    ext_mods = _ext_mods(mods, _FWD_MODS) if mods else None
     ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
@@ -1448,7 +1452,7 @@ def mha_fwd_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: Any, *, b
 def mha_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, causal: bool = False, mask: Any = None,
             window: Any = None, scale: Optional[float] = None, layout: str = "bshd", deterministic: bool = False,
             dq: Any = None, dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None, **mods: Any):
-    ext_mods = _ext_mods(mods, _BWD_MODS)
+    ext_mods = _ext_mods(mods, _BWD_MODS) if mods else None
     ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
@@ -1465,7 +1469,7 @@ def mha_varlen_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cu_seqlens
                    max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False, mask: Any = None,
                    window: Any = None, scale: Optional[float] = None, deterministic: bool = False, dq: Any = None,
                    dk: Any = None, dv: Any = None, stream: Any = None, dtype: Any = None, **mods: Any):
-    ext_mods = _ext_mods(mods, _BWD_MODS)
+    ext_mods = _ext_mods(mods, _BWD_MODS) if mods else None
     ext = None if ext_mods is _PYTHON_PATH else _ext()
     if ext is not None:
         mask_type, left, right = _resolve_mask(causal, mask, window)
