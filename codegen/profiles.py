@@ -152,8 +152,16 @@ def _profile_admits(profile: dict, spec: KernelSpec) -> bool:
     mods = profile.get(MODS_KEY, {})
     if mods is False:
         return False
-    return any(all(values[key] in t[key] for key in PROFILE_KEYS if key in t)
-               for t in (mods if isinstance(mods, list) else [mods]))
+    tables = mods if isinstance(mods, list) else [mods]
+
+    def kept(vals: dict) -> bool:
+        return any(all(vals[key] in t[key] for key in PROFILE_KEYS if key in t) for t in tables)
+
+    # A tile with the catalogue's unmasked_mods gives its unmasked modifier calls an unmasked "_mods" instance in
+    # place of the masked one they would otherwise run on: it goes wherever the profile keeps that masked instance,
+    # so that no profile restates which tiles have one (the top-level keys above still apply: mask = ["mask"] drops
+    # it).
+    return kept(values) or (spec.unmasked_mods and s.mask == "nmask" and kept({**values, "mask": "mask"}))
 
 
 def select(api: str, arch: str, profile: str = "default", name_filter: str | None = None,

@@ -110,7 +110,8 @@ class TestProfiles:
         # decode_tma instance
         # (+ 2: decode_tma's wgmma tiles, one and two warpgroups, beside its mma.sync one)
         assert len(profiles.select("fwd", "sm_90a", "minimal").specs) == 4 + 2 + 1 + 1 + 2
-        assert len(profiles.select("bwd", "sm_90a", "minimal").specs) == 4 + 2
+        # (+ 1: the Hopper backward's unmasked modifier instance beside its masked one, catalogue unmasked_mods)
+        assert len(profiles.select("bwd", "sm_90a", "minimal").specs) == 4 + 2 + 1
         # generic: 2 dtypes x 5 buckets x 2 modes x 2 masks, plus its modifier instances (default: 2 dtypes x the
         # 64 / 128 / 256 buckets x 2 modes, masked only; all: one per plain instance); hopper: 2 dtypes x 3 hdims x
         # 2 modes x 2 masks in the default profile, and (192, 128); `all` adds the Hopper 96 and 192 buckets; the

@@ -159,14 +159,15 @@ def test_backward_dropout_arguments_are_refused_with_one_sentence(bwd_lib, overr
 @pytest.mark.parametrize("overrides", [dict(p_drop=0.1), dict(p_drop=0.5, drop_seed_ptr=FAKE, drop_offset_ptr=FAKE),
                                        dict(p_drop=0.1, randval_ptr=FAKE, stride_randval=256)])
 def test_dropout_calls_run_on_the_modifier_instances(fwd_lib, bwd_lib, overrides):
-    """Dropout runs on the Hopper "_mods" instances (catalogue score_mods, forward and backward; the minimal
-    profile's masked one serves this unmasked call), a head dim Hopper does not take on generic's."""
+    """Dropout runs on the Hopper "_mods" instances (catalogue score_mods, forward and backward: the forward's masked
+    one serves this unmasked call, the backward's d128 tile has an unmasked one, catalogue unmasked_mods), a head dim
+    Hopper does not take on generic's."""
     assert fwd_lib.kernel_name(valid_args(**overrides)) == "fwd_d128_bf16_batch_mask_mods_sm90a_hopper_b128x128"
     assert fwd_lib.kernel_name(valid_args(hdim_q=100, hdim_v=100, **overrides)) == \
         "fwd_d128_bf16_batch_mask_mods_sm90a_generic_b128x64w4"
     bwd_overrides = {k: v for k, v in overrides.items() if "randval" not in k}
     name = bwd_lib.kernel_name(valid_bwd_args(**bwd_overrides))
-    assert name == "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128", bwd_lib.last_error()
+    assert name == "bwd_d128_bf16_batch_nmask_mods_sm90a_hopper_b64x128", bwd_lib.last_error()
     name = bwd_lib.kernel_name(valid_bwd_args(hdim_q=100, hdim_v=100, **bwd_overrides))
     assert name == "bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4", bwd_lib.last_error()
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mhakit
-from mhakit import api, reference
+from mhakit import _codegen, api, reference
 
 from test_python_gpu_mods import check_grads, close, dev, host, make_mods, sequence_mods
 
@@ -32,12 +32,18 @@ def launched(monkeypatch, capfd):
     return launched_names(monkeypatch, capfd, "mha_bwd")
 
 
+# The head dims whose Hopper backward tile gives unmasked modifier calls an unmasked "_mods" instance (catalogue
+# unmasked_mods; d64 and d128 when this was written).
+_BWD_HOPPER = _codegen.submodule("catalogue").load("cuda").families[("bwd", "hopper")]
+UNMASKED_MODS = {(t.hdim_q, t.hdim_v) for t in _BWD_HOPPER.tiles if t.unmasked_mods}
+
+
 def hopper_name(dtype, d, dv, mode, masked):
-    """The Hopper "_mods" instance of a modifier call: at d64 / d128 an unmasked call's own unmasked one (catalogue
-    unmasked_mods), elsewhere the masked one."""
+    """The Hopper "_mods" instance of a modifier call: an unmasked call's own unmasked one where the tile has one
+    (UNMASKED_MODS), elsewhere the masked one."""
     tile = {(64, 64): "b64x128", (128, 128): "b64x128", (256, 256): "b64x64", (192, 128): "b64x64"}[(d, dv)]
     hd = f"d{d}" if d == dv else f"d{d}x{dv}"
-    cls = "mask" if masked or d not in (64, 128) else "nmask"
+    cls = "mask" if masked or (d, dv) not in UNMASKED_MODS else "nmask"
     return f"bwd_{hd}_{dtype}_{mode}_{cls}_mods_sm90a_hopper_{tile}"
 
 

@@ -98,7 +98,7 @@ def test_forward_dropout_runs_on_the_hopper_modifier_instance(fwd_lib):
 @pytest.mark.parametrize("overrides", MOD_CALLS)
 def test_backward_modifier_calls_run_on_the_hopper_modifier_instance(bwd_lib, overrides):
     """The Hopper backward serves soft-cap, bias / ALiBi (+ dbias, with or without a sink) on its "_mods" instances,
-    for every mask type (the minimal profile's masked one serves unmasked calls too), deterministic or not, a sink
+    for every mask type (unmasked calls on the unmasked one, catalogue unmasked_mods), deterministic or not, a sink
     alone (+ d sink) on its plain ones; an odd head dim goes to the generic "_mods" instance, or, for a sink alone, to
     the plain generic one."""
     assert bwd_lib.kernel_name(valid_bwd_args()) == "bwd_d128_bf16_batch_nmask_sm90a_hopper_b64x128"
@@ -106,9 +106,9 @@ def test_backward_modifier_calls_run_on_the_hopper_modifier_instance(bwd_lib, ov
     for mask_type in (0, 1, 2, 3):
         for deterministic in (0, 1):
             name = bwd_lib.kernel_name(valid_bwd_args(mask_type=mask_type, deterministic=deterministic, **overrides))
-            plain = f"bwd_d128_bf16_batch_{'nmask' if mask_type == 0 else 'mask'}_sm90a_hopper_b64x128"
-            assert name == (plain if sink_alone else "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128"), \
-                bwd_lib.last_error()
+            cls = "nmask" if mask_type == 0 else "mask"
+            assert name == (f"bwd_d128_bf16_batch_{cls}_sm90a_hopper_b64x128" if sink_alone
+                            else f"bwd_d128_bf16_batch_{cls}_mods_sm90a_hopper_b64x128"), bwd_lib.last_error()
     odd = bwd_lib.kernel_name(valid_bwd_args(hdim_q=59, hdim_v=59, **overrides))
     assert odd == ("bwd_d128_bf16_batch_nmask_sm90a_generic_b64x64w4" if overrides == dict(sink_ptr=FAKE)
                    else "bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4"), bwd_lib.last_error()
@@ -116,12 +116,12 @@ def test_backward_modifier_calls_run_on_the_hopper_modifier_instance(bwd_lib, ov
 
 @pytest.mark.compile
 def test_backward_dropout_runs_on_the_hopper_modifier_instance(bwd_lib):
-    """The Hopper backward serves dropout on its "_mods" instances, with or without other modifiers, deterministic
-    or not; an odd head dim goes to generic's."""
+    """The Hopper backward serves dropout on its "_mods" instances (this unmasked call on the unmasked one, catalogue
+    unmasked_mods), with or without other modifiers, deterministic or not; an odd head dim goes to generic's."""
     for extra in ({}, dict(logits_soft_cap=30.0), dict(sink_ptr=FAKE)):
         for deterministic in (0, 1):
             assert bwd_lib.kernel_name(valid_bwd_args(p_drop=0.1, deterministic=deterministic, **extra)) == \
-                "bwd_d128_bf16_batch_mask_mods_sm90a_hopper_b64x128", bwd_lib.last_error()
+                "bwd_d128_bf16_batch_nmask_mods_sm90a_hopper_b64x128", bwd_lib.last_error()
         assert bwd_lib.kernel_name(valid_bwd_args(p_drop=0.1, hdim_q=59, hdim_v=59, **extra)) == \
             "bwd_d128_bf16_batch_mask_mods_sm90a_generic_b64x64w4", bwd_lib.last_error()
 
@@ -191,9 +191,9 @@ def test_catalogue_score_mods_errors(tmp_path, monkeypatch):
 def test_unmasked_modifier_instances_are_catalogue_data():
     """Which tiles give their unmasked modifier calls an unmasked "_mods" instance is the catalogue's unmasked_mods
     (the Hopper backward's d64 and d128 tiles, measured faster there): only their modifier specs carry it, the key is
-    refused where no unmasked modifier instance could exist, and the user-facing profiles that keep such a tile's
-    masked modifier instance keep the unmasked one too, so that their libraries and the JIT's prebuilt entries serve
-    those calls (`minimal`, a compile check, keeps one modifier instance per family)."""
+    refused where no unmasked modifier instance could exist, and every profile that keeps such a tile's masked
+    modifier instance keeps the unmasked one too (a rule of the profiles, not a line of each), so that their libraries
+    and the JIT's prebuilt entries serve those calls."""
     from codegen import profiles
     from codegen.catalogue import CatalogueError, _parse_tile
     every = profiles.enumerate_specs("bwd", "sm_90a").specs + profiles.enumerate_specs("fwd", "sm_90a").specs
@@ -209,7 +209,7 @@ def test_unmasked_modifier_instances_are_catalogue_data():
     with pytest.raises(CatalogueError, match="unmasked_mods needs"):
         _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "unmasked_mods": True}, "w", {"masks": ["nmask"]})
     assert _parse_tile({"hdim_q": 64, "hdim_v": 64, "block_m": 64, "unmasked_mods": True}, "w", family).unmasked_mods
-    for name in ("default", "all"):
+    for name in ("minimal", "default", "all"):
         for api in ("fwd", "bwd"):
             specs = profiles.select(api, "sm_90a", name).specs
             have = {(s.algorithm.family, s.signature) for s in specs}
@@ -217,6 +217,14 @@ def test_unmasked_modifier_instances_are_catalogue_data():
                 if s.unmasked_mods and s.signature.mask == "mask":
                     twin = dataclasses.replace(s.signature, mask="nmask")
                     assert (s.algorithm.family, twin) in have, (name, s.name)
+    # the rule, on a profile's own terms: the unmasked instance follows its masked twin's table, and a top-level
+    # mask key still applies
+    unmasked = next(s for s in every if s.unmasked_mods and s.signature.mask == "nmask" and s.signature.hdim_q == 64)
+    assert profiles._profile_admits({"mods": {"mask": ["mask"]}}, unmasked)
+    assert profiles._profile_admits({"mods": [{"hdim": ["256x256"]}, {"hdim": ["64x64"], "mask": ["mask"]}]}, unmasked)
+    assert not profiles._profile_admits({"mods": {"mask": ["mask"], "hdim": ["128x128"]}}, unmasked)
+    assert not profiles._profile_admits({"mask": ["mask"]}, unmasked)
+    assert not profiles._profile_admits({"mods": False}, unmasked)
 
 
 def test_fp8_instances_have_no_score_modifiers():
