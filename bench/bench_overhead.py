@@ -155,6 +155,11 @@ def host_rows() -> list[dict]:
             F.scaled_dot_product_attention(gqt, gkt, gvt, is_causal=True).backward(grad.transpose(1, 2))
 
     add("mhakit.torch.attention forward + backward", ours_train, "C (torch op)")
+    # The host's own yardstick: one tiny kernel launched through PyTorch. Host speed differs from machine to machine
+    # and run to run by a third or more (6.3-8.5 µs for this row in one call on the H200 machine, 2026-11-24), so
+    # mhakit's rows are read against this one, not against another day's table.
+    x, y, z = (torch.randn(64, device="cuda") for _ in range(3))
+    add("torch.add(out=), 64 floats (yardstick)", lambda: torch.add(x, y, out=z), "PyTorch")
     add("SDPA cuDNN forward", lambda: sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, True), "PyTorch")
     add("SDPA FA2 forward", lambda: sdpa(SDPBackend.FLASH_ATTENTION, qt, kt, vt, True), "PyTorch")
     add("SDPA cuDNN forward + backward", sdpa_train, "PyTorch")

@@ -23,6 +23,8 @@ summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$logs/gpu.txt"
+# The host: its kernel names the machine's runtime (host costs and tools differ between them).
+echo "host: $(uname -r), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)" | tee -a "$logs/gpu.txt"
 
 mkdir -p "$work/objects"
 
