@@ -225,6 +225,10 @@ def test_unmasked_modifier_instances_are_catalogue_data():
     assert not profiles._profile_admits({"mods": {"mask": ["mask"], "hdim": ["128x128"]}}, unmasked)
     assert not profiles._profile_admits({"mask": ["mask"]}, unmasked)
     assert not profiles._profile_admits({"mods": False}, unmasked)
+    # (the `api` key narrows a profile or one of its mods tables to one direction)
+    assert profiles._profile_admits({"mods": {"api": ["bwd"], "mask": ["mask"]}}, unmasked)
+    assert not profiles._profile_admits({"mods": {"api": ["fwd"], "mask": ["mask"]}}, unmasked)
+    assert not profiles._profile_admits({"api": ["fwd"]}, unmasked)
 
 
 def test_fp8_instances_have_no_score_modifiers():
