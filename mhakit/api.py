@@ -756,9 +756,8 @@ _DROPOUT_KWARGS = ("dropout_p", "seed", "offset", "randval")
 
 def _ext_mods(mods: dict, names: Tuple[str, ...]):
     """The C path's mods argument: None without modifiers, else their tuple in ``names`` order; _PYTHON_PATH for a
-    keyword the API does not know (the Python path raises the TypeError)."""
-    if not mods:
-        return None
+    keyword the API does not know (the Python path raises the TypeError). The entry points skip the call when no
+    modifier keyword was given (the common call: its per-call cost), and an empty ``mods`` gives None here too."""
     if not mods.get("dropout_p") and mods.get("randval") is None:  # dropout off: nothing the C path must know
         mods = {name: value for name, value in mods.items() if name not in _DROPOUT_KWARGS}
     if any(name not in names for name in mods):
