@@ -101,6 +101,7 @@
 #include "hopper_epilogue.hpp"
 #include "hopper_score_mod.hpp"
 #include "hopper_softmax.hpp"
+#include "hopper_tile_io.hpp"
 #include "hopper_types.hpp"
 
 namespace mhakit::hopper {
@@ -752,8 +753,6 @@ struct HopperBwdKernelBody {
         Tensor tdQrDS = thr_dq.partition_fragment_A(sDS);    // (MMA, M, K, 2)
         Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
 
-        Tensor tSsDSt = thr_sdp.partition_C(sDSt);  // (MMA, M, N, 2): where this thread's dSᵀ values go
-
         Tensor acc_dK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHdim>>{});
         Tensor acc_dV = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<kHdimV>>{});
         clear(acc_dK);
@@ -899,12 +898,8 @@ struct HopperBwdKernelBody {
                     warpgroup_commit_batch();
                 } else {
                     Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
-                    Tensor tSsPt = thr_sdp.partition_C(sPt);
-                    Tensor rP_c = make_tensor(rP.data(), acc_S.layout());
-                    Tensor src = recast<uint32_t>(rP_c);
-                    Tensor dst = recast<uint32_t>(tSsPt(_, part, _, ds_stage));
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+                    store_fragment_stsm(mma_sdp, tid, make_tensor(rP.data(), acc_S.layout()),
+                                        local_tile(sPt(_, _, ds_stage), PartTile{}, make_coord(part, _0{})));
                 }
 
                 // ---- dSᵀ = Pᵀ (dPᵀ - D) ----
@@ -932,13 +927,8 @@ struct HopperBwdKernelBody {
                         finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
                 }
                 detail::pack_fragment<Element>(acc_dP, rdS);
-                {
-                    Tensor rdS_c = make_tensor(rdS.data(), acc_dP.layout());
-                    Tensor src = recast<uint32_t>(rdS_c);
-                    Tensor dst = recast<uint32_t>(tSsDSt(_, part, _, ds_stage));
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
-                }
+                store_fragment_stsm(mma_sdp, tid, make_tensor(rdS.data(), acc_dP.layout()),
+                                    local_tile(sDSt(_, _, ds_stage), PartTile{}, make_coord(part, _0{})));
             }  // parts
 
             Tensor acc_dQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHdim>>{});
@@ -1094,8 +1084,6 @@ struct HopperBwdKernelBody {
         Tensor tdKrDS = thr_dkv.partition_fragment_B(sDSt);  // (MMA, N, K, 2)
         Tensor tdQrDS = thr_dq.partition_fragment_A(sDS);    // (MMA, M, K, 2)
         Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
-        Tensor tSsP = thr_sdp.partition_C(sP);    // where this thread's P values go
-        Tensor tSsDS = thr_sdp.partition_C(sDS);  // ... and its dS values
 
         Tensor acc_dK = partition_fragment_C(mma_dkv, Shape<Int<kHdim>, Int<kBlockN>>{});   // dKᵀ
         Tensor acc_dV = partition_fragment_C(mma_dkv, Shape<Int<kHdimV>, Int<kBlockN>>{});  // dVᵀ
@@ -1149,10 +1137,7 @@ struct HopperBwdKernelBody {
             {
                 Tensor rP = make_tensor<Element>(acc_S.layout());
                 detail::pack_fragment<Element>(acc_S, rP);
-                Tensor src = recast<uint32_t>(rP);
-                Tensor dst = recast<uint32_t>(tSsP(_, _, _, 0));
-                CUTLASS_PRAGMA_UNROLL
-                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+                store_fragment_stsm(mma_sdp, tid, rP, sP(_, _, 0));
             }
             // this warpgroup's P slice, read by its own dVᵀ product only: a warpgroup-local barrier
             cutlass::arch::fence_view_async_shared();
@@ -1173,10 +1158,7 @@ struct HopperBwdKernelBody {
             {
                 Tensor rdS = make_tensor<Element>(acc_dP.layout());
                 detail::pack_fragment<Element>(acc_dP, rdS);
-                Tensor src = recast<uint32_t>(rdS);
-                Tensor dst = recast<uint32_t>(tSsDS(_, _, _, ds_stage));
-                CUTLASS_PRAGMA_UNROLL
-                for (int k = 0; k < decltype(size(src))::value; ++k) dst(k) = src(k);
+                store_fragment_stsm(mma_sdp, tid, rdS, sDS(_, _, ds_stage));
             }
             cutlass::arch::fence_view_async_shared();
             NamedBarrier::sync(NumMmaThreads, kBarDS);  // both warpgroups' dS: the dQ product needs all keys
