@@ -741,11 +741,11 @@ struct HopperFwdKernelBody {
             // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer
             Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
             Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
-            epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
+            epi.store_o(acc_o, mma_pv, sO, kBarEpi + wg, tidx);
         } else {
             // (64, kHdimV), swizzled: the first columns of this warpgroup's Q buffer, free now
             Tensor sO = local_tile(sQ(_, _, rq.index()), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
-            epi.store_o(acc_o, thr_pv, sO, kBarEpi + wg, tidx);
+            epi.store_o(acc_o, mma_pv, sO, kBarEpi + wg, tidx);
             if constexpr (kPersistent) {
                 // O's staging read, then the Q stage back to the producer (its next TMA write: the async proxy).
                 cutlass::arch::fence_view_async_shared();

@@ -10,6 +10,7 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
 
+#include "hopper_tile_io.hpp"
 #include "hopper_types.hpp"
 
 namespace mhakit::hopper {
@@ -66,19 +67,15 @@ struct FwdEpilogue {
         }
     }
 
-    // acc_o (the P·V accumulator, partitioned by thr_pv) -> sO (64 x kHdim, swizzled) -> global. bar_id: a named
-    // barrier of this warpgroup's 128 threads.
-    template <class TensorAcc, class ThrMma, class TensorSmem>
-    CUTLASS_DEVICE void store_o(TensorAcc const& acc_o, ThrMma const& thr_pv, TensorSmem& sO, uint32_t bar_id,
+    // acc_o (the P·V accumulator of mma_pv, one warpgroup's; tidx its thread) -> sO (64 x kHdim, swizzled; with
+    // stmatrix, store_fragment_stsm) -> global. bar_id: a named barrier of this warpgroup's 128 threads.
+    template <class TensorAcc, class TiledMma, class TensorSmem>
+    CUTLASS_DEVICE void store_o(TensorAcc const& acc_o, TiledMma const& mma_pv, TensorSmem& sO, uint32_t bar_id,
                                 int tidx) const {
         using namespace cute;
-        Tensor tOsO = thr_pv.partition_C(sO);
-        static_assert(decltype(size(tOsO))::value == decltype(size(acc_o))::value);
-        float const* src = raw_pointer_cast(acc_o.data());
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < decltype(size(acc_o))::value / 2; ++k) {
-            *reinterpret_cast<uint32_t*>(&tOsO(2 * k)) = detail::pack2<Element>(src[2 * k], src[2 * k + 1]);
-        }
+        Tensor o16 = make_tensor<Element>(acc_o.layout());
+        detail::pack_fragment<Element>(acc_o, o16);
+        store_fragment_stsm(mma_pv, tidx, o16, sO);
         cutlass::arch::NamedBarrier::sync(128, bar_id);
 
         constexpr int kChunks = kHdim / 8;  // 16-byte chunks per row

@@ -8,7 +8,8 @@
 // A partition pair is what CollectiveLoadTma::step (CUTLASS example 88) copies: tile t of the source into stage s of
 // the destination.
 //
-// store_fragment_stsm: 16-bit MMA fragments into a shared-memory tile with stmatrix (the backward's Pᵀ / dSᵀ).
+// store_fragment_stsm: 16-bit MMA fragments into a shared-memory tile with stmatrix (the backward's Pᵀ / dSᵀ, the
+// forward's staged O).
 #pragma once
 
 #include "cute/arch/copy_sm90.hpp"
