@@ -32,12 +32,11 @@ GENERIC_STORE = re.compile(r"^\s*(@!?%p\d+\s+)?st(\.(weak|volatile|relaxed\.\w+|
                            re.M)
 
 
-def _ptx(api: str, name: str, out) -> str:
+def _ptx(nvcc, api: str, name: str, out) -> str:
     specs = [s for s in select(api, ARCH, "default", name).specs if s.name == name]
     assert len(specs) == 1, f"{name}: not an instance of the default profile (the catalogue changed?)"
     src = out / f"{name}.cu"
     src.write_text(render_instance(specs[0]))
-    nvcc = toolchain.make_toolchain(ARCH, catalogue.load().arch(ARCH).gencode)
     cmd = [nvcc.path, *nvcc.compile_flags(), "-ptx", str(src), "-o", str(out / f"{name}.ptx")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -47,8 +46,9 @@ def _ptx(api: str, name: str, out) -> str:
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("smem_stores")
+    nvcc = toolchain.make_toolchain(ARCH, catalogue.load().arch(ARCH).gencode)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        texts = pool.map(lambda inst: _ptx(*inst, out), INSTANCES)
+        texts = pool.map(lambda inst: _ptx(nvcc, *inst, out), INSTANCES)
         return {name: text for (_, name), text in zip(INSTANCES, texts)}
 
 
