@@ -181,15 +181,11 @@ struct HopperFwdKernelBody {
     static constexpr uint32_t kMmaRegs = kMmaRegsFit < 240 ? kMmaRegsFit : 240;
 
     // Named barriers (ids above CUTLASS' reserved ones): [0, NumMmaWG) ping-pong, [NumMmaWG, 2 NumMmaWG) epilogue,
-    // 2 NumMmaWG: every consumer done with the K/V ring (fp8's O staging). Persistent instances (never fp8): 2 NumMmaWG
-    // and 2 NumMmaWG + 1 hand the next tile from the producer warp to the consumers (TileFull: written; TileEmpty:
-    // read), at most 7 with three consumer warpgroups (CUTLASS reserves 8 of the 16).
+    // 2 NumMmaWG: every consumer done with the K/V ring (fp8's O staging); at most 7 with three consumer warpgroups
+    // (CUTLASS reserves 8 of the 16).
     static constexpr uint32_t kBarSched = 0;
     static constexpr uint32_t kBarEpi = NumMmaWG;
     static constexpr uint32_t kBarRingFree = 2 * NumMmaWG;
-    static constexpr uint32_t kBarTileFull = 2 * NumMmaWG;
-    static constexpr uint32_t kBarTileEmpty = 2 * NumMmaWG + 1;
-    static constexpr int kTileThreads = 32 + NumMmaWG * 128;  // the producer warp and the consumers
 
     struct MainloopStorage {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> smem_q;
@@ -206,8 +202,13 @@ struct HopperFwdKernelBody {
     struct SharedStorageMods : SharedStoragePlain {
         typename Bias::Storage bias;  // the elementwise-bias ring
     };
+    // Persistent: the producer's fetch of the CTA's next tile goes to the consumers through one shared-memory word
+    // guarded by a one-slot mbarrier pipeline (full: the producer wrote it; empty: every consumer thread read it), so
+    // that each warpgroup takes it when it ends its own tile, without waiting for the other warpgroups.
+    using PipelineTile = cutlass::PipelineAsync<1>;
     struct SharedStoragePersistent : SharedStoragePlain {
-        int next_tile;  // the producer's fetch, for the consumers (kBarTileFull / kBarTileEmpty)
+        alignas(16) typename PipelineTile::SharedStorage pipe_tile;
+        int next_tile;
     };
     // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged as padded rows in the K/V ring once every
     // consumer is done with it.
@@ -327,13 +328,26 @@ struct HopperFwdKernelBody {
         }
         PipelineQ pipe_q(storage.pipe_q, pq, Shape<_1, _1, _1>{});
         PipelineKV pipe_kv(storage.pipe_kv, pkv, Shape<_1, _1, _1>{});
+        [[maybe_unused]] auto pipe_tile = [&] {
+            if constexpr (kPersistent) {
+                typename PipelineTile::Params pt;
+                pt.producer_arv_count = 32;  // the producer warp
+                pt.consumer_arv_count = NumMmaWG * 128;
+                pt.role = producer_warp ? PipelineTile::ThreadCategory::Producer
+                          : wg_idx > 0  ? PipelineTile::ThreadCategory::Consumer
+                                        : PipelineTile::ThreadCategory::NonParticipant;
+                return PipelineTile(storage.pipe_tile, pt);
+            } else {
+                return 0;
+            }
+        }();
         if constexpr (kBiasStages > 0) {
             if (warp_idx == 0 && lane_predicate) Bias::init(storage.bias);
         }
         __syncthreads();
 
         if constexpr (kPersistent) {
-            persistent(params, storage, pipe_q, pipe_kv, wg_idx, warp_in_wg);
+            persistent(params, storage, pipe_q, pipe_kv, pipe_tile, wg_idx, warp_in_wg);
             return;
         }
         const Mask mask(seq.mask, seq.sq, seq.sk);
@@ -366,16 +380,18 @@ struct HopperFwdKernelBody {
 
     // The persistent grid (kPersistent): the producer warp and the consumer warpgroups walk the same work tiles, the
     // pipelines' states running on from tile to tile. After issuing a tile's loads the producer fetches the CTA's
-    // next tile (DynamicPersistentScheduler::fetch) and hands it to the consumers through shared memory, which read
-    // it after their epilogue: kBarTileEmpty (the consumers have read the slot; they open it once at the start)
-    // before the producer writes, kBarTileFull after. So the producer runs at most one tile ahead, and the next
-    // tile's K / V go into the ring while the consumers finish the current one. Every tile loads Q, even one whose
-    // window holds no keys, so that each warpgroup's Q stage is taken and given back (after the epilogue, which
-    // stages O in it) once per tile on both sides.
+    // next tile (DynamicPersistentScheduler::fetch) and hands it over through pipe_tile's one slot, which each
+    // consumer warpgroup reads after its own epilogue. So the producer runs at most one tile ahead, the next tile's K
+    // / V go into the ring while the consumers finish the current one, and no warpgroup waits for another at a tile's
+    // end: the ping-pong's turns run on across tiles (consumer(), kTurnsAcrossTiles), the warpgroups staying half a
+    // key step apart, so one's first product of the next tile runs under the other's last softmax. Every tile loads
+    // Q, even one whose window holds no keys, so that each warpgroup's Q stage is taken and given back once per tile
+    // on both sides.
+    template <class PipelineTileT>
     CUTLASS_DEVICE void persistent(Params const& params, SharedStorage& storage, PipelineQ& pipe_q,
-                                   PipelineKV& pipe_kv, int wg_idx, int warp_in_wg) {
+                                   PipelineKV& pipe_kv, PipelineTileT& pipe_tile, int wg_idx, int warp_in_wg) {
         if constexpr (kPersistent) {
-            using cutlass::arch::NamedBarrier;
+            using StateTile = typename PipelineTile::PipelineState;
             auto const& sp = params.sched;
             int t = PersistentScheduler::first();
             if (wg_idx == 0) {
@@ -383,6 +399,7 @@ struct HopperFwdKernelBody {
                 if (warp_in_wg != 0) return;
                 StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
                 StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
+                StateTile wt = cutlass::make_producer_start_state<PipelineTile>();
                 const bool lane0 = threadIdx.x % 32 == 0;
                 while (t < sp.total) {
                     const Work work = PersistentScheduler::decode(sp, t);
@@ -391,27 +408,38 @@ struct HopperFwdKernelBody {
                     producer(params, storage, pipe_q, pipe_kv, work, seq, mask.key_tiles(work.block).visit, wq, wkv);
                     int next = lane0 ? PersistentScheduler::fetch(sp) : 0;
                     next = __shfl_sync(0xffffffffu, next, 0);
-                    NamedBarrier::sync(kTileThreads, kBarTileEmpty);
+                    pipe_tile.producer_acquire(wt);  // every consumer read the previous hand-over
                     if (lane0) storage.next_tile = next;
-                    NamedBarrier::arrive(kTileThreads, kBarTileFull);
+                    pipe_tile.producer_commit(wt);   // all 32 lanes arrive, lane 0 after its write
+                    ++wt;
                     t = next;
                 }
             } else {
                 cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
                 const int wg = wg_idx - 1;
-                NamedBarrier::arrive(kTileThreads, kBarTileEmpty);  // the slot is free for the first hand-over
                 StateQ rq;
                 rq.advance(wg);
                 StateKV rkv;
+                StateTile rt;
+                // The ping-pong's first turn (warpgroup 0's), opened once for the whole grid walk.
+                if constexpr (NumMmaWG > 1) {
+                    if (wg == NumMmaWG - 1) cutlass::arch::NamedBarrier::arrive(2 * 128, kBarSched + 0);
+                }
                 while (t < sp.total) {
                     const Work work = PersistentScheduler::decode(sp, t);
                     const Sequence seq = sequence(params, work.batch);
                     const Mask mask(seq.mask, seq.sq, seq.sk);
                     consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, mask.key_tiles(work.block), wg, rq,
                              rkv);
-                    NamedBarrier::sync(kTileThreads, kBarTileFull);
+                    pipe_tile.consumer_wait(rt);
                     t = storage.next_tile;
-                    NamedBarrier::arrive(kTileThreads, kBarTileEmpty);
+                    pipe_tile.consumer_release(rt);
+                    ++rt;
+                }
+                // Every warpgroup takes as many turns per tile, so the last one's final turn hands over to warpgroup
+                // 0: it takes that arrive, so that no barrier is left half-arrived at exit.
+                if constexpr (NumMmaWG > 1) {
+                    if (wg == 0) cutlass::arch::NamedBarrier::sync(2 * 128, kBarSched + 0);
                 }
             }
         }
@@ -634,18 +662,22 @@ struct HopperFwdKernelBody {
         };
 
         if (!tiles.visit.empty()) {
-            // Ping-pong: warpgroup w waits for its turn, issues its wgmmas, hands the turn to w + 1. The last
-            // warpgroup opens the round with an extra arrive and skips its final one.
+            // Ping-pong: warpgroup w waits for its turn, issues its wgmmas, hands the turn to w + 1. One-tile
+            // kernels: the last warpgroup opens the round with an extra arrive and skips its final one. Persistent
+            // ones (kTurnsAcrossTiles): the turns run on from tile to tile (persistent() opens them once), the last
+            // warpgroup's final turn of a tile handing over to warpgroup 0's first of the next.
+            constexpr bool kTurnsAcrossTiles = kPersistent;
             using cutlass::arch::NamedBarrier;
             auto sched_sync = [&] {
                 if constexpr (NumMmaWG > 1) NamedBarrier::sync(2 * 128, kBarSched + wg);
             };
             auto sched_arrive = [&](bool last) {
                 if constexpr (NumMmaWG > 1) {
-                    if (!(last && wg == NumMmaWG - 1)) NamedBarrier::arrive(2 * 128, kBarSched + (wg + 1) % NumMmaWG);
+                    if (kTurnsAcrossTiles || !(last && wg == NumMmaWG - 1))
+                        NamedBarrier::arrive(2 * 128, kBarSched + (wg + 1) % NumMmaWG);
                 }
             };
-            if constexpr (NumMmaWG > 1) {
+            if constexpr (NumMmaWG > 1 && !kTurnsAcrossTiles) {
                 if (wg == NumMmaWG - 1) NamedBarrier::arrive(2 * 128, kBarSched + 0);
             }
 
