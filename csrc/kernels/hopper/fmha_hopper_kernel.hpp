@@ -202,13 +202,19 @@ struct HopperFwdKernelBody {
     struct SharedStorageMods : SharedStoragePlain {
         typename Bias::Storage bias;  // the elementwise-bias ring
     };
-    // Persistent: the producer's fetch of the CTA's next tile goes to the consumers through one shared-memory word
-    // guarded by a one-slot mbarrier pipeline (full: the producer wrote it; empty: every consumer thread read it), so
-    // that each warpgroup takes it when it ends its own tile, without waiting for the other warpgroups.
+    // Persistent: the producer's fetch of the CTA's next tile, decoded (the tile index and its work: the decode's
+    // run-time divisions once per tile in the producer warp instead of in every consumer warp), goes to the consumers
+    // through shared memory guarded by a one-slot mbarrier pipeline (full: the producer wrote it; empty: every
+    // consumer thread read it), so that each warpgroup takes it when it ends its own tile, without waiting for the
+    // other warpgroups.
     using PipelineTile = cutlass::PipelineAsync<1>;
+    struct NextTile {
+        int t;  // >= total: none
+        WorkTile work;
+    };
     struct SharedStoragePersistent : SharedStoragePlain {
         alignas(16) typename PipelineTile::SharedStorage pipe_tile;
-        int next_tile;
+        alignas(16) NextTile next_tile;
     };
     // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged as padded rows in the K/V ring once every
     // consumer is done with it.
@@ -394,6 +400,9 @@ struct HopperFwdKernelBody {
             using StateTile = typename PipelineTile::PipelineState;
             auto const& sp = params.sched;
             int t = PersistentScheduler::first();
+            // Batch mode (the persistent instances'): every tile has the same sequence and mask geometry.
+            const Sequence seq = sequence(params, 0);
+            const Mask mask(seq.mask, seq.sq, seq.sk);
             if (wg_idx == 0) {
                 cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
                 if (warp_in_wg != 0) return;
@@ -401,15 +410,14 @@ struct HopperFwdKernelBody {
                 StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
                 StateTile wt = cutlass::make_producer_start_state<PipelineTile>();
                 const bool lane0 = threadIdx.x % 32 == 0;
+                Work work = PersistentScheduler::decode(sp, t);
                 while (t < sp.total) {
-                    const Work work = PersistentScheduler::decode(sp, t);
-                    const Sequence seq = sequence(params, work.batch);
-                    const Mask mask(seq.mask, seq.sq, seq.sk);
                     producer(params, storage, pipe_q, pipe_kv, work, seq, mask.key_tiles(work.block).visit, wq, wkv);
                     int next = lane0 ? PersistentScheduler::fetch(sp) : 0;
                     next = __shfl_sync(0xffffffffu, next, 0);
+                    if (next < sp.total) work = PersistentScheduler::decode(sp, next);
                     pipe_tile.producer_acquire(wt);  // every consumer read the previous hand-over
-                    if (lane0) storage.next_tile = next;
+                    if (lane0) storage.next_tile = NextTile{next, work};
                     pipe_tile.producer_commit(wt);   // all 32 lanes arrive, lane 0 after its write
                     ++wt;
                     t = next;
@@ -425,16 +433,16 @@ struct HopperFwdKernelBody {
                 if constexpr (NumMmaWG > 1) {
                     if (wg == NumMmaWG - 1) cutlass::arch::NamedBarrier::arrive(2 * 128, kBarSched + 0);
                 }
+                Work work = PersistentScheduler::decode(sp, t);
                 while (t < sp.total) {
-                    const Work work = PersistentScheduler::decode(sp, t);
-                    const Sequence seq = sequence(params, work.batch);
-                    const Mask mask(seq.mask, seq.sq, seq.sk);
                     consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, mask.key_tiles(work.block), wg, rq,
                              rkv);
                     pipe_tile.consumer_wait(rt);
-                    t = storage.next_tile;
+                    const NextTile next = storage.next_tile;
                     pipe_tile.consumer_release(rt);
                     ++rt;
+                    t = next.t;
+                    work = next.work;
                 }
                 // Every warpgroup takes as many turns per tile, so the last one's final turn hands over to warpgroup
                 // 0: it takes that arrive, so that no barrier is left half-arrived at exit.
