@@ -202,8 +202,8 @@ struct HopperFwdKernelBody {
     struct SharedStorageMods : SharedStoragePlain {
         typename Bias::Storage bias;  // the elementwise-bias ring
     };
-    // Persistent: the producer's fetch of the CTA's next tile, decoded (the tile index and its work: the decode's
-    // run-time divisions once per tile in the producer warp instead of in every consumer warp), goes to the consumers
+    // Persistent: the producer's fetch of the CTA's next tile, decoded (the tile index, its work and key tiles: the
+    // decode's run-time divisions once per tile in the producer warp instead of in every consumer warp), goes to the consumers
     // through shared memory guarded by a one-slot mbarrier pipeline (full: the producer wrote it; empty: every
     // consumer thread read it), so that each warpgroup takes it when it ends its own tile, without waiting for the
     // other warpgroups.
@@ -211,6 +211,7 @@ struct HopperFwdKernelBody {
     struct NextTile {
         int t;  // >= total: none
         WorkTile work;
+        KeyTiles tiles;  // its key tiles (ForwardMask::key_tiles)
     };
     struct SharedStoragePersistent : SharedStoragePlain {
         alignas(16) typename PipelineTile::SharedStorage pipe_tile;
@@ -411,13 +412,17 @@ struct HopperFwdKernelBody {
                 StateTile wt = cutlass::make_producer_start_state<PipelineTile>();
                 const bool lane0 = threadIdx.x % 32 == 0;
                 Work work = PersistentScheduler::decode(sp, t);
+                KeyTiles tiles = mask.key_tiles(work.block);
                 while (t < sp.total) {
-                    producer(params, storage, pipe_q, pipe_kv, work, seq, mask.key_tiles(work.block).visit, wq, wkv);
+                    producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit, wq, wkv);
                     int next = lane0 ? PersistentScheduler::fetch(sp) : 0;
                     next = __shfl_sync(0xffffffffu, next, 0);
-                    if (next < sp.total) work = PersistentScheduler::decode(sp, next);
+                    if (next < sp.total) {
+                        work = PersistentScheduler::decode(sp, next);
+                        tiles = mask.key_tiles(work.block);
+                    }
                     pipe_tile.producer_acquire(wt);  // every consumer read the previous hand-over
-                    if (lane0) storage.next_tile = NextTile{next, work};
+                    if (lane0) storage.next_tile = NextTile{next, work, tiles};
                     pipe_tile.producer_commit(wt);   // all 32 lanes arrive, lane 0 after its write
                     ++wt;
                     t = next;
@@ -433,16 +438,14 @@ struct HopperFwdKernelBody {
                 if constexpr (NumMmaWG > 1) {
                     if (wg == NumMmaWG - 1) cutlass::arch::NamedBarrier::arrive(2 * 128, kBarSched + 0);
                 }
-                Work work = PersistentScheduler::decode(sp, t);
-                while (t < sp.total) {
-                    consumer(params, storage, pipe_q, pipe_kv, work, seq, mask, mask.key_tiles(work.block), wg, rq,
-                             rkv);
+                NextTile cur{t, PersistentScheduler::decode(sp, t), {}};
+                cur.tiles = mask.key_tiles(cur.work.block);
+                while (cur.t < sp.total) {
+                    consumer(params, storage, pipe_q, pipe_kv, cur.work, seq, mask, cur.tiles, wg, rq, rkv);
                     pipe_tile.consumer_wait(rt);
-                    const NextTile next = storage.next_tile;
+                    cur = storage.next_tile;
                     pipe_tile.consumer_release(rt);
                     ++rt;
-                    t = next.t;
-                    work = next.work;
                 }
                 // Every warpgroup takes as many turns per tile, so the last one's final turn hands over to warpgroup
                 // 0: it takes that arrive, so that no barrier is left half-arrived at exit.

@@ -46,30 +46,45 @@ struct ForwardMask {
 
     // S (rows x keys view s_mn, coordinates c_mn within the 64 x kBlockN tile) of key tile n, rows from row0 on:
     // keys a row does not see become -inf. Row i keeps keys lo <= j < hi: lo = i - y + 1, hi = min(i + x, sk).
+    // c_mn is an identity tensor: an element's column is this thread's base column plus a compile-time offset of the
+    // layout, so each row's bounds are made relative to the base once and every element costs one compare against
+    // an immediate and a select (two compares where some row of the warp has a left bound inside the tile: windows).
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE void apply(TensorS& s_mn, TensorC const& c_mn, int row0, int n) const {
         constexpr int R = decltype(cute::size<0>(s_mn))::value;
         constexpr int C = decltype(cute::size<1>(s_mn))::value;
-        const int key0 = n * kBlockN;
+        const int col0 = n * kBlockN + int(cute::get<1>(c_mn(0, 0)));  // this thread's first column, in keys
         const int sk = geom.sk;
+        int hi[R], lo[R];
+        bool any_lo = false;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < R; ++i) {
             const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
-            int hi = sk;
-            int lo = 0;
+            hi[i] = sk;
+            lo[i] = 0;
             if constexpr (kMasked) {
                 const int l = row + int(geom.x);
-                hi = l < sk ? l : sk;
-                lo = row - int(geom.y) + 1;
+                hi[i] = l < sk ? l : sk;
+                lo[i] = row - int(geom.y) + 1;
             }
-            hi -= key0;
-            lo -= key0;
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < C; ++j) {
-                const int col = int(cute::get<1>(c_mn(i, j)));
-                if (col >= hi || (kMasked && col < lo)) s_mn(i, j) = -INFINITY;
-            }
+            hi[i] -= col0;
+            lo[i] -= col0;
+            any_lo |= kMasked && lo[i] > 0;
         }
+        auto mask_rows = [&](auto with_lo) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < R; ++i) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int j = 0; j < C; ++j) {
+                    const int dj = int(cute::get<1>(c_mn.layout()(i, j)));  // static
+                    if (dj >= hi[i] || (decltype(with_lo)::value && dj < lo[i])) s_mn(i, j) = -INFINITY;
+                }
+            }
+        };
+        if (__any_sync(0xffffffffu, any_lo))
+            mask_rows(cute::true_type{});
+        else
+            mask_rows(cute::false_type{});
     }
 };
 
