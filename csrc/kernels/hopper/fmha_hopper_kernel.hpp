@@ -203,10 +203,10 @@ struct HopperFwdKernelBody {
         typename Bias::Storage bias;  // the elementwise-bias ring
     };
     // Persistent: the producer's fetch of the CTA's next tile, decoded (the tile index, its work and key tiles: the
-    // decode's run-time divisions once per tile in the producer warp instead of in every consumer warp), goes to the consumers
-    // through shared memory guarded by a one-slot mbarrier pipeline (full: the producer wrote it; empty: every
-    // consumer thread read it), so that each warpgroup takes it when it ends its own tile, without waiting for the
-    // other warpgroups.
+    // decode's run-time divisions once per tile in the producer warp instead of in every consumer warp), goes to the
+    // consumers through shared memory guarded by a one-slot mbarrier pipeline (full: the producer wrote it; empty:
+    // every consumer thread read it), so that each warpgroup takes it when it ends its own tile, without waiting for
+    // the other warpgroups.
     using PipelineTile = cutlass::PipelineAsync<1>;
     struct NextTile {
         int t;  // >= total: none

@@ -53,6 +53,7 @@ struct ForwardMask {
     CUTLASS_DEVICE void apply(TensorS& s_mn, TensorC const& c_mn, int row0, int n) const {
         constexpr int R = decltype(cute::size<0>(s_mn))::value;
         constexpr int C = decltype(cute::size<1>(s_mn))::value;
+        static_assert(cute::is_static<decltype(c_mn.layout())>::value, "c_mn: an identity tensor of a static layout");
         const int col0 = n * kBlockN + int(cute::get<1>(c_mn(0, 0)));  // this thread's first column, in keys
         const int sk = geom.sk;
         int hi[R], lo[R];
