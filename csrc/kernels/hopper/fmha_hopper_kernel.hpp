@@ -394,64 +394,63 @@ struct HopperFwdKernelBody {
     // key step apart, so one's first product of the next tile runs under the other's last softmax. Every tile loads
     // Q, even one whose window holds no keys, so that each warpgroup's Q stage is taken and given back once per tile
     // on both sides.
-    template <class PipelineTileT>
     CUTLASS_DEVICE void persistent(Params const& params, SharedStorage& storage, PipelineQ& pipe_q,
-                                   PipelineKV& pipe_kv, PipelineTileT& pipe_tile, int wg_idx, int warp_in_wg) {
-        if constexpr (kPersistent) {
-            using StateTile = typename PipelineTile::PipelineState;
-            auto const& sp = params.sched;
-            int t = PersistentScheduler::first();
-            // Batch mode (the persistent instances'): every tile has the same sequence and mask geometry.
-            const Sequence seq = sequence(params, 0);
-            const Mask mask(seq.mask, seq.sq, seq.sk);
-            if (wg_idx == 0) {
-                cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
-                if (warp_in_wg != 0) return;
-                StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
-                StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
-                StateTile wt = cutlass::make_producer_start_state<PipelineTile>();
-                const bool lane0 = threadIdx.x % 32 == 0;
-                Work work = PersistentScheduler::decode(sp, t);
-                KeyTiles tiles = mask.key_tiles(work.block);
-                while (t < sp.total) {
-                    producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit, wq, wkv);
-                    int next = lane0 ? PersistentScheduler::fetch(sp) : 0;
-                    next = __shfl_sync(0xffffffffu, next, 0);
-                    if (next < sp.total) {
-                        work = PersistentScheduler::decode(sp, next);
-                        tiles = mask.key_tiles(work.block);
-                    }
-                    pipe_tile.producer_acquire(wt);  // every consumer read the previous hand-over
-                    if (lane0) storage.next_tile = NextTile{next, work, tiles};
-                    pipe_tile.producer_commit(wt);   // all 32 lanes arrive, lane 0 after its write
-                    ++wt;
-                    t = next;
-                }
-            } else {
-                cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-                const int wg = wg_idx - 1;
-                StateQ rq;
-                rq.advance(wg);
-                StateKV rkv;
-                StateTile rt;
-                // The ping-pong's first turn (warpgroup 0's), opened once for the whole grid walk.
-                if constexpr (NumMmaWG > 1) {
-                    if (wg == NumMmaWG - 1) cutlass::arch::NamedBarrier::arrive(2 * 128, kBarSched + 0);
-                }
-                NextTile cur{t, PersistentScheduler::decode(sp, t), {}};
-                cur.tiles = mask.key_tiles(cur.work.block);
-                while (cur.t < sp.total) {
-                    consumer(params, storage, pipe_q, pipe_kv, cur.work, seq, mask, cur.tiles, wg, rq, rkv);
-                    pipe_tile.consumer_wait(rt);
-                    cur = storage.next_tile;
-                    pipe_tile.consumer_release(rt);
-                    ++rt;
-                }
-                // Every warpgroup takes as many turns per tile, so the last one's final turn hands over to warpgroup
-                // 0: it takes that arrive, so that no barrier is left half-arrived at exit.
-                if constexpr (NumMmaWG > 1) {
-                    if (wg == 0) cutlass::arch::NamedBarrier::sync(2 * 128, kBarSched + 0);
-                }
+                                   PipelineKV& pipe_kv, PipelineTile& pipe_tile, int wg_idx, int warp_in_wg) {
+        static_assert(kPersistent, "the persistent grid's walk");
+        using StateTile = typename PipelineTile::PipelineState;
+        auto const& sp = params.sched;
+        // Batch mode (the persistent instances'): every tile has the same sequence and mask geometry.
+        const Sequence seq = sequence(params, 0);
+        const Mask mask(seq.mask, seq.sq, seq.sk);
+        // Tile t decoded (its work and key tiles); t >= total: none.
+        auto tile_of = [&](int t) {
+            NextTile n{t, {}, {}};
+            if (t < sp.total) {
+                n.work = PersistentScheduler::decode(sp, t);
+                n.tiles = mask.key_tiles(n.work.block);
+            }
+            return n;
+        };
+        NextTile cur = tile_of(PersistentScheduler::first());
+        if (wg_idx == 0) {
+            cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
+            if (warp_in_wg != 0) return;
+            StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
+            StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
+            StateTile wt = cutlass::make_producer_start_state<PipelineTile>();
+            const bool lane0 = threadIdx.x % 32 == 0;
+            while (cur.t < sp.total) {
+                producer(params, storage, pipe_q, pipe_kv, cur.work, seq, cur.tiles.visit, wq, wkv);
+                const int t = lane0 ? PersistentScheduler::fetch(sp) : 0;
+                const NextTile next = tile_of(__shfl_sync(0xffffffffu, t, 0));
+                pipe_tile.producer_acquire(wt);  // every consumer read the previous hand-over
+                if (lane0) storage.next_tile = next;
+                pipe_tile.producer_commit(wt);   // all 32 lanes arrive, lane 0 after its write
+                ++wt;
+                cur = next;
+            }
+        } else {
+            cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
+            const int wg = wg_idx - 1;
+            StateQ rq;
+            rq.advance(wg);
+            StateKV rkv;
+            StateTile rt;
+            // The ping-pong's first turn (warpgroup 0's), opened once for the whole grid walk.
+            if constexpr (NumMmaWG > 1) {
+                if (wg == NumMmaWG - 1) cutlass::arch::NamedBarrier::arrive(2 * 128, kBarSched + 0);
+            }
+            while (cur.t < sp.total) {
+                consumer(params, storage, pipe_q, pipe_kv, cur.work, seq, mask, cur.tiles, wg, rq, rkv);
+                pipe_tile.consumer_wait(rt);
+                cur = storage.next_tile;
+                pipe_tile.consumer_release(rt);
+                ++rt;
+            }
+            // Every warpgroup takes as many turns per tile, so the last one's final turn hands over to warpgroup
+            // 0: it takes that arrive, so that no barrier is left half-arrived at exit.
+            if constexpr (NumMmaWG > 1) {
+                if (wg == 0) cutlass::arch::NamedBarrier::sync(2 * 128, kBarSched + 0);
             }
         }
     }

@@ -82,7 +82,7 @@ struct ForwardMask {
                 }
             }
         };
-        if (__any_sync(0xffffffffu, any_lo))
+        if (kMasked && __any_sync(0xffffffffu, any_lo))
             mask_rows(cute::true_type{});
         else
             mask_rows(cute::false_type{});
