@@ -65,6 +65,31 @@ namespace mhakit::hopper {
 
 using namespace cute;
 
+// Whether the static rows x keys layout n of identity coordinates is the first columns of w: the same (row, key) for
+// every element (i, j) of n, and the same rows.
+template <class LW, class LN>
+CUTLASS_HOST_DEVICE constexpr bool narrow_prefix(LW const& w, LN const& n) {
+    for (int i = 0; i < int(size<0>(n)); ++i) {
+        for (int j = 0; j < int(size<1>(n)); ++j) {
+            if (int(get<0>(w(i, j))) != int(get<0>(n(i, j))) || int(get<1>(w(i, j))) != int(get<1>(n(i, j))))
+                return false;
+        }
+    }
+    return int(size<0>(w)) == int(size<0>(n));
+}
+
+// The Q·Kᵀ product over the first kN keys of a key tile (the narrow last tile, HopperFwdKernelBody::kNarrowLast), or
+// Fallback where the instance has none.
+template <bool kOn, class Element, int kN, int kHdim, class Fallback>
+struct NarrowMmaQK {
+    using type = Fallback;
+};
+template <class Element, int kN, int kHdim, class Fallback>
+struct NarrowMmaQK<true, Element, kN, kHdim, Fallback> {
+    using type = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, Int<kHdim>>,
+                                                              GMMA::Major::K, GMMA::Major::K>()));
+};
+
 template <class Element_, class ElementOut_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM,
           int kBlockN, bool kMods, bool kPersistent = false, int kMaxStages = 5>
 struct HopperFwdKernelBody {
@@ -152,6 +177,16 @@ struct HopperFwdKernelBody {
     static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN &&
                       size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHdimV,
                   "a wgmma narrower than the tile: CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED came after a CuTe header");
+    // The last key tile a consumer warpgroup visits, cut to what its rows see (kNarrowLast; consumer()). On a causal
+    // diagonal the block's first rows see little of it: the first warpgroup of a 128-row tile sees the first half of
+    // a 128-key tile, and of a 64-key tile (d256) nothing. Where no row of the warpgroup sees a key in its second
+    // half, that tile's Q·Kᵀ, softmax and P·V run on its first kBlockN / 2 keys (narrow: a wgmma of N = kBlockN / 2
+    // into an accumulator of its own, P packed into the first of P·V's k-steps); where they see none of it, the
+    // warpgroup runs no product on it (skip). Masked plain 16-bit instances (the modifiers and fp8 read S and P in
+    // their full width, the bias warp stages every tile), whole 16-key k-steps per half.
+    static constexpr bool kNarrowLast = kMasked && !kMods && !kFp8 && kBlockN % 32 == 0;
+    static constexpr int kNarrowN = kNarrowLast ? kBlockN / 2 : kBlockN;
+    using TiledMmaQKNarrow = typename NarrowMmaQK<kNarrowLast, Element, kNarrowN, kHdim, TiledMmaQK>::type;
     using SmemLayoutQ = typename Mainloop::SmemLayoutQ;
     using SmemLayoutK = typename Mainloop::SmemLayoutK;
     // V tiles live in the ring slots of K tiles: one V stage's layout, with the slot size as the stage stride (the
@@ -634,27 +669,99 @@ struct HopperFwdKernelBody {
             }
         };
 
+        // The narrow last tile's product, S and views (kNarrowLast): S's first kNarrowN keys. Its accumulator has
+        // registers of its own: written into the first half of acc_s, ptxas serialised every wgmma of the d64 / d256
+        // masked instances (insufficient register resources for the wgmma pipeline).
+        TiledMmaQKNarrow mma_qk_n;
+        auto thr_qk_n = mma_qk_n.get_thread_slice(tidx);
+        Tensor tSrQ_n = thr_qk_n.make_fragment_A(thr_qk_n.partition_A(sQ));  // (MMA, 1, K, StagesQ)
+        Tensor tSrK_n = thr_qk_n.make_fragment_B(thr_qk_n.partition_B(sK));  // (MMA, kBlockN / kNarrowN, K, Stages)
+        using ShapeSN = Shape<_64, Int<kNarrowN>>;
+        Tensor acc_s_n = partition_fragment_C(mma_qk_n, ShapeSN{});
+        Tensor s_mn_n = make_tensor(acc_s_n.data(), layout_acc_mn(mma_qk_n, acc_s_n.layout()));
+        Tensor c_mn_n = [&] {
+            Tensor tScS = thr_qk_n.partition_C(make_identity_tensor(ShapeSN{}));
+            return make_tensor(tScS.data(), layout_acc_mn(mma_qk_n, tScS.layout()));
+        }();
+        // P of the narrow tile is packed into the first half of P·V's operand registers (its first k-steps).
+        static_assert(narrow_prefix(decltype(c_mn.layout()){}, decltype(c_mn_n.layout()){}),
+                      "the narrow product's C fragment: the first half of the wide one's, element for element");
+        // How many keys of the last tile it visits this warpgroup's rows see (from its last row: keys_end is
+        // non-decreasing; a warpgroup past the sequence's end counts as seeing them all). None (skip, kNarrowLast;
+        // not where it is the only tile): the warpgroup takes its turns but runs no product on that tile, and the
+        // previous tile's P·V is its last. Up to kNarrowN: narrow.
+        const int n_tiles = tiles.visit.end - tiles.visit.begin;
+        const int last_keys = [&] {
+            const int last_row = row0 + 63 < seq.sq ? row0 + 63 : seq.sq - 1;
+            return kNarrowLast && last_row >= row0 ? mask.keys_end(last_row) - (tiles.visit.end - 1) * kBlockN
+                                                   : kBlockN;
+        }();
+        const bool skip = kNarrowLast && n_tiles > 1 && last_keys <= 0;
+        const bool narrow = kNarrowLast && !skip && last_keys <= kNarrowN;
+        // f(true_type) where the narrow tile applies and is asked for, else f(false_type).
+        auto with_width = [&](bool narrow_now, auto&& f) {
+            if constexpr (kNarrowLast) {
+                if (narrow_now) {
+                    f(cute::true_type{});
+                    return;
+                }
+            }
+            f(cute::false_type{});
+        };
+
         OnlineSoftmax<R, kLazyRescale> softmax;
         clear(acc_o);
         if constexpr (kPersistent) pipe_q.consumer_wait(rq);
 
+        // (narrow_c below: true_type for the narrow last tile's first kNarrowN keys, else false_type.)
+        // The S accumulator that a Q·Kᵀ of this width writes.
+        auto fence_s = [&](auto narrow_c) {
+            if constexpr (decltype(narrow_c)::value)
+                warpgroup_fence_operand(acc_s_n);
+            else
+                warpgroup_fence_operand(acc_s);
+        };
         // S = Q·K^T and O += P·V of the tiles in ring slot k / v, issued asynchronously (one wgmma batch each).
-        auto issue_qk = [&](StateKV const& k) {
+        auto issue_qk = [&](StateKV const& k, auto narrow_c) {
             pipe_kv.consumer_wait(k);
-            warpgroup_fence_operand(acc_s);
+            fence_s(narrow_c);
             warpgroup_arrive();
-            gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, k.index()), acc_s);
+            if constexpr (decltype(narrow_c)::value)
+                gemm_zero_acc(mma_qk_n, tSrQ_n(_, 0, _, rq.index()), tSrK_n(_, 0, _, k.index()), acc_s_n(_, 0, 0));
+            else
+                gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, k.index()), acc_s);
             warpgroup_commit_batch();
         };
-        auto issue_pv = [&](StateKV const& v) {
+        auto issue_pv = [&](StateKV const& v, auto narrow_c) {
             pipe_kv.consumer_wait(v);
             warpgroup_fence_operand(acc_o);
             warpgroup_arrive();
-            cute::gemm(mma_pv, tOrP, tOrV(_, _, _, v.index()), acc_o);
+            if constexpr (decltype(narrow_c)::value) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int kb = 0; kb < kNarrowN / 16; ++kb)
+                    cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb, v.index()), acc_o);
+            } else {
+                cute::gemm(mma_pv, tOrP, tOrV(_, _, _, v.index()), acc_o);
+            }
             warpgroup_commit_batch();
         };
-        auto mask_tile = [&](int n) {  // tiles not seen whole by every row of the block
-            if (!tiles.full.contains(n)) mask.apply(s_mn, c_mn, row0, n);
+        // Tile n's S (its first kNarrowN keys where narrow): the mask where the block does not see the tile whole,
+        // the softmax's update, P packed (the first of P·V's k-steps where narrow).
+        auto softmax_tile = [&](int n, auto first_c, auto narrow_c) {
+            auto run = [&](auto& sv, auto const& cv) {
+                if (!tiles.full.contains(n)) mask.apply(sv, cv, row0, n);
+                softmax.template update<decltype(first_c)::value>(sv, scale_log2);
+            };
+            if constexpr (decltype(narrow_c)::value)
+                run(s_mn_n, c_mn_n);
+            else
+                run(s_mn, c_mn);
+        };
+        auto pack_tile = [&](auto narrow_c) {
+            if constexpr (decltype(narrow_c)::value)
+                detail::pack_fragment<Element>(acc_s_n, tOrP);
+            else
+                pack_p();
         };
         // Dropout (modifier instances): P of tile n -> P ∘ keep after the softmax's update (hopper_dropout.hpp); what
         // it needs is made per tile from the kernel parameters, so that nothing stays live across the key loop. It
@@ -694,36 +801,37 @@ struct HopperFwdKernelBody {
             if constexpr (!kPersistent) pipe_q.consumer_wait(rq);
 
             // ---- first tile: S = Q K^T, softmax ----
-            sched_sync();
-            issue_qk(rkv);
-            sched_arrive(tiles.visit.end - tiles.visit.begin == 1);
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(acc_s);
-            pipe_kv.consumer_release(rkv);
-            ++rkv;  // -> V0
-            if constexpr (kMods) score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, tiles.visit.begin, 0);
-            mask_tile(tiles.visit.begin);
-            softmax.template update<true>(s_mn, scale_log2);
-            drop_tile(tiles.visit.begin);
-            pack_p();  // P: the A operand (registers) of P·V
+            with_width(narrow && n_tiles == 1, [&](auto narrow_c) CUTLASS_LAMBDA_FUNC_INLINE {
+                sched_sync();
+                issue_qk(rkv, narrow_c);
+                sched_arrive(n_tiles == 1);
+                warpgroup_wait<0>();
+                fence_s(narrow_c);
+                pipe_kv.consumer_release(rkv);
+                ++rkv;  // -> V0
+                if constexpr (kMods)
+                    score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, tiles.visit.begin, 0);
+                softmax_tile(tiles.visit.begin, cute::true_type{}, narrow_c);
+                drop_tile(tiles.visit.begin);
+                pack_tile(narrow_c);  // P: the A operand (registers) of P·V
+            });
 
             // ---- later tiles: S_n = Q K_n^T and O += P_{n-1} V_{n-1} in flight together ----
-            CUTLASS_PRAGMA_NO_UNROLL
-            for (int n = tiles.visit.begin + 1; n < tiles.visit.end; ++n) {
+            auto step = [&](int n, auto narrow_c) CUTLASS_LAMBDA_FUNC_INLINE {
                 StateKV rv = rkv;  // V_{n-1}
                 ++rkv;             // K_n
                 sched_sync();
-                issue_qk(rkv);
-                issue_pv(rv);
+                issue_qk(rkv, narrow_c);
+                issue_pv(rv, cute::false_type{});
                 sched_arrive(n == tiles.visit.end - 1);
 
                 warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
-                warpgroup_fence_operand(acc_s);
+                fence_s(narrow_c);
                 pipe_kv.consumer_release(rkv);
                 if constexpr (kMods)
-                    score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, n, n - tiles.visit.begin);
-                mask_tile(n);
-                softmax.template update<false>(s_mn, scale_log2);
+                    score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, n,
+                               n - tiles.visit.begin);
+                softmax_tile(n, cute::false_type{}, narrow_c);
                 if constexpr (kDropUnderPV) drop_tile(n);  // under the P·V in flight
 
                 warpgroup_wait<0>();
@@ -731,15 +839,43 @@ struct HopperFwdKernelBody {
                 pipe_kv.consumer_release(rv);
                 if constexpr (!kDropUnderPV) drop_tile(n);
                 softmax.rescale(o_mn);
-                pack_p();
+                pack_tile(narrow_c);
                 ++rkv;  // -> V_n
+            };
+            // The skipped last tile n: the turn for P_{n-1} V_{n-1} alone; K_n and V_n given back once loaded (a
+            // release before the load would count towards the slot's previous fill).
+            auto step_skip = [&](int n) CUTLASS_LAMBDA_FUNC_INLINE {
+                StateKV rv = rkv;  // V_{n-1}
+                ++rkv;             // K_n
+                sched_sync();
+                issue_pv(rv, cute::false_type{});
+                sched_arrive(true);
+                pipe_kv.consumer_wait(rkv);
+                pipe_kv.consumer_release(rkv);
+                warpgroup_wait<0>();
+                warpgroup_fence_operand(acc_o);
+                pipe_kv.consumer_release(rv);
+                ++rkv;  // -> V_n
+                pipe_kv.consumer_wait(rkv);
+                pipe_kv.consumer_release(rkv);
+            };
+            const int n_wide_end = tiles.visit.end - ((narrow || skip) && n_tiles > 1 ? 1 : 0);
+            CUTLASS_PRAGMA_NO_UNROLL
+            for (int n = tiles.visit.begin + 1; n < n_wide_end; ++n) step(n, cute::false_type{});
+            if constexpr (kNarrowLast) {
+                if (skip)
+                    step_skip(n_wide_end);
+                else if (narrow && n_tiles > 1)
+                    step(n_wide_end, cute::true_type{});
             }
 
-            // ---- last P·V ----
-            issue_pv(rkv);
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(acc_o);
-            pipe_kv.consumer_release(rkv);
+            // ---- last P·V (none after a skipped tile: its V is given back already) ----
+            if (!skip) {
+                with_width(narrow, [&](auto narrow_c) { issue_pv(rkv, narrow_c); });
+                warpgroup_wait<0>();
+                warpgroup_fence_operand(acc_o);
+                pipe_kv.consumer_release(rkv);
+            }
             ++rkv;  // -> the next tile's K0
         }
 

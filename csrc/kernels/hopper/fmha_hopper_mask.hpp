@@ -44,6 +44,17 @@ struct ForwardMask {
         return t;
     }
 
+    // The end (exclusive) of the keys that row `row` sees: min(row + x, sk), sk without a mask. Non-decreasing in
+    // the row, so a block's last row bounds every row before it.
+    CUTLASS_DEVICE int keys_end(int row) const {
+        if constexpr (kMasked) {
+            const int l = row + int(geom.x);
+            return l < geom.sk ? l : geom.sk;
+        } else {
+            return geom.sk;
+        }
+    }
+
     // S (rows x keys view s_mn, coordinates c_mn within the 64 x kBlockN tile) of key tile n, rows from row0 on:
     // keys a row does not see become -inf. Row i keeps keys lo <= j < hi: lo = i - y + 1, hi = min(i + x, sk).
     // c_mn is an identity tensor: an element's column is this thread's base column plus a compile-time offset of the
@@ -55,21 +66,13 @@ struct ForwardMask {
         constexpr int C = decltype(cute::size<1>(s_mn))::value;
         static_assert(cute::is_static<decltype(c_mn.layout())>::value, "c_mn: an identity tensor of a static layout");
         const int col0 = n * kBlockN + int(cute::get<1>(c_mn(0, 0)));  // this thread's first column, in keys
-        const int sk = geom.sk;
         int hi[R], lo[R];
         bool any_lo = false;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < R; ++i) {
             const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
-            hi[i] = sk;
-            lo[i] = 0;
-            if constexpr (kMasked) {
-                const int l = row + int(geom.x);
-                hi[i] = l < sk ? l : sk;
-                lo[i] = row - int(geom.y) + 1;
-            }
-            hi[i] -= col0;
-            lo[i] -= col0;
+            hi[i] = keys_end(row) - col0;
+            lo[i] = (kMasked ? row - int(geom.y) + 1 : 0) - col0;
             any_lo |= kMasked && lo[i] > 0;
         }
         auto mask_rows = [&](auto with_lo) {
