@@ -756,7 +756,7 @@ struct HopperFwdKernelBody {
             warpgroup_commit_batch();
         };
         // Tile n's S (its first kNarrowN keys where narrow): the mask where the block does not see the tile whole,
-        // the softmax's update, P packed (the first of P·V's k-steps where narrow).
+        // then the softmax's update. pack_tile then packs P (into the first of P·V's k-steps where narrow).
         auto softmax_tile = [&](int n, auto first_c, auto narrow_c) {
             auto run = [&](auto& sv, auto const& cv) {
                 if (!tiles.full.contains(n)) mask.apply(sv, cv, row0, n);
