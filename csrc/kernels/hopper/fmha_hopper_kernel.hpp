@@ -180,12 +180,21 @@ struct HopperFwdKernelBody {
     // The last key tile a consumer warpgroup visits, cut to what its rows see (kNarrowLast; consumer()). On a causal
     // diagonal the block's first rows see little of it: the first warpgroup of a 128-row tile sees the first half of
     // a 128-key tile, and of a 64-key tile (d256) nothing. Where no row of the warpgroup sees a key in its second
-    // half, that tile's Q·Kᵀ, softmax and P·V run on its first kBlockN / 2 keys (narrow: a wgmma of N = kBlockN / 2
+    // half, that tile's Q·Kᵀ, softmax and P·V run on its first kBlockN / 2 keys (narrow: a wgmma of N = kNarrowN
     // into an accumulator of its own, P packed into the first of P·V's k-steps); where they see none of it, the
-    // warpgroup runs no product on it (skip). Masked plain 16-bit instances (the modifiers and fp8 read S and P in
-    // their full width, the bias warp stages every tile), whole 16-key k-steps per half.
-    static constexpr bool kNarrowLast = kMasked && !kMods && !kFp8 && kBlockN % 32 == 0;
-    static constexpr int kNarrowN = kNarrowLast ? kBlockN / 2 : kBlockN;
+    // warpgroup runs no product on it (skip, kSkipLast). Masked plain 16-bit instances (the modifiers and fp8 read S
+    // and P in their full width, the bias warp stages every tile), whole 16-key k-steps per half.
+    // Unmasked, the last tile holds s_k mod kBlockN keys: the plain tile wider than 128 keys whose width is not a
+    // power of two (d128's 128 x 176) runs it on its first kBlockN - 32 keys (144) where it holds no more, which
+    // holds every power of two from 1024 on (s_k mod 176 = 144, 112, 48, 96, 16, 32, 64 for 1k .. 64k); at s = 1k
+    // that is 32 of the 1056 keys a row visits.
+    static constexpr bool kNarrowMasked = kMasked && !kMods && !kFp8 && kBlockN % 32 == 0;
+    static constexpr bool kNarrowUnmasked =
+        !kMasked && !kMods && !kFp8 && kBlockN > 128 && (kBlockN & (kBlockN - 1)) != 0;
+    static constexpr bool kNarrowLast = kNarrowMasked || kNarrowUnmasked;
+    static constexpr bool kSkipLast = kNarrowMasked;  // unmasked, the last tile holds a key
+    static constexpr int kNarrowN = kNarrowMasked ? kBlockN / 2 : kNarrowUnmasked ? kBlockN - 32 : kBlockN;
+    static_assert(kNarrowN % 16 == 0, "the narrow tile: whole 16-key k-steps of P·V");
     // A consumer warpgroup with no row in the sequence takes its turns without products (consumer(), idle): the
     // 16-bit plain instances of three consumer warpgroups, where a sequence's last block leaves one or two of them
     // idle whenever s mod 192 is in [1, 128] (s = 1k, 4k, 16k: two). Measured on the H200 (bf16 d64, 4 rounds): 1k
@@ -682,7 +691,14 @@ struct HopperFwdKernelBody {
         TiledMmaQKNarrow mma_qk_n;
         auto thr_qk_n = mma_qk_n.get_thread_slice(tidx);
         Tensor tSrQ_n = thr_qk_n.make_fragment_A(thr_qk_n.partition_A(sQ));  // (MMA, 1, K, StagesQ)
-        Tensor tSrK_n = thr_qk_n.make_fragment_B(thr_qk_n.partition_B(sK));  // (MMA, kBlockN / kNarrowN, K, Stages)
+        // B: the first kNarrowN keys of each ring slot (N-tile 0 of kBlockN / kNarrowN; where that does not divide,
+        // a view of the slots' first kNarrowN keys: whole 8-row core matrices of the GMMA layout)
+        Tensor tSrK_n = thr_qk_n.make_fragment_B(thr_qk_n.partition_B([&] {
+            if constexpr (kBlockN % kNarrowN == 0)
+                return sK;
+            else
+                return local_tile(sK, Shape<Int<kNarrowN>, Int<kHdim>, Int<kStages>>{}, make_coord(_0{}, _0{}, _0{}));
+        }()));  // (MMA, N-tiles, K, Stages)
         using ShapeSN = Shape<_64, Int<kNarrowN>>;
         Tensor acc_s_n = partition_fragment_C(mma_qk_n, ShapeSN{});
         Tensor s_mn_n = make_tensor(acc_s_n.data(), layout_acc_mn(mma_qk_n, acc_s_n.layout()));
@@ -703,7 +719,7 @@ struct HopperFwdKernelBody {
             return kNarrowLast && last_row >= row0 ? mask.keys_end(last_row) - (tiles.visit.end - 1) * kBlockN
                                                    : kBlockN;
         }();
-        const bool skip = kNarrowLast && n_tiles > 1 && last_keys <= 0;
+        const bool skip = kSkipLast && n_tiles > 1 && last_keys <= 0;
         // A warpgroup all of whose rows lie past the sequence's end (the last block of a sequence that ends in an
         // earlier warpgroup's rows, e.g. s = 1k in 192-row tiles) runs no product at all (kTrimIdle).
         const bool idle = kTrimIdle && row0 >= seq.sq;
@@ -741,6 +757,12 @@ struct HopperFwdKernelBody {
             else
                 gemm_zero_acc(mma_qk, tSrQ(_, _, _, rq.index()), tSrK(_, _, _, k.index()), acc_s);
             warpgroup_commit_batch();
+        };
+        // A K or V tile this warpgroup runs no product on (an idle warpgroup's, a skipped tile's), given back once
+        // it has loaded: a release before the load would count towards the slot's previous fill.
+        auto pass_kv = [&](StateKV const& kv) {
+            pipe_kv.consumer_wait(kv);
+            pipe_kv.consumer_release(kv);
         };
         auto issue_pv = [&](StateKV const& v, auto narrow_c) {
             pipe_kv.consumer_wait(v);
@@ -816,10 +838,7 @@ struct HopperFwdKernelBody {
                     sched_sync();
                     sched_arrive(n == tiles.visit.end - 1);
                     CUTLASS_PRAGMA_UNROLL
-                    for (int kv = 0; kv < 2; ++kv, ++rkv) {
-                        pipe_kv.consumer_wait(rkv);
-                        pipe_kv.consumer_release(rkv);
-                    }
+                    for (int kv = 0; kv < 2; ++kv, ++rkv) pass_kv(rkv);
                 }
             } else {
                 // ---- first tile: S = Q K^T, softmax ----
@@ -864,28 +883,25 @@ struct HopperFwdKernelBody {
                     pack_tile(narrow_c);
                     ++rkv;  // -> V_n
                 };
-                // The skipped last tile n: the turn for P_{n-1} V_{n-1} alone; K_n and V_n given back once loaded (a
-                // release before the load would count towards the slot's previous fill).
+                // The skipped last tile n: the turn for P_{n-1} V_{n-1} alone; K_n and V_n passed (pass_kv).
                 auto step_skip = [&](int n) CUTLASS_LAMBDA_FUNC_INLINE {
                     StateKV rv = rkv;  // V_{n-1}
                     ++rkv;             // K_n
                     sched_sync();
                     issue_pv(rv, cute::false_type{});
                     sched_arrive(true);
-                    pipe_kv.consumer_wait(rkv);
-                    pipe_kv.consumer_release(rkv);
+                    pass_kv(rkv);
                     warpgroup_wait<0>();
                     warpgroup_fence_operand(acc_o);
                     pipe_kv.consumer_release(rv);
                     ++rkv;  // -> V_n
-                    pipe_kv.consumer_wait(rkv);
-                    pipe_kv.consumer_release(rkv);
+                    pass_kv(rkv);
                 };
                 const int n_wide_end = tiles.visit.end - ((narrow || skip) && n_tiles > 1 ? 1 : 0);
                 CUTLASS_PRAGMA_NO_UNROLL
                 for (int n = tiles.visit.begin + 1; n < n_wide_end; ++n) step(n, cute::false_type{});
                 if constexpr (kNarrowLast) {
-                    if (skip)
+                    if (kSkipLast && skip)
                         step_skip(n_wide_end);
                     else if (narrow && n_tiles > 1)
                         step(n_wide_end, cute::true_type{});
