@@ -1,6 +1,7 @@
 """The Hopper kernels write their 16-bit shared-memory tiles with stmatrix, never with generic stores: the PTX of one
 instance per layout that stages a tile (backward key split, query split and swapped key split; the forward's staged
-O) holds `stmatrix` and no store without a state space.
+O) holds `stmatrix` and no store without a state space; and the forward's O leaves shared memory by the store its
+tile takes (a TMA store or the threads' own).
 
 Why a test: assigning elements through a swizzled CuTe shared-memory tensor compiles to one generic 64-bit store
 per element pair (CuTe swizzles the pointer through its integer value, so nvcc loses the shared state space). The
@@ -25,8 +26,14 @@ INSTANCES = [
     ("bwd", "bwd_d64_bf16_batch_nmask_sm90a_hopper_b64x128"),     # key split: dSᵀ
     ("bwd", "bwd_d256_bf16_batch_nmask_sm90a_hopper_b64x64"),     # query split: Pᵀ and dSᵀ
     ("bwd", "bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96"),  # swapped key split: P and dS
-    ("fwd", "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"),     # the forward's O, staged in the Q buffer
+    ("fwd", "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"),     # the forward's O, staged in a buffer of its own
+    ("fwd", "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128"),    # the same, written out by a TMA store
 ]
+# The persistent forward's O, staged in a swizzled buffer of its own, leaves by the store its tile was measured with
+# (HopperFwdKernelBody::kTmaStoreO): one TMA store per warpgroup and tile, or the threads' 16-byte global stores.
+O_STORES = [("fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128", True),
+            ("fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128", False)]
+TMA_STORE = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta")
 # a store instruction with no state space: st[.weak|.volatile|.relaxed...].<type or vector>
 GENERIC_STORE = re.compile(r"^\s*(@!?%p\d+\s+)?st(\.(weak|volatile|relaxed\.\w+|release\.\w+))?\.(v[248]\.)?[bsuf]\d+\s",
                            re.M)
@@ -68,3 +75,14 @@ def test_the_pattern_sees_generic_stores_only():
             "\tst.param.b32 \t[retval0], %r1;", "\tst.local.u32 [%rd1], %r1;"]
     assert all(GENERIC_STORE.search(line + "\n") for line in caught)
     assert not any(GENERIC_STORE.search(line + "\n") for line in left)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name, tma", O_STORES)
+def test_the_forward_o_leaves_by_its_tiles_store(ptx, name, tma):
+    text = ptx[name]
+    assert bool(TMA_STORE.search(text)) == tma, f"{name}: a TMA store of O {'missing' if tma else 'present'}"
+    if tma:  # the buffer is rewritten only after the store has read it, and the CTA exits after the last one has
+        assert "cp.async.bulk.commit_group" in text and "cp.async.bulk.wait_group.read 0" in text
+    else:
+        assert re.search(r"st\.global\.v4\.(u|b)32", text), f"{name}: no 16-byte global store of O"

@@ -178,6 +178,15 @@ struct FwdKernel {
             params.tma_load_v = p.hdim_v == p.hdim_q ? params.mainloop.tma_load_v : v_descriptor();
         }
         params.o = static_cast<ElementOut*>(p.o);
+        if constexpr (Impl::kTmaStoreO) {  // O's TMA store: Q's stride shape, heads split (g, hk) the same way
+            const int64_t oh = fix(p.o_head_stride, p.nhead_q);
+            const HopperStrideQ dO = make_stride(
+                p.o_row_stride, _1{},
+                make_stride(fix(p.o_batch_stride, batch), make_stride(group > 1 ? oh : int64_t(kAlignElems),
+                                                                      p.nhead_k > 1 ? oh * group : int64_t(kAlignElems))));
+            params.tma_store_o = Impl::TmaStoreO::make(static_cast<ElementOut*>(p.o), p.seqlen_q, p.hdim_v, batch,
+                                                       group, p.nhead_k, dO);
+        }
         params.o_row = p.o_row_stride;
         params.o_head = p.o_head_stride;
         params.o_batch = p.o_batch_stride;

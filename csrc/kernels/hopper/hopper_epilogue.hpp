@@ -1,11 +1,13 @@
 // mhakit hopper family — the epilogues. The forward's, for one consumer warpgroup (64 query rows): the fp32
-// natural-log LSE, and O staged through a shared-memory tile (the warpgroup's own Q buffer, idle by then) so that
-// global memory sees whole 16-byte stores, predicated on the real seqlen_q and head dim. The backward's: dK / dV
+// natural-log LSE, and O staged through a shared-memory tile (the warpgroup's own Q buffer, idle by then, or a buffer
+// of its own) so that global memory sees whole 16-byte stores, predicated on the real seqlen_q and head dim, or
+// (persistent tiles with a swizzled buffer of their own) one TMA store that clips to them. The backward's: dK / dV
 // (and, in the light convert kernel, dQ) through StagedRows, a padded shared-memory tile written out in row chunks.
 #pragma once
 
 #include <cstdint>
 
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
@@ -89,6 +91,35 @@ struct FwdEpilogue {
                 *reinterpret_cast<uint4*>(o + row * o_row + col) = v;
             }
         }
+    }
+
+    // The same O (its swizzled stage sO, (64, kHdimV)) written out by one TMA store (tma: its descriptor; src / dst:
+    // FwdTileIO::o's partitions of sO and of this warpgroup's rows), which clips the rows past seqlen_q and the
+    // columns past hdim_v. The store runs on after this returns. Thread 0 of the warpgroup, which issues it, must see
+    // the previous one done reading sO (tma_store_drain) before any thread writes sO again: sO_free says the caller
+    // had it wait before a barrier of the warpgroup since that store (the kernel: after the tile's first product,
+    // before its second turn), else it waits here. tma_store_drain once more before the CTA exits.
+    template <class TensorAcc, class TiledMma, class TensorSmem, class Tma, class TensorSrc, class TensorDst>
+    CUTLASS_DEVICE void store_o_tma(TensorAcc const& acc_o, TiledMma const& mma_pv, TensorSmem& sO, Tma const& tma,
+                                    TensorSrc const& src, TensorDst dst, bool sO_free, uint32_t bar_id,
+                                    int tidx) const {
+        using namespace cute;
+        Tensor o16 = make_tensor<Element>(acc_o.layout());
+        detail::pack_fragment<Element>(acc_o, o16);
+        if (!sO_free) {
+            tma_store_drain(tidx);
+            cutlass::arch::NamedBarrier::sync(128, bar_id);
+        }
+        store_fragment_stsm(mma_pv, tidx, o16, sO);
+        cutlass::arch::fence_view_async_shared();  // the stmatrix writes, visible to the TMA unit
+        cutlass::arch::NamedBarrier::sync(128, bar_id);
+        if (tidx == 0) {
+            copy(tma, src, dst);
+            tma_store_arrive();
+        }
+    }
+    CUTLASS_DEVICE static void tma_store_drain(int tidx) {
+        if (tidx == 0) cute::tma_store_wait<0>();
     }
 
     // The same O through a padded StagedRows tile of free shared memory, kCols columns at a time (fp8: the K/V ring,

@@ -8,6 +8,8 @@
 // A partition pair is what CollectiveLoadTma::step (CUTLASS example 88) copies: tile t of the source into stage s of
 // the destination.
 //
+// The forward's O goes the other way (FwdTileIO::o): from a shared-memory tile to global memory, by a TMA store.
+//
 // store_fragment_stsm: 16-bit MMA fragments into a shared-memory tile with stmatrix (the backward's Pᵀ / dSᵀ, the
 // forward's staged O).
 #pragma once
@@ -45,6 +47,19 @@ struct FwdTileIO {
         using namespace cute;
         return tiles(tma, make_shape(get<4>(problem), get<3>(problem), select<0, 1>(problem)), bh,
                      make_coord(_0{}, k_row0), select<1, 2>(TileShapePV{}), make_coord(_0{}, _), smem, layout);
+    }
+
+    // O (the TMA store, HopperFwdKernelBody::kTmaStoreO): (64, hdim_v) tiles down the query rows as Q's, from a
+    // shared-memory tile of a Q stage's layout; problem_o: the problem with O's head dim. (source, destination
+    // tiles): tile t of the destination is warpgroup w of query block m's for t = m * NumMmaWG + w.
+    template <class Tma, class Problem, class BH, class Element, class SmemLayout>
+    CUTLASS_DEVICE static auto o(Tma const& tma, Problem const& problem_o, BH const& bh, Element* smem,
+                                 SmemLayout const& layout) {
+        using namespace cute;
+        Tensor m = tma.get_tma_tensor(make_shape(get<2>(problem_o), get<4>(problem_o), select<0, 1>(problem_o)))(_, _, bh);
+        Tensor g = local_tile(m, select<0, 2>(TileShapeQK{}), make_coord(_, _0{}));
+        auto cta = tma.get_slice(_0{});
+        return make_tuple(cta.partition_S(make_tensor(make_smem_ptr(smem), layout)), cta.partition_D(g));
     }
 
   private:
