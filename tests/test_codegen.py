@@ -119,14 +119,14 @@ class TestProfiles:
         # decode_tma (2 dtypes x the 64 / 128 buckets); the Hopper modifier instances (forward and backward): bf16 x 64 / 128 / 256
         # x 2 modes, masked, in the default profile, one per plain instance in `all`; fp8 (hopper forward, batch mode,
         # 128 and 256): fp8bf16 x 2 masks in the default profile, fp8fp16 too in `all`; the ranged d64 masked tile
-        # (128 x 128 up to max_seqlen_q 1024, plain only): 2 dtypes x 2 modes in both; decode_tma's wgmma tiles (2
+        # (128 x 128 up to max_seqlen_q 1024, plain only, group mode): 2 dtypes in both; decode_tma's wgmma tiles (2
         # dtypes x (d64 one warpgroup, d128 one and two warpgroups)); the ranged d256 masked persistent tile (up to
         # max_seqlen_q 1024, plain, batch mode): 2 dtypes in both
-        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 4 + 6 + 2
+        assert len(profiles.select("fwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4 + 6 + 4 + 2 + 6 + 2
         # (the backward's Hopper modifier instances: the unmasked ones of d64 / d128 too, catalogue unmasked_mods:
         # bf16 x 2 buckets x 2 modes)
         assert len(profiles.select("bwd", "sm_90a", "default").specs) == 40 + 12 + 32 + 6 + 4
-        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 4 + 6 + 2
+        assert len(profiles.select("fwd", "sm_90a", "all").specs) == 80 + 48 + 6 + 4 + 48 + 8 + 2 + 6 + 2
         # (the unmasked (192, 128) backward tile is plain only: no nmask "_mods" instance, 2 dtypes x 2 modes)
         assert len(profiles.select("bwd", "sm_90a", "all").specs) == 80 + 48 + 48 - 4
         assert len(profiles.select("fwd", "sm_80", "default").specs) == 40 + 12 + 6

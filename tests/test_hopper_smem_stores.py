@@ -26,13 +26,14 @@ INSTANCES = [
     ("bwd", "bwd_d64_bf16_batch_nmask_sm90a_hopper_b64x128"),     # key split: dSᵀ
     ("bwd", "bwd_d256_bf16_batch_nmask_sm90a_hopper_b64x64"),     # query split: Pᵀ and dSᵀ
     ("bwd", "bwd_d192x128_bf16_batch_mask_sm90a_hopper_b64x96"),  # swapped key split: P and dS
-    ("fwd", "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"),     # the forward's O, staged in a buffer of its own
-    ("fwd", "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128"),    # the same, written out by a TMA store
+    ("fwd", "fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128"),    # the forward's O, in a buffer of its own
+    ("fwd", "fwd_d64_bf16_group_mask_sm90a_hopper_b128x128"),     # the forward's O, staged in the Q buffer
 ]
-# The persistent forward's O, staged in a swizzled buffer of its own, leaves by the store its tile was measured with
-# (HopperFwdKernelBody::kTmaStoreO): one TMA store per warpgroup and tile, or the threads' 16-byte global stores.
+# The forward's O, staged in shared memory, leaves it by one TMA store per warpgroup and tile where the persistent
+# tile has a swizzled buffer of its own for it (HopperFwdKernelBody::kTmaStoreO), else by the threads' 16-byte
+# global stores.
 O_STORES = [("fwd_d128_bf16_batch_mask_sm90a_hopper_b128x128", True),
-            ("fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128", False)]
+            ("fwd_d64_bf16_group_mask_sm90a_hopper_b128x128", False)]
 TMA_STORE = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta")
 # a store instruction with no state space: st[.weak|.volatile|.relaxed...].<type or vector>
 GENERIC_STORE = re.compile(r"^\s*(@!?%p\d+\s+)?st(\.(weak|volatile|relaxed\.\w+|release\.\w+))?\.(v[248]\.)?[bsuf]\d+\s",

@@ -13,8 +13,8 @@ from codegen import catalogue, profiles, render
 from codegen.catalogue import CatalogueError, Tile, _parse_tile, check_seqlen_ranges
 
 FAM = {"dtypes": ["fp16", "bf16"], "modes": ["batch", "group"], "masks": ["nmask", "mask"]}
-D64_MASKED = [f"fwd_d64_{dt}_{mode}_mask_sm90a_hopper_b128x128" for dt in ("bf16", "fp16")
-              for mode in ("batch", "group")]
+# d64 masked group-mode calls up to max_seqlen_q 1024: 128 x 128 (batch mode takes the persistent 192 x 128 tile)
+D64_MASKED = [f"fwd_d64_{dt}_group_mask_sm90a_hopper_b128x128" for dt in ("bf16", "fp16")]
 # d256 masked up to 1024 query rows: the persistent tile with a 4-slot ring (batch-mode plain calls)
 D256_MASKED = [f"fwd_d256_{dt}_batch_mask_sm90a_hopper_b128x64s4" for dt in ("bf16", "fp16")]
 
@@ -74,7 +74,7 @@ class TestCatalogue:
         (tmp_path / "overlap.toml").write_text(text.replace(ranged, "masks = [\"mask\"], max_seqlen_q = 2048 },\n"
                                                "  { hdim_q = 64, hdim_v = 64, block_m = 128, block_n = 96, masks = "
                                                "[\"mask\"], min_seqlen_q = 1024, max_seqlen_q = 4096 }"))
-        with pytest.raises(CatalogueError, match=r"overlap.toml: fwd.hopper: the fp16 d64x64 batch mask tiles: "
+        with pytest.raises(CatalogueError, match=r"overlap.toml: fwd.hopper: the fp16 d64x64 group mask tiles: "
                                                  r"the seqlen ranges \[1, 2048\] and \[1024, 4096\] overlap"):
             catalogue.load("overlap")
 
@@ -84,7 +84,8 @@ class TestCatalogue:
         assert [(t.hdim_q, t.get("block_m"), t.get("block_n"), t.seqlen_q, t.masks, t.dtypes, t.has_mods)
                 for t in ranged] == [(64, 128, 128, (1, 1024), ("mask",), ("fp16", "bf16"), False),
                                      (256, 128, 64, (1, 1024), ("mask",), ("fp16", "bf16"), False)]
-        # the d256 one is the persistent grid with a capped ring, batch mode only
+        # the d64 one serves group mode; the d256 one is the persistent grid with a capped ring, batch mode only
+        assert ranged[0].modes == ("group",)
         assert (ranged[1].get("persistent"), ranged[1].get("stages"), ranged[1].modes) == (1, 4, ("batch",))
 
 
@@ -122,7 +123,7 @@ class TestStagesRule:
 
 
 class TestProfiles:
-    def test_default_builds_the_six_ranged_instances_and_minimal_none(self):
+    def test_default_builds_the_four_ranged_instances_and_minimal_none(self):
         default = {s.name: s for s in profiles.select("fwd", "sm_90a", "default").specs}
         ranged = sorted(n for n, s in default.items() if s.seqlen_q is not None)
         assert ranged == sorted(D64_MASKED + D256_MASKED)
@@ -137,10 +138,10 @@ class TestProfiles:
 
 class TestDispatchTable:
     def test_rows_carry_the_range_and_defaults_none(self):
-        specs = profiles.select("fwd", "sm_90a", "default", "fwd_d64_bf16_batch_mask_sm90a_hopper").specs
+        specs = profiles.select("fwd", "sm_90a", "default", "fwd_d64_bf16_group_mask_sm90a_hopper").specs
         text = render.render_dispatch("fwd", "sm_90a", specs)
-        for name, lo, hi in (("fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128", 1, 1024),
-                             ("fwd_d64_bf16_batch_mask_sm90a_hopper_b192x128", 0, 0)):
+        for name, lo, hi in (("fwd_d64_bf16_group_mask_sm90a_hopper_b128x128", 1, 1024),
+                             ("fwd_d64_bf16_group_mask_sm90a_hopper_b192x128", 0, 0)):
             row = text[text.index(f'{{"{name}"'):]
             row = row[:row.index("&instances::")]
             assert f"/*seqlen_q_min=*/{lo}, /*seqlen_q_max=*/{hi}," in row
@@ -149,12 +150,12 @@ class TestDispatchTable:
 class TestJit:
     @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
     @pytest.mark.parametrize("mode", ["batch", "group"])
-    def test_a_masked_d64_entry_holds_both_tiles(self, dtype, mode):
+    def test_a_masked_d64_entry_holds_the_tiles_of_its_mode(self, dtype, mode):
         from mhakit import jit
         names = jit.derive_entry("fwd", "sm_90a", dtype, 64, 64, mode, True).instance_names
         hopper = sorted(n for n in names if "_hopper_" in n)
-        assert hopper == [f"fwd_d64_{dtype}_{mode}_mask_sm90a_hopper_b128x128",
-                          f"fwd_d64_{dtype}_{mode}_mask_sm90a_hopper_b192x128"]
+        assert hopper == [f"fwd_d64_{dtype}_{mode}_mask_sm90a_hopper_b128x128"] * (mode == "group") + \
+            [f"fwd_d64_{dtype}_{mode}_mask_sm90a_hopper_b192x128"]
         # head dims served by the d64 bucket take both too; unmasked and modifier calls only the default tile
         assert set(hopper) <= set(jit.derive_entry("fwd", "sm_90a", dtype, 40, 40, mode, True).instance_names)
         unmasked = jit.derive_entry("fwd", "sm_90a", dtype, 64, 64, mode, False).instance_names
@@ -243,10 +244,9 @@ def stub_lib(tmp_path_factory):
 
 @pytest.mark.compile
 class TestRuntimeChoice:
-    @pytest.mark.parametrize("seqlen, block", [(1, "128x128"), (1024, "128x128"), (1025, "192x128"),
-                                               (2048, "192x128"), (4096, "192x128"), (16384, "192x128")])
-    def test_batch_mode_picks_by_seqlen_q(self, stub_lib, seqlen, block):
-        assert stub_lib.kernel_name(_args(seqlen)) == f"fwd_d64_bf16_batch_mask_sm90a_hopper_b{block}", \
+    @pytest.mark.parametrize("seqlen", [1, 1024, 1025, 4096, 16384])
+    def test_batch_mode_takes_the_persistent_192_row_tile_at_every_length(self, stub_lib, seqlen):
+        assert stub_lib.kernel_name(_args(seqlen)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b192x128", \
             stub_lib.last_error()
 
     @pytest.mark.parametrize("max_seqlen, block", [(1024, "128x128"), (1025, "192x128"), (100, "128x128")])
@@ -261,8 +261,8 @@ class TestRuntimeChoice:
         # a score modifier: the default tile's "_mods" instance (the ranged tile has none)
         assert stub_lib.kernel_name(_args(1024, softcap=30.0)) == "fwd_d64_bf16_batch_mask_mods_sm90a_hopper_b192x128"
         # head dims of the d64 bucket below 64 choose alike; 72 goes past the bucket (generic d128 is not built)
-        assert stub_lib.kernel_name(_args(1024, d=48)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"
-        assert stub_lib.kernel_name(_args(4096, d=48)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b192x128"
+        assert stub_lib.kernel_name(_args(9000, group_max=1024, d=48)) == "fwd_d64_bf16_group_mask_sm90a_hopper_b128x128"
+        assert stub_lib.kernel_name(_args(9000, group_max=4096, d=48)) == "fwd_d64_bf16_group_mask_sm90a_hopper_b192x128"
 
     @pytest.mark.parametrize("seqlen, tile", [(1, "b128x64s4"), (1024, "b128x64s4"), (1025, "b128x64"),
                                               (4096, "b128x64"), (16384, "b128x64")])
@@ -305,10 +305,10 @@ class TestRuntimeChoice:
     def test_a_ranged_tile_alone_still_serves_outside_its_range(self, tmp_path):
         from mhakit import _capi
         specs = profiles.select("fwd", "sm_90a", "default",
-                                "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128,fwd_d64_bf16_batch_mask_sm90a_generic").specs
+                                "fwd_d64_bf16_group_mask_sm90a_hopper_b128x128,fwd_d64_bf16_group_mask_sm90a_generic").specs
         lib = _capi.load_library(_stub_library(specs, tmp_path / "ranged_only"))
         for seqlen in (1024, 4096):
-            assert lib.kernel_name(_args(seqlen)) == "fwd_d64_bf16_batch_mask_sm90a_hopper_b128x128"
+            assert lib.kernel_name(_args(9000, group_max=seqlen)) == "fwd_d64_bf16_group_mask_sm90a_hopper_b128x128"
 
 
 class TestPlainBatch:

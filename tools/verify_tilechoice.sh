@@ -78,18 +78,19 @@ exe() { echo "$(dir_of "$1")/build/tilechoice/lib/benchmark_mha_fwd"; }
 lib() { echo "$(dir_of "$1")/build/tilechoice/lib/libmha_fwd.so"; }
 
 # ---- 2. correctness ----------------------------------------------------------------------------------------------
-# "expected block token|arguments": causal d64 up to max_seqlen_q 1024 on 128 x 128, past it on 192 x 128;
+# "expected block token|arguments": causal d64 in batch mode on 192 x 128 at every length (since the thirteenth
+# session), group mode up to max_seqlen_q 1024 on 128 x 128, past it on 192 x 128;
 # unmasked on the nmask default whatever the length; group mode by the longest sequence (max_seqlen_q), not the sum.
 CASES=(
-    "batch_mask_sm90a_hopper_b128x128|-b=2 -h=4 -s=1024 -mask=t"
-    "batch_mask_sm90a_hopper_b128x128|-b=1 -h=4 -s=1024 -mask=t"
+    "batch_mask_sm90a_hopper_b192x128|-b=2 -h=4 -s=1024 -mask=t"
+    "batch_mask_sm90a_hopper_b192x128|-b=1 -h=4 -s=1024 -mask=t"
     "batch_mask_sm90a_hopper_b192x128|-b=1 -h=4 -s=1025 -mask=t"
     "batch_mask_sm90a_hopper_b192x128|-b=1 -h=2 -s=4096 -mask=t"
-    "batch_mask_sm90a_hopper_b128x128|-b=1 -h=4 -h_k=2 -s=1000 -s_k=1200 -mask=b"
-    "batch_mask_sm90a_hopper_b128x128|-b=2 -h=2 -s=777 -s_k=500 -mask=t:128,16"
-    "batch_mask_sm90a_hopper_b128x128|-b=1 -h=2 -s=1 -s_k=333 -mask=b"
+    "batch_mask_sm90a_hopper_b192x128|-b=1 -h=4 -h_k=2 -s=1000 -s_k=1200 -mask=b"
+    "batch_mask_sm90a_hopper_b192x128|-b=2 -h=2 -s=777 -s_k=500 -mask=t:128,16"
+    "batch_mask_sm90a_hopper_b192x128|-b=1 -h=2 -s=1 -s_k=333 -mask=b"
     "batch_mask_sm90a_hopper_b192x128|-b=1 -h=2 -s=3000 -s_k=2500 -mask=b:256,0"
-    "batch_mask_sm90a_hopper_b128x128|-b=2 -h=6 -h_k=2 -s=517 -s_k=1033 -mask=t -iperm=0 -operm=0"
+    "batch_mask_sm90a_hopper_b192x128|-b=2 -h=6 -h_k=2 -s=517 -s_k=1033 -mask=t -iperm=0 -operm=0"
     "batch_nmask_sm90a_hopper_b192x128|-b=2 -h=4 -s=1024"
     "batch_nmask_sm90a_hopper_b192x128|-b=1 -h=4 -s=2049"
     "group_mask_sm90a_hopper_b128x128|-mode=1 -b=3 -h=4 -s=1024,1000,517 -mask=t"

@@ -311,10 +311,10 @@ struct HopperFwdKernelBody {
     // A swizzled O buffer of its own is written out by a TMA store (FwdEpilogue::store_o_tma) that runs on while the
     // warpgroup starts its next tile: one instruction of one thread in place of a shared-memory load and a global
     // store per 16 bytes in every thread. Measured on the H200 (bf16, 3 interleaved rounds, two A/B calls): d128
-    // 128 x 128 causal +1.9 to +2.6 % at s = 1k / 2k / 4k, d64 192 x 128 unmasked +0.9 to +1.9 % at 1k; the d64
-    // 128 x 128 tile (masked calls up to 1k rows, two consumer warpgroups) lost 0.7 / 0.8 % at 1k causal and keeps
-    // the threads' stores. (A timing probe that stored no O at all had run that row 3.4 % faster.)
-    static constexpr bool kTmaStoreO = kOwnOSwizzled && !(NumMmaWG == 2 && kHdimV <= 64);
+    // 128 x 128 causal +1.9 to +2.6 % at s = 1k / 2k / 4k, d64 192 x 128 unmasked +0.9 to +1.9 % at 1k. (A persistent
+    // d64 128 x 128 tile lost 0.6 / 0.8 % at 1k causal with it, where the 192 x 128 tile with it gained 0.7 %: the
+    // catalogue now gives batch-mode d64 masked calls the latter at every length.)
+    static constexpr bool kTmaStoreO = kOwnOSwizzled;
     static_assert(!kTmaStoreO || NumMmaWG > 1, "the O buffer's reuse is ordered by the ping-pong's turns");
     using SmemLayoutOStage = decltype(SmemLayoutQ{}(_, _, _0{}));
     using TmaStoreO = TmaStoreOFor<kTmaStoreO, ElementOut, SmemLayoutOStage>;
@@ -989,12 +989,10 @@ struct HopperFwdKernelBody {
                              tidx);
         } else if constexpr (kOwnOSwizzled) {
             // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer, out by a TMA store
-            // (kTmaStoreO) or the threads' 16-byte stores
+            static_assert(kTmaStoreO && !kGroup);
             Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
             Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
-            if constexpr (!kTmaStoreO) {
-                epi.store_o(acc_o, mma_pv, sO, kBarEpi + wg, tidx);
-            } else if (row0 < seq.sq) {  // (an idle warpgroup's rows lie past the sequence: nothing to store)
+            if (row0 < seq.sq) {  // (an idle warpgroup's rows lie past the sequence: nothing to store)
                 using IO = FwdTileIO<TileShapeQK, TileShapePV>;
                 auto io = IO::o(params.tma_store_o, replace<4>(params.problem, params.hdim_v),
                                 make_coord(work.batch, work.head), storage.smem_o.data(), SmemLayoutQ{});
