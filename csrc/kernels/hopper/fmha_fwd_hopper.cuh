@@ -130,11 +130,16 @@ struct FwdKernel {
         HopperProblemShape problem = make_tuple(batch, make_tuple(group, p.nhead_k), kGroup ? p.total_q : p.seqlen_q,
                                                 kGroup ? p.total_k : p.seqlen_k, p.hdim_q, mc.x, mc.y);
 
-        const int64_t qh = fix(p.q_head_stride, p.nhead_q);
-        HopperStrideQ dQ = make_stride(p.q_row_stride, _1{},
-                                      make_stride(fix(p.q_batch_stride, batch),
-                                                  make_stride(group > 1 ? qh : int64_t(kAlignElems),
-                                                              p.nhead_k > 1 ? qh * group : int64_t(kAlignElems))));
+        // Q's (and O's) strides as TMA sees them: (row, column, (batch, (g, hk))), the query heads split into the
+        // group of a K/V head and the K/V head.
+        auto query_stride = [&](int64_t row, int64_t head, int64_t batch_stride) -> HopperStrideQ {
+            const int64_t h = fix(head, p.nhead_q);
+            return make_stride(row, _1{},
+                               make_stride(fix(batch_stride, batch),
+                                           make_stride(group > 1 ? h : int64_t(kAlignElems),
+                                                       p.nhead_k > 1 ? h * group : int64_t(kAlignElems))));
+        };
+        const HopperStrideQ dQ = query_stride(p.q_row_stride, p.q_head_stride, p.q_batch_stride);
         HopperStrideKV dK = make_stride(p.k_row_stride, _1{},
                                       make_stride(fix(p.k_batch_stride, batch),
                                                   make_stride(_0{}, fix(p.k_head_stride, p.nhead_k))));
@@ -178,14 +183,10 @@ struct FwdKernel {
             params.tma_load_v = p.hdim_v == p.hdim_q ? params.mainloop.tma_load_v : v_descriptor();
         }
         params.o = static_cast<ElementOut*>(p.o);
-        if constexpr (Impl::kTmaStoreO) {  // O's TMA store: Q's stride shape, heads split (g, hk) the same way
-            const int64_t oh = fix(p.o_head_stride, p.nhead_q);
-            const HopperStrideQ dO = make_stride(
-                p.o_row_stride, _1{},
-                make_stride(fix(p.o_batch_stride, batch), make_stride(group > 1 ? oh : int64_t(kAlignElems),
-                                                                      p.nhead_k > 1 ? oh * group : int64_t(kAlignElems))));
-            params.tma_store_o = Impl::TmaStoreO::make(static_cast<ElementOut*>(p.o), p.seqlen_q, p.hdim_v, batch,
-                                                       group, p.nhead_k, dO);
+        if constexpr (Impl::kTmaStoreO) {  // O's TMA store: Q's stride shape
+            params.tma_store_o = Impl::TmaStoreO::make(
+                static_cast<ElementOut*>(p.o), p.seqlen_q, p.hdim_v, batch, group, p.nhead_k,
+                query_stride(p.o_row_stride, p.o_head_stride, p.o_batch_stride));
         }
         params.o_row = p.o_row_stride;
         params.o_head = p.o_head_stride;

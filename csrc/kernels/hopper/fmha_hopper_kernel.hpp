@@ -168,7 +168,6 @@ struct HopperFwdKernelBody {
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
     using PersistentScheduler = DynamicPersistentScheduler;
-    using Mask = ForwardMask<kMasked, kBlockM, kBlockN>;
     using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHdim>>;
     struct UnusedFusion {};  // the collective's fusion hook; this kernel masks with Mask instead
     // V's strides: as K's, or (fp8) those of the transposed V, which makes the P·V B operand K-major.
@@ -218,6 +217,11 @@ struct HopperFwdKernelBody {
     // branch cost 1.5 % at s = 1k, where no warpgroup is idle; the modifier instances' bias warp fills a slot per
     // warpgroup and tile; with it ptxas spilled 1.3 KB in fp8's masked 128 x 192 tile and serialised its wgmmas.
     static constexpr bool kTrimIdle = !kMods && !kFp8 && NumMmaWG == 3;
+    // Masked, those tiles put the block of fewer rows first (ForwardMask kPartialFirst): at s = 1k / 4k / 16k (s mod
+    // 192 = 64) the sequence's last block held one warpgroup of rows, which saw the most keys and ran its products
+    // alone, with no other warpgroup's softmax to overlap; as the first block it sees the fewest.
+    static constexpr bool kPartialFirst = kTrimIdle && kMasked;
+    using Mask = ForwardMask<kMasked, kBlockM, kBlockN, kPartialFirst>;
     using TiledMmaQKNarrow = typename NarrowMmaQK<kNarrowLast, Element, kNarrowN, kHdim, TiledMmaQK>::type;
     using SmemLayoutQ = typename Mainloop::SmemLayoutQ;
     using SmemLayoutK = typename Mainloop::SmemLayoutK;
@@ -444,13 +448,14 @@ struct HopperFwdKernelBody {
             if (warp_in_wg == 0 && !tiles.visit.empty()) {
                 StateKV wkv = cutlass::make_producer_start_state<PipelineKV>();
                 StateQ wq = cutlass::make_producer_start_state<PipelineQ>();
-                producer(params, storage, pipe_q, pipe_kv, work, seq, tiles.visit, wq, wkv);
+                producer(params, storage, pipe_q, pipe_kv, work, seq, mask.block_tile0(work.block), tiles.visit,
+                         wq, wkv);
             }
             if constexpr (kBiasStages > 0) {  // the bias warp: the staged elementwise bias of each key tile, if any
                 if (warp_in_wg == 1 && staged_bias(params)) {
                     for (int n = tiles.visit.begin; n < tiles.visit.end; ++n)
                         Bias::template load<kGroup>(storage.bias, &params.bias_map, params.mods, work.batch,
-                                                    work.head, n - tiles.visit.begin, work.block * kBlockM,
+                                                    work.head, n - tiles.visit.begin, mask.block_row0(work.block),
                                                     n * kBlockN, seq.sq, seq.sk);
                 }
             }
@@ -499,7 +504,8 @@ struct HopperFwdKernelBody {
             StateTile wt = cutlass::make_producer_start_state<PipelineTile>();
             const bool lane0 = threadIdx.x % 32 == 0;
             while (cur.t < sp.total) {
-                producer(params, storage, pipe_q, pipe_kv, cur.work, seq, cur.tiles.visit, wq, wkv);
+                producer(params, storage, pipe_q, pipe_kv, cur.work, seq, mask.block_tile0(cur.work.block),
+                         cur.tiles.visit, wq, wkv);
                 const int t = lane0 ? PersistentScheduler::fetch(sp) : 0;
                 const NextTile next = tile_of(__shfl_sync(0xffffffffu, t, 0));
                 pipe_tile.producer_acquire(wt);  // every consumer read the previous hand-over
@@ -543,14 +549,18 @@ struct HopperFwdKernelBody {
             return *this;
         }
     };
+    struct QTileIter : TileIter {
+        CUTLASS_DEVICE int operator*() const { return kPartialFirst && this->i < 0 ? 0 : this->i; }
+    };
 
-    // One warp: Q tiles of all consumer warpgroups, then K/V tiles visit.begin .. visit.end-1 (K_n and V_n
-    // alternate in one ring, so the consumers' wait order is K0 V0 K1 V1 ...).
+    // One warp: Q tiles of all consumer warpgroups (from q_tile0: the block's first, Mask::block_tile0), then
+    // K/V tiles visit.begin .. visit.end-1 (K_n and V_n alternate in one ring, so the consumers' wait order is K0 V0
+    // K1 V1 ...).
     // wq / wkv: the pipelines' write states, which a persistent CTA carries from tile to tile. A window without keys
     // (visit empty) loads Q only (persistent instances; the one-tile kernel does not call the producer then).
     CUTLASS_DEVICE void producer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
-                                 Work const& work, Sequence const& seq, TileRange const& visit, StateQ& wq,
-                                 StateKV& wkv) {
+                                 Work const& work, Sequence const& seq, int q_tile0, TileRange const& visit,
+                                 StateQ& wq, StateKV& wkv) {
         using LoadQ = typename Mainloop::LoadQ;
         using LoadK = typename Mainloop::LoadK;
         using IO = FwdTileIO<TileShapeQK, TileShapePV>;
@@ -570,7 +580,9 @@ struct HopperFwdKernelBody {
                                          : get<3>(params.problem));
         auto st_v = IO::v(params.tma_load_v, problem_v, bh, seq.k0, sm.smem_v.data(), SmemLayoutV{});
 
-        TileIter q_it{work.block * NumMmaWG};
+        // Warpgroup w's Q: tile q_tile0 + w of 64 rows; a lead's warpgroup (kPartialFirst: no row in the sequence,
+        // q_tile0 + w < 0) takes tile 0, which it does not read.
+        QTileIter q_it{q_tile0};
         int q_count = NumMmaWG;
         TileIter kv_it{visit.begin};
         int kv_count = 2 * (visit.end - visit.begin);
@@ -649,7 +661,8 @@ struct HopperFwdKernelBody {
         using namespace cutlass::fmha::collective;
 
         const int tidx = int(threadIdx.x % 128);
-        const int row0 = work.block * kBlockM + wg * 64;  // first query row of this warpgroup
+        const int q_tile = mask.block_tile0(work.block) + wg;  // this warpgroup's 64-row tile of Q and O
+        const int row0 = q_tile * 64;                            // its first query row
         // Modifier instances: S in units of U (FwdModUnits: logit = U·S; U = the soft-cap, or the softmax scale), so
         // the softmax's scale is U; the ALiBi slope / U and whether the bias is staged (staged_bias) are made once
         // here (a register and a predicate), the rest of what the modifiers need of this (sequence, head) is made per
@@ -749,9 +762,10 @@ struct HopperFwdKernelBody {
                                                    : kBlockN;
         }();
         const bool skip = kSkipLast && n_tiles > 1 && last_keys <= 0;
-        // A warpgroup all of whose rows lie past the sequence's end (the last block of a sequence that ends in an
-        // earlier warpgroup's rows, e.g. s = 1k in 192-row tiles) runs no product at all (kTrimIdle).
-        const bool idle = kTrimIdle && row0 >= seq.sq;
+        // A warpgroup none of whose rows lies in the sequence (the last block of a sequence that ends in an earlier
+        // warpgroup's rows, e.g. s = 1k in 192-row tiles, or with kPartialFirst the first block's lead) runs no product
+        // at all (kTrimIdle).
+        const bool idle = kTrimIdle && ((kPartialFirst && row0 < 0) || row0 >= seq.sq);
         const bool narrow = kNarrowLast && !skip && last_keys <= kNarrowN;
         // f(true_type) where the narrow tile applies and is asked for, else f(false_type).
         auto with_width = [&](bool narrow_now, auto&& f) {
@@ -992,12 +1006,12 @@ struct HopperFwdKernelBody {
             static_assert(kTmaStoreO && !kGroup);
             Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
             Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
-            if (row0 < seq.sq) {  // (an idle warpgroup's rows lie past the sequence: nothing to store)
+            if ((!kPartialFirst || row0 >= 0) && row0 < seq.sq) {  // (an idle warpgroup's rows: nothing to store)
                 using IO = FwdTileIO<TileShapeQK, TileShapePV>;
                 auto io = IO::o(params.tma_store_o, replace<4>(params.problem, params.hdim_v),
                                 make_coord(work.batch, work.head), storage.smem_o.data(), SmemLayoutQ{});
                 epi.store_o_tma(acc_o, mma_pv, sO, params.tma_store_o, get<0>(io)(_, _, _, wg),
-                                get<1>(io)(_, _, _, work.block * NumMmaWG + wg), /*sO_free=*/n_tiles > 1,
+                                get<1>(io)(_, _, _, q_tile), /*sO_free=*/n_tiles > 1,
                                 kBarEpi + wg, tidx);
             }
         } else {

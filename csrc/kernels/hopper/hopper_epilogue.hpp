@@ -52,7 +52,8 @@ struct StagedRows {
 
 template <class Element, int kHdim>
 struct FwdEpilogue {
-    // Rows [row0, row0 + 64) of one (batch, head): lse points at row 0, o at (row 0, column 0).
+    // Rows [row0, row0 + 64) of one (batch, head): lse points at row 0, o at (row 0, column 0). Rows outside
+    // [0, seqlen_q) are not written (row0 < 0: a warpgroup of a query block's lead, ForwardMask::block_row0).
     float* lse;
     Element* o;
     int64_t o_row;
@@ -65,7 +66,7 @@ struct FwdEpilogue {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < R; ++i) {
             const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
-            if (row < seqlen_q) lse[row] = row_lse[i];
+            if (unsigned(row) < unsigned(seqlen_q)) lse[row] = row_lse[i];
         }
     }
 
@@ -86,7 +87,7 @@ struct FwdEpilogue {
             const int r = c / kChunks;
             const int col = (c % kChunks) * 8;
             const int row = row0 + r;
-            if (row < seqlen_q && col < hdim_v) {
+            if (unsigned(row) < unsigned(seqlen_q) && col < hdim_v) {
                 const uint4 v = *reinterpret_cast<uint4 const*>(&sO(r, col));
                 *reinterpret_cast<uint4*>(o + row * o_row + col) = v;
             }
@@ -132,7 +133,7 @@ struct FwdEpilogue {
         static_assert(kCols <= kHdim);
         Tensor c = thr_pv.partition_C(make_identity_tensor(Shape<_64, Int<kHdim>>{}));
         static_assert(decltype(size(c))::value == decltype(size(acc_o))::value);
-        const int rows = seqlen_q - row0 < 64 ? seqlen_q - row0 : 64;
+        const int rows = row0 < 0 ? 0 : seqlen_q - row0 < 64 ? seqlen_q - row0 : 64;
         CUTLASS_PRAGMA_UNROLL
         for (int c0 = 0; c0 < kHdim; c0 += kCols) {
             if (c0 > 0) cutlass::arch::NamedBarrier::sync(128, bar_id);  // the previous pass's reads are done

@@ -24,7 +24,7 @@ namespace mhakit::hopper {
 template <class TileShapeQK, class TileShapePV>
 struct FwdTileIO {
     // problem: (b, (g, hk), sq, sk, d, ...) as the TMA descriptors were made; bh: (batch, query head).
-    // Q: (64, hdim) tiles down the query rows; warpgroup w of query block m reads tile m * NumMmaWG + w.
+    // Q: (64, hdim) tiles down the query rows; a warpgroup whose first row is r reads tile r / 64.
     template <class Tma, class Problem, class BH, class Element, class SmemLayout>
     CUTLASS_DEVICE static auto q(Tma const& tma, Problem const& problem, BH const& bh, int q_row0, Element* smem,
                                  SmemLayout const& layout) {
@@ -51,7 +51,7 @@ struct FwdTileIO {
 
     // O (the TMA store, HopperFwdKernelBody::kTmaStoreO): (64, hdim_v) tiles down the query rows as Q's, from a
     // shared-memory tile of a Q stage's layout; problem_o: the problem with O's head dim. (source, destination
-    // tiles): tile t of the destination is warpgroup w of query block m's for t = m * NumMmaWG + w.
+    // tiles): tile t of the destination holds rows [64 t, 64 t + 64).
     template <class Tma, class Problem, class BH, class Element, class SmemLayout>
     CUTLASS_DEVICE static auto o(Tma const& tma, Problem const& problem_o, BH const& bh, Element* smem,
                                  SmemLayout const& layout) {
