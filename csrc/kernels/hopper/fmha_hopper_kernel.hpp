@@ -292,7 +292,7 @@ struct HopperFwdKernelBody {
     // consumer is done with it.
     using StagedO = StagedRows<ElementOut, 64, kHdimV>;
     // Persistent, where shared memory allows: O staged in a buffer of its own, so that a warpgroup gives its Q stage
-    // back after its last product and the next tile's Q loads during the epilogue. Equal head dims where a Q stage's
+    // back after its last Q·Kᵀ and the next tile's Q loads during its last softmax, P·V and epilogue. Equal head dims where a Q stage's
     // swizzled layout per warpgroup fits (d64, d128): that layout. Otherwise (192: 35 KB left; (192, 128): a Q stage
     // would be 192 columns wide) padded rows of kOCols columns per warpgroup, the largest multiple of 64 up to hdim_v
     // that fits (a row pitch of 64·k + 8 elements puts the 8 rows of a fragment store in different banks), written out
@@ -654,7 +654,7 @@ struct HopperFwdKernelBody {
     // P·V of tile n-1 in flight during the softmax of tile n; then the epilogue. A sequence without keys visits no
     // tile and goes straight to the epilogue (O = 0, LSE = -inf). rq / rkv: the pipelines' read states (warpgroup w
     // owns Q stage w; K0, V0, K1, V1, ... alternate in the ring), which a persistent CTA carries from tile to tile: it
-    // waits for Q even without keys and gives its Q stage back after the epilogue.
+    // waits for Q even without keys and gives its Q stage back after its last Q·Kᵀ (kOwnO) or after the epilogue.
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& storage, PipelineQ& pipe_q, PipelineKV& pipe_kv,
                                  Work const& work, Sequence const& seq, Mask const& mask, KeyTiles const& tiles,
                                  int wg, StateQ& rq, StateKV& rkv) {
@@ -778,6 +778,17 @@ struct HopperFwdKernelBody {
             f(cute::false_type{});
         };
 
+        // kOwnO: the Q stage goes back to the producer once the warpgroup's last Q·Kᵀ has completed (the tile's last
+        // one it runs: the one before a skipped last tile), so that the next tile's Q loads under this tile's last
+        // softmax, P·V and epilogue; a warpgroup that runs no product gives it back after its turns.
+        const int last_qk = tiles.visit.end - 1 - (skip ? 1 : 0);
+        auto release_q = [&] {
+            if constexpr (kOwnO) {
+                pipe_q.consumer_release(rq);
+                rq.advance(NumMmaWG);
+            }
+        };
+
         OnlineSoftmax<R, kLazyRescale> softmax;
         clear(acc_o);
         if constexpr (kPersistent) pipe_q.consumer_wait(rq);
@@ -895,6 +906,7 @@ struct HopperFwdKernelBody {
                     if constexpr (kTmaStoreO) FwdEpilogue<ElementOut, kHdimV>::tma_store_drain(tidx);
                     warpgroup_wait<0>();
                     fence_s(narrow_c);
+                    if (last_qk == tiles.visit.begin) release_q();
                     pipe_kv.consumer_release(rkv);
                     ++rkv;  // -> V0
                     if constexpr (kMods)
@@ -915,6 +927,7 @@ struct HopperFwdKernelBody {
 
                     warpgroup_wait<1>();  // S_n ready; P_{n-1} V_{n-1} may still run
                     fence_s(narrow_c);
+                    if (n == last_qk) release_q();
                     pipe_kv.consumer_release(rkv);
                     if constexpr (kMods)
                         score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, n,
@@ -965,10 +978,7 @@ struct HopperFwdKernelBody {
             }
         }
 
-        if constexpr (kOwnO) {  // every product that reads Q is done: the stage goes back to the producer
-            pipe_q.consumer_release(rq);
-            rq.advance(NumMmaWG);
-        }
+        if (tiles.visit.empty() || idle) release_q();  // (a warpgroup with products gave it back after its last)
 
         // ---- normalise, LSE, O ----
         float lse[R];
