@@ -292,12 +292,12 @@ struct HopperFwdKernelBody {
     // consumer is done with it.
     using StagedO = StagedRows<ElementOut, 64, kHdimV>;
     // Persistent, where shared memory allows: O staged in a buffer of its own, so that a warpgroup gives its Q stage
-    // back after its last Q·Kᵀ and the next tile's Q loads during its last softmax, P·V and epilogue. Equal head dims where a Q stage's
-    // swizzled layout per warpgroup fits (d64, d128): that layout. Otherwise (192: 35 KB left; (192, 128): a Q stage
-    // would be 192 columns wide) padded rows of kOCols columns per warpgroup, the largest multiple of 64 up to hdim_v
-    // that fits (a row pitch of 64·k + 8 elements puts the 8 rows of a fragment store in different banks), written out
-    // in ceil(hdim_v / kOCols) passes of columns ((192, 128): one pass of 128; 192: 128 + 64); none fits: O stays in
-    // the Q buffer (d256: 3 KB left).
+    // back after its last Q·Kᵀ and the next tile's Q loads during its last softmax, P·V and epilogue. Equal head dims
+    // where a Q stage's swizzled layout per warpgroup fits (d64, d128): that layout. Otherwise (192: 35 KB left; (192,
+    // 128): a Q stage would be 192 columns wide) padded rows of kOCols columns per warpgroup, the largest multiple of
+    // 64 up to hdim_v that fits (a row pitch of 64·k + 8 elements puts the 8 rows of a fragment store in different
+    // banks), written out in ceil(hdim_v / kOCols) passes of columns ((192, 128): one pass of 128; 192: 128 + 64); none
+    // fits: O stays in the Q buffer (d256: 3 KB left).
     struct SharedStoragePersistentQO : SharedStoragePersistent {
         cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
     };
@@ -1013,7 +1013,6 @@ struct HopperFwdKernelBody {
                              tidx);
         } else if constexpr (kOwnOSwizzled) {
             // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer, out by a TMA store
-            static_assert(kTmaStoreO && !kGroup);
             Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
             Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
             if ((!kPartialFirst || row0 >= 0) && row0 < seq.sq) {  // (an idle warpgroup's rows: nothing to store)

@@ -21,10 +21,10 @@ struct KeyTiles {
     TileRange full;   // tiles that need no element-wise mask
 };
 
-// kPartialFirst: the query blocks start lead_rows(sq) rows before the sequence, so that the block of fewer rows than
-// kBlockM is the first (whose rows see the fewest keys under a mask whose key range grows with the row: causal, and
-// the windows' left bound) instead of the last (which sees the most). For tiles of 64-row warpgroups that run no
-// product on rows outside the sequence (HopperFwdKernelBody::kTrimIdle): the lead is whole warpgroups.
+// kPartialFirst: the query blocks start lead_tiles(sq) 64-row tiles before the sequence, so that the block of fewer
+// rows than kBlockM is the first (whose rows see the fewest keys under a mask whose key range grows with the row:
+// causal, and the windows' left bound) instead of the last (which sees the most). For tiles of 64-row warpgroups that
+// run no product on rows outside the sequence (HopperFwdKernelBody::kTrimIdle): the lead is whole warpgroups.
 template <bool kMasked, int kBlockM, int kBlockN, bool kPartialFirst = false>
 struct ForwardMask {
     // The problem shape carries the host-clamped coordinate (x in [-sq, sk], y in [-sk, sq]): 32-bit arithmetic.
