@@ -296,8 +296,9 @@ struct HopperFwdKernelBody {
     // where a Q stage's swizzled layout per warpgroup fits (d64, d128): that layout. Otherwise (192: 35 KB left; (192,
     // 128): a Q stage would be 192 columns wide) padded rows of kOCols columns per warpgroup, the largest multiple of
     // 64 up to hdim_v that fits (a row pitch of 64·k + 8 elements puts the 8 rows of a fragment store in different
-    // banks), written out in ceil(hdim_v / kOCols) passes of columns ((192, 128): one pass of 128; 192: 128 + 64); none
-    // fits: O stays in the Q buffer (d256: 3 KB left).
+    // banks), written out in ceil(hdim_v / kOCols) passes of columns ((192, 128): one pass of 128; 192: 128 + 64;
+    // d128's 128 x 176, 19 KB left: 64 + 64); none fits: O stays in the Q buffer (d256 with 5 slots: 3 KB left; the
+    // catalogue's persistent d256 tiles take 4 slots, which leave 35 KB: rows of 128 columns, two passes).
     struct SharedStoragePersistentQO : SharedStoragePersistent {
         cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
     };
