@@ -119,7 +119,7 @@ def hopper_bwd_tiles_fit(spec: KernelSpec, cat) -> Optional[str]:
 def hopper_fwd_stages_are_persistent(spec: KernelSpec, cat) -> Optional[str]:
     """The Hopper forward's `stages` caps the K/V ring of a persistent tile (to leave O a staging buffer of its own;
     fmha_hopper_kernel.hpp, kMaxStages): only instances that run the persistent grid (spec.persistent: batch-mode
-    plain 16-bit ones) take it, so a tile with stages needs persistent = true and only batch-mode plain instances
+    plain ones) take it, so a tile with stages needs persistent = true and only batch-mode plain instances
     (plain_batch = true, or plain_only = true and modes = ["batch"]), and at most the 5 slots the kernel ever uses."""
     if spec.signature.api != "fwd" or spec.algorithm.family != "hopper":
         return None

@@ -179,15 +179,18 @@ class KernelSpec:
             "seqlen_q_min": self.seqlen_q[0] if self.seqlen_q else 0,
             "seqlen_q_max": self.seqlen_q[1] if self.seqlen_q else 0,
             "persistent": "true" if self.persistent else "false",
+            # the workspace is wanted, not needed: a persistent 16-bit instance's tile counter (fp8 needs V
+            # transposed in it whatever the grid)
+            "workspace_optional": "true" if self.persistent and not s.dtype.startswith("fp8") else "false",
             # split-KV: packed rows per kv head from which the runtime prefers this instance (0: no preference)
             "min_rows": int(dict(a.tile).get("min_rows", 0)),
         }
 
     @property
     def persistent(self) -> bool:
-        """The tile's `persistent` knob (catalogue), which the Hopper forward's batch-mode plain 16-bit instances take:
-        a persistent grid with a dynamic tile counter in the caller's workspace (fmha_fwd_hopper.cuh); group mode,
-        "_mods" and fp8 instances of the tile keep one CTA per tile."""
+        """The tile's `persistent` knob (catalogue), which the Hopper forward's batch-mode plain instances take: a
+        persistent grid with a dynamic tile counter in the caller's workspace (fmha_fwd_hopper.cuh); group mode and
+        "_mods" instances of the tile keep one CTA per tile."""
         s = self.signature
         return (bool(dict(self.algorithm.tile).get("persistent")) and s.api == "fwd" and s.mode == "batch"
-                and not s.mods and s.dtype in ("fp16", "bf16"))
+                and not s.mods)

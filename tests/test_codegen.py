@@ -321,6 +321,12 @@ class TestRendering:
         assert spec.persistent and not group_spec.persistent
         table = render.render_dispatch("fwd", "sm_90a", [spec, group_spec])
         assert table.count("/*workspace_optional=*/true") == 1 and table.count("/*workspace_optional=*/false") == 1
+        assert table.count("/*persistent=*/true}") == 1 and table.count("/*persistent=*/false}") == 1
+        # fp8 tiles are persistent too, but their workspace (V transposed, after the counter) is needed, not wanted
+        fp8 = profiles.select("fwd", "sm_90a", "default", "fwd_d128_fp8bf16_batch_nmask_sm90a_hopper*").specs[0]
+        assert fp8.persistent and "/*persistent=*/true>" in render.render_instance(fp8)
+        fp8_table = render.render_dispatch("fwd", "sm_90a", [fp8])
+        assert "/*workspace_optional=*/false, /*persistent=*/true}" in fp8_table
         mods_spec = profiles.select("fwd", "sm_90a", "all", "fwd_d128_fp16_group_mask_mods_sm90a_hopper*").specs[0]
         hopper_mods = render.render_instance(mods_spec)
         assert "hopper::FwdKernel<MHAKIT_DTYPE_FP16, 128, 128, /*group_mode=*/true, /*masked=*/true,\n                                 128, 128, /*mods=*/true>" in hopper_mods

@@ -108,10 +108,11 @@ typedef struct mhakit_fwd_args {
     const float* k_descale_ptr;  // device fp32 scalar dk
     const float* v_descale_ptr;  // device fp32 scalar dv
     // Scratch memory is the caller's: mhakit_mha_fwd_workspace_size() says how many bytes the chosen kernel needs (fp8:
-    // V transposed; a persistent fp16 / bf16 Hopper instance: 8, its tile counter; 0 for the others). The library
-    // allocates nothing. A persistent instance's counter is optional (without a workspace the call runs one CTA per
-    // tile, slower on short sequences); it needs no zeroing (each call tags it anew) and may hold other scratch
-    // between calls, but calls that can run at the same time must not share it (one workspace per stream).
+    // V transposed, after the tile counter in a persistent instance; a persistent fp16 / bf16 Hopper instance: 8, its
+    // tile counter; 0 for the others). The library allocates nothing. A persistent 16-bit instance's counter is
+    // optional (without a workspace the call runs one CTA per tile, slower on short sequences); a counter needs no
+    // zeroing (each call tags it anew) and may hold other scratch between calls, but calls that can run at the same
+    // time must not share it (one workspace per stream).
     void* workspace_ptr;     // device scratch of at least that many bytes, MHAKIT_WORKSPACE_ALIGNMENT-aligned (NULL if 0)
     size_t workspace_bytes;  // its size
 } mhakit_fwd_args;
@@ -125,8 +126,8 @@ float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_stream_config* co
 // when the arguments are invalid or unsupported. Launches nothing.
 const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* args);
 
-// Bytes of workspace mhakit_mha_fwd needs for these arguments (fp8: V transposed; a persistent fp16 / bf16 instance:
-// its tile counter, see workspace_ptr; else 0). On invalid or unsupported arguments it returns 0 and last_error says
+// Bytes of workspace mhakit_mha_fwd needs for these arguments (fp8: V transposed, and a persistent instance's tile
+// counter; a persistent fp16 / bf16 instance: its tile counter, see workspace_ptr; else 0). On invalid or unsupported arguments it returns 0 and last_error says
 // why.
 size_t mhakit_mha_fwd_workspace_size(const mhakit_fwd_args* args);
 

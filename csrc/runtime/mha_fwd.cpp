@@ -165,7 +165,7 @@ MHAKIT_EXPORT float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_str
     if (rc != 0.f) return rc;
     if (float ws = check_workspace(*inst, p, "mhakit_mha_fwd_workspace_size")) return ws;
     if (float dev = check_device_arch(kFwdBuiltArch)) return dev;
-    if (inst->workspace_optional && p.workspace_bytes > 0) {  // a persistent instance with its counter: its grid
+    if (inst->persistent && p.workspace_bytes > 0) {  // a persistent instance with its counter: its grid
         int smem_per_sm = 0;
         if (float dev = device_multiprocessors(&p.num_sms, &smem_per_sm)) return dev;
         p.counter_epoch = next_counter_epoch();

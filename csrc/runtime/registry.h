@@ -50,9 +50,12 @@ struct KernelInstance {
     bool (*supports)(const Params&);                  // run-time guard of the family (pure host arithmetic)
     dev::Error (*run)(const Params&, dev::Stream);    // launch; no sync, no allocation
     size_t (*workspace_bytes)(const Params&);         // scratch the caller must provide (nullptr: none)
-    // The workspace is wanted, not needed (the forward's persistent instances: a tile counter; without it they run
-    // the one-tile grid): a call that gives none is served; one that gives less than workspace_bytes is refused.
+    // The workspace is wanted, not needed (the forward's persistent 16-bit instances: a tile counter; without it they
+    // run the one-tile grid): a call that gives none is served; one that gives less than workspace_bytes is refused.
     bool workspace_optional;
+    // Runs a persistent grid when the call's workspace holds its tile counter (the forward's catalogue `persistent`):
+    // the launch needs the multiprocessor count and a counter tag (FwdParams::num_sms, counter_epoch).
+    bool persistent;
 };
 
 using FwdInstance = KernelInstance<FwdParams>;

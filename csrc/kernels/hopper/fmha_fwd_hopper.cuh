@@ -29,10 +29,12 @@
 // first transposes V into p.workspace (workspace_bytes(p)), then launches the attention kernel; without keys it
 // only writes O = 0 and LSE = -inf.
 //
-// Persistent (kPersistent, catalogue `persistent`; batch-mode plain fp16 / bf16 instances): with a workspace of
-// kCounterBytes (the tile counter, tagged with the call's p.counter_epoch: the caller never zeroes it) and p.num_sms, the grid is one CTA per multiprocessor walking the work tiles (DynamicPersistentScheduler); without one
-// the same kernel runs one CTA per tile, as the other instances do. workspace_bytes() asks for the counter; the
-// runtime lets a call without a workspace through (registry.h: workspace_optional).
+// Persistent (kPersistent, catalogue `persistent`; batch-mode plain instances): with a workspace of kCounterBytes
+// (the tile counter, tagged with the call's p.counter_epoch: the caller never zeroes it) and p.num_sms, the grid is
+// one CTA per multiprocessor walking the work tiles (DynamicPersistentScheduler); without one the same kernel runs
+// one CTA per tile, as the other instances do. workspace_bytes() asks for the counter; the runtime lets a 16-bit call
+// without a workspace through (registry.h: workspace_optional). fp8 ones need the workspace anyway: the counter,
+// then V transposed from kVtOffset on.
 //
 // Tiles: kBlockM = 64 * (number of consumer warpgroups) in {128, 192}; kBlockN a multiple of 16 <= 256.
 // Measured on H200 (bf16/fp16, 16k tokens, .scratch/hopper): hdim 64: 192x128 (128x128 is ~10% better only for
@@ -79,6 +81,9 @@ struct FwdKernel {
                            HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>>;
     static constexpr int kCounterBytes = 8;  // persistent: the tile counter (epoch, count) at the workspace's start
     static constexpr bool kFp8 = Impl::kFp8;
+    // fp8: where the transposed V starts in the workspace (persistent: after the counter, at the alignment a
+    // workspace has: mha_fwd.h)
+    static constexpr size_t kVtOffset = kPersistent ? 256 : 0;
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -112,12 +117,14 @@ struct FwdKernel {
         return true;
     }
 
-    // fp8: V transposed (hopper_fp8.hpp: VtLayout); nothing for the 16-bit types or a call without keys.
+    // Persistent: the tile counter; fp8: V transposed (hopper_fp8.hpp: VtLayout), after the counter (kVtOffset), none
+    // for a call without keys (run() launches no attention kernel then).
     static size_t workspace_bytes(const FwdParams& p) {
-        if constexpr (kPersistent) return kCounterBytes;
-        if (!kFp8 || p.seqlen_k < 1) return 0;
-        return VtLayout::bytes(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
+        if constexpr (kFp8)
+            return p.seqlen_k < 1 ? 0 : kVtOffset + VtLayout::bytes(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
+        return kPersistent ? kCounterBytes : 0;
     }
+    static void* vt_ptr(const FwdParams& p) { return static_cast<char*>(p.workspace) + kVtOffset; }
 
     static typename Impl::Params make_params(const FwdParams& p) {
         using namespace cute;
@@ -145,7 +152,7 @@ struct FwdKernel {
                                                   make_stride(_0{}, fix(p.k_head_stride, p.nhead_k))));
         // V: as given, or (fp8) transposed in the workspace, its key extent rounded up to whole slot groups.
         const VtLayout vt = VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
-        const void* v_ptr = kFp8 ? p.workspace : p.v;
+        const void* v_ptr = kFp8 ? vt_ptr(p) : p.v;
         typename Impl::StrideV dV = [&] {
             if constexpr (kFp8) {
                 return make_stride(_1{}, vt.d_stride,
@@ -263,7 +270,7 @@ struct FwdKernel {
                                            p.o_batch_stride, p.lse, p.lse_head_stride, p.lse_batch_stride, p.batch,
                                            p.nhead_q, p.seqlen_q, p.hdim_v, stream);
             TransposeVArgs t{static_cast<const uint8_t*>(p.v), p.v_row_stride, p.v_head_stride, p.v_batch_stride,
-                             static_cast<uint8_t*>(p.workspace), VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k),
+                             static_cast<uint8_t*>(vt_ptr(p)), VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k),
                              p.seqlen_k, p.hdim_v, p.nhead_k};
             if (cudaError_t err = launch_transpose_v_fp8(t, p.batch, stream); err != cudaSuccess) return err;
         }

@@ -25,7 +25,8 @@
 // fp8 (Element = e4m3, ElementOut = bf16 / fp16; batch mode): Q·Kᵀ as is; V comes transposed (keys contiguous) from
 // the caller's workspace with its key slots permuted, and P is packed into the P·V operand registers to match
 // (hopper_fp8.hpp); the softmax scale folds in the q and k descale factors and O is multiplied by v's; O is staged
-// through the (by then idle) K/V ring, the Q buffer of a warpgroup being half the size of its 16-bit O.
+// through the (by then idle) K/V ring, the Q buffer of a warpgroup being half the size of its 16-bit O, or, in a
+// persistent instance, in padded rows of its own (kOwnORows).
 #pragma once
 
 // CuTe picks each product's wgmma as the widest N that divides the tile, from {8, 16, 32, 64, 96, 128, 192, 256}
@@ -115,9 +116,10 @@ struct HopperFwdKernelBody {
     static_assert(!kFp8 || (kBlockN % 32 == 0 && !kGroup && kHdimV == kHdim),
                   "fp8: kBlockN a multiple of 32 (the wgmma's k step), batch mode, equal head-dim buckets");
     static_assert(!(kFp8 && kMods), "fp8 instances have no score modifiers");
-    // kPersistent: a grid of resident CTAs walking work tiles (DynamicPersistentScheduler), batch-mode plain 16-bit
-    // instances only (group mode's empty blocks, the bias warp and fp8's O staging in the ring are one-tile code).
-    static_assert(!kPersistent || (!kGroup && !kMods && !kFp8), "persistent: batch-mode plain 16-bit instances");
+    // kPersistent: a grid of resident CTAs walking work tiles (DynamicPersistentScheduler), batch-mode plain
+    // instances only (group mode's empty blocks and the bias warp are one-tile code). fp8 ones stage O in rows of
+    // their own (kOwnORows), not in the K/V ring, which the producer fills with the next tile's keys meanwhile.
+    static_assert(!kPersistent || (!kGroup && !kMods), "persistent: batch-mode plain instances");
     // kOneTileOrder: a one-tile instance that may run a causal call on the 1-D grid of the persistent kernels' order
     // (fmha_fwd_hopper.cuh decides per call): batch-mode 16-bit, plain (d256, measured with it) or "_mods" of two
     // consumer warpgroups (d128 measured: causal modifier calls 14-19 % faster). The d64 "_mods" tile (three
@@ -288,8 +290,8 @@ struct HopperFwdKernelBody {
         alignas(16) typename PipelineTile::SharedStorage pipe_tile;
         alignas(16) NextTile next_tile;
     };
-    // fp8: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged as padded rows in the K/V ring once every
-    // consumer is done with it.
+    // fp8 one-tile instances: each consumer warpgroup's O (64 x kHdimV, 16-bit) staged as padded rows in the K/V ring
+    // once every consumer is done with it.
     using StagedO = StagedRows<ElementOut, 64, kHdimV>;
     // Persistent, where shared memory allows: O staged in a buffer of its own, so that a warpgroup gives its Q stage
     // back after its last Q·Kᵀ and the next tile's Q loads during its last softmax, P·V and epilogue. Equal head dims
@@ -298,12 +300,15 @@ struct HopperFwdKernelBody {
     // 64 up to hdim_v that fits (a row pitch of 64·k + 8 elements puts the 8 rows of a fragment store in different
     // banks), written out in ceil(hdim_v / kOCols) passes of columns ((192, 128): one pass of 128; 192: 128 + 64;
     // d128's 128 x 176, 19 KB left: 64 + 64); none fits: O stays in the Q buffer (d256 with 5 slots: 3 KB left; the
-    // catalogue's persistent d256 tiles take 4 slots, which leave 35 KB: rows of 128 columns, two passes).
+    // catalogue's persistent d256 tiles take 4 slots, which leave 35 KB: rows of 128 columns, two passes). fp8 always
+    // takes the rows (its 1-byte Q layout is no 16-bit O's): d128 128 x 192, 5 slots, one pass; d256 128 x 128, 5
+    // slots, 38 KB left: two passes of 128.
     struct SharedStoragePersistentQO : SharedStoragePersistent {
         cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
     };
+    // (fp8: a Q stage's layout is one of 1-byte elements, so O takes the padded rows.)
     static constexpr bool kOwnOSwizzled =
-        kPersistent && !kSplitDims && int(sizeof(SharedStoragePersistentQO)) <= kSmemLimit;
+        kPersistent && !kSplitDims && !kFp8 && int(sizeof(SharedStoragePersistentQO)) <= kSmemLimit;
     static constexpr int kORowsFree = kSmemLimit - int(sizeof(SharedStoragePersistent)) - 128;  // 128: the alignment
     static constexpr int kOColsFit = (kORowsFree / (NumMmaWG * 64 * int(sizeof(ElementOut))) - 8) / 64 * 64;
     static constexpr int kOCols = kOColsFit < kHdimV ? kOColsFit : kHdimV;
@@ -1003,7 +1008,7 @@ struct HopperFwdKernelBody {
             params.lse != nullptr ? params.lse + lse_seq + h * params.lse_head : nullptr,
             params.o + o_seq + h * params.o_head, params.o_row, seq.sq, params.hdim_v, row0};
         epi.store_lse(lse, c_mn);
-        if constexpr (kFp8) {
+        if constexpr (kFp8 && !kOwnO) {
             // The K/V ring, once no consumer reads it any more (the producer loads no tile that is not consumed).
             cutlass::arch::NamedBarrier::sync(NumMmaWG * 128, kBarRingFree);
             ElementOut* stage = reinterpret_cast<ElementOut*>(storage.mainloop.smem_k.data()) + wg * StagedO::kElems;
