@@ -768,10 +768,11 @@ struct HopperFwdKernelBody {
                                                    : kBlockN;
         }();
         const bool skip = kSkipLast && n_tiles > 1 && last_keys <= 0;
-        // A warpgroup none of whose rows lies in the sequence (the last block of a sequence that ends in an earlier
-        // warpgroup's rows, e.g. s = 1k in 192-row tiles, or with kPartialFirst the first block's lead) runs no product
-        // at all (kTrimIdle).
-        const bool idle = kTrimIdle && ((kPartialFirst && row0 < 0) || row0 >= seq.sq);
+        // Whether this warpgroup holds rows of the sequence: not in the last block of a sequence that ends in an
+        // earlier warpgroup's rows (e.g. s = 1k in 192-row tiles), nor in the first block's lead (kPartialFirst). One
+        // that holds none runs no product at all (kTrimIdle) and stores no O.
+        const bool in_seq = (!kPartialFirst || row0 >= 0) && row0 < seq.sq;
+        const bool idle = kTrimIdle && !in_seq;
         const bool narrow = kNarrowLast && !skip && last_keys <= kNarrowN;
         // f(true_type) where the narrow tile applies and is asked for, else f(false_type).
         auto with_width = [&](bool narrow_now, auto&& f) {
@@ -1021,7 +1022,7 @@ struct HopperFwdKernelBody {
             // (64, kHdimV), swizzled as a Q stage: this warpgroup's part of the O buffer, out by a TMA store
             Tensor sOwn = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutQ{});
             Tensor sO = local_tile(sOwn(_, _, wg), Shape<_64, Int<kHdimV>>{}, make_coord(_0{}, _0{}));
-            if ((!kPartialFirst || row0 >= 0) && row0 < seq.sq) {  // (an idle warpgroup's rows: nothing to store)
+            if (in_seq) {
                 using IO = FwdTileIO<TileShapeQK, TileShapePV>;
                 auto io = IO::o(params.tma_store_o, replace<4>(params.problem, params.hdim_v),
                                 make_coord(work.batch, work.head), storage.smem_o.data(), SmemLayoutQ{});
