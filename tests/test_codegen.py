@@ -207,8 +207,9 @@ class TestProfiles:
         instance is refused."""
         fp8_d128 = "fwd_d128_fp8bf16_batch"
         every = profiles.enumerate_specs("fwd", "sm_90a", candidates=True)
-        block_ns = {dict(s.algorithm.tile)["block_n"] for s in every.specs if s.name.startswith(fp8_d128)}
-        assert len(block_ns) >= 2 and all(n % 32 == 0 and n <= 256 for n in block_ns)
+        tiles = {(dict(s.algorithm.tile)["block_m"], dict(s.algorithm.tile)["block_n"])
+                 for s in every.specs if s.name.startswith(fp8_d128)}
+        assert len(tiles) >= 2 and all(n % 32 == 0 and n <= 256 for _, n in tiles)
         # (and the 16-bit masked short-sequence candidates of tools/verify_tilechoice.sh)
         short = tuple(f"fwd_d{d}_{dt}_{m}_mask_sm90a_hopper_{t}" for d, t in ((64, "b128x96"), (128, "b128x160"),
                                                                              (256, "b128x96"))
@@ -225,9 +226,9 @@ class TestProfiles:
             assert not sel.candidates and not {s.name for s in sel.specs} & every.candidates
         with pytest.raises(profiles.SelectionError, match="is a candidate tile of the same instance as"):
             profiles.select("fwd", "sm_90a", "candidates", fp8_d128)
-        for n in block_ns:  # one library per tile, with whatever else it needs
+        for m, n in tiles:  # one library per tile, with whatever else it needs
             sel = profiles.select("fwd", "sm_90a", "candidates",
-                                  f"{fp8_d128}_*_b128x{n},fwd_d128_bf16_batch_nmask_sm90a_hopper")
+                                  f"{fp8_d128}_*_b{m}x{n},fwd_d128_bf16_batch_nmask_sm90a_hopper")
             assert sorted(s.signature.mask for s in sel.specs if s.signature.dtype == "fp8bf16") == ["mask", "nmask"]
             assert len(sel.specs) == 3
         # decode_tma's candidates (L2 prefetch; rings): a candidate's name spells its stages, the chosen tile's

@@ -218,6 +218,8 @@ struct HopperFwdKernelBody {
     // unmasked +6.1 %, 4k causal +3.0 %, 4k unmasked +1.4 %. In the two-warpgroup d64 128 x 128 causal tile the
     // branch cost 1.5 % at s = 1k, where no warpgroup is idle; the modifier instances' bias warp fills a slot per
     // warpgroup and tile; with it ptxas spilled 1.3 KB in fp8's masked 128 x 192 tile and serialised its wgmmas.
+    // fp8's three-warpgroup 192 x 96 tile compiled without spills with it (and kPartialFirst) but measured slower:
+    // 1k causal +4 %, 4k / 16k -1.4 to -4 % unmasked and causal (H200, 3 rounds, 2026-11-25).
     static constexpr bool kTrimIdle = !kMods && !kFp8 && NumMmaWG == 3;
     // Masked, those tiles put the block of fewer rows first (ForwardMask kPartialFirst): at s = 1k / 4k / 16k (s mod
     // 192 = 64) the sequence's last block held one warpgroup of rows, which saw the most keys and ran its products
@@ -301,7 +303,7 @@ struct HopperFwdKernelBody {
     // banks), written out in ceil(hdim_v / kOCols) passes of columns ((192, 128): one pass of 128; 192: 128 + 64;
     // d128's 128 x 176, 19 KB left: 64 + 64); none fits: O stays in the Q buffer (d256 with 5 slots: 3 KB left; the
     // catalogue's persistent d256 tiles take 4 slots, which leave 35 KB: rows of 128 columns, two passes). fp8 always
-    // takes the rows (its 1-byte Q layout is no 16-bit O's): d128 128 x 192, 5 slots, one pass; d256 128 x 128, 5
+    // takes the rows (its 1-byte Q layout is no 16-bit O's): d128 192 x 96, 5 slots, one pass; d256 128 x 128, 5
     // slots, 38 KB left: two passes of 128.
     struct SharedStoragePersistentQO : SharedStoragePersistent {
         cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
