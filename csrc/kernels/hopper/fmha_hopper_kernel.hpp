@@ -164,8 +164,10 @@ struct HopperFwdKernelBody {
     // per-tile vote. Measured on the H200 (bench_fwd.py, bf16, b·s = 16k, hidden 2048, s = 1k / 4k / 16k, both mask
     // kinds, two rounds): d256 (128 x 64 tiles, 4x) +2 to +5 % on every row, fp8 d256 (128 x 128, 2x) +2 %, d192
     // (128 x 96, 2x) +1 to +3 %; d128 (128 x 128, 1x) 0 to -5 %, d64 (0.5x) -1 to -3.5 %, fp8 d128 (128 x 192)
-    // -1 %: those keep the eager rescale. docs/PERFORMANCE.md, "Lazy O rescale for the wide head dims".
-    static constexpr bool kLazyRescale = kHdimV >= 2 * kBlockN;
+    // -1 %: those keep the eager rescale. docs/PERFORMANCE.md, "Lazy O rescale for the wide head dims". fp8's
+    // three-warpgroup tile (d128 192 x 96, 1.33x), where the softmax sets the pace, takes it too: +4 to +7 % on every
+    // row, s = 1k .. 16k (H200, 3 rounds, 2026-11-25; "The fp8 forward on the persistent grid").
+    static constexpr bool kLazyRescale = kHdimV >= 2 * kBlockN || (kFp8 && NumMmaWG == 3);
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
