@@ -127,8 +127,8 @@ float mhakit_mha_fwd(const mhakit_fwd_args* args, const mhakit_stream_config* co
 const char* mhakit_mha_fwd_kernel_name(const mhakit_fwd_args* args);
 
 // Bytes of workspace mhakit_mha_fwd needs for these arguments (fp8: V transposed, and a persistent instance's tile
-// counter; a persistent fp16 / bf16 instance: its tile counter, see workspace_ptr; else 0). On invalid or unsupported arguments it returns 0 and last_error says
-// why.
+// counter; a persistent fp16 / bf16 instance: its tile counter, see workspace_ptr; else 0). On invalid or
+// unsupported arguments it returns 0 and last_error says why.
 size_t mhakit_mha_fwd_workspace_size(const mhakit_fwd_args* args);
 
 // ---------------------------------------------------------------------------------------------------------------

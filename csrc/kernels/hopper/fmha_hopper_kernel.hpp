@@ -306,7 +306,7 @@ struct HopperFwdKernelBody {
     // d128's 128 x 176, 19 KB left: 64 + 64); none fits: O stays in the Q buffer (d256 with 5 slots: 3 KB left; the
     // catalogue's persistent d256 tiles take 4 slots, which leave 35 KB: rows of 128 columns, two passes). fp8 always
     // takes the rows (its 1-byte Q layout is no 16-bit O's): d128 192 x 96, 5 slots, one pass; d256 128 x 128, 5
-    // slots, 38 KB left: two passes of 128.
+    // slots, 35 KB left: two passes of 128.
     struct SharedStoragePersistentQO : SharedStoragePersistent {
         cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutQ>, 1024> smem_o;
     };
