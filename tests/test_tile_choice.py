@@ -110,10 +110,17 @@ class TestStagesRule:
         spec, reasons = self.spec(stages=None, persistent=False)
         assert reasons == [] and spec.name == "fwd_d256_bf16_batch_mask_sm90a_hopper_b128x64"
 
-    @pytest.mark.parametrize("change", [dict(persistent=False), dict(mode="group"), dict(mods=True),
-                                        dict(dtype="fp8bf16")])
+    @pytest.mark.parametrize("change", [dict(persistent=False), dict(mode="group"), dict(mods=True)])
     def test_stages_on_a_one_tile_instance_is_refused(self, change):
         _, reasons = self.spec(**change)
+        assert any("caps a persistent grid's ring" in r for r in reasons), reasons
+
+    def test_fp8_batch_instances_run_the_persistent_grid_and_take_stages(self):
+        """fp8 instances of a persistent tile run its grid (O in rows of their own), so a cap on the ring is theirs
+        too; without `persistent` they are one-tile instances and the cap is refused."""
+        spec, reasons = self.spec(dtype="fp8bf16")
+        assert spec.persistent and reasons == [] and spec.name.endswith("_b128x64s4")
+        _, reasons = self.spec(dtype="fp8bf16", persistent=False)
         assert any("caps a persistent grid's ring" in r for r in reasons), reasons
 
     @pytest.mark.parametrize("stages", [1, 6])
