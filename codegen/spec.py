@@ -152,6 +152,7 @@ class KernelSpec:
 
     def template_context(self) -> dict:
         s, a = self.signature, self.algorithm
+        fp8 = s.dtype.startswith("fp8")
         return {
             "name": self.name,
             "api": s.api,
@@ -179,9 +180,12 @@ class KernelSpec:
             "seqlen_q_min": self.seqlen_q[0] if self.seqlen_q else 0,
             "seqlen_q_max": self.seqlen_q[1] if self.seqlen_q else 0,
             "persistent": "true" if self.persistent else "false",
+            # an entry point that says how much workspace a call needs: the backward's; the forward's fp8 (V
+            # transposed) and persistent (the tile counter) instances
+            "workspace": "true" if s.api == "bwd" or fp8 or self.persistent else "false",
             # the workspace is wanted, not needed: a persistent 16-bit instance's tile counter (fp8 needs V
             # transposed in it whatever the grid)
-            "workspace_optional": "true" if self.persistent and not s.dtype.startswith("fp8") else "false",
+            "workspace_optional": "true" if self.persistent and not fp8 else "false",
             # split-KV: packed rows per kv head from which the runtime prefers this instance (0: no preference)
             "min_rows": int(dict(a.tile).get("min_rows", 0)),
         }

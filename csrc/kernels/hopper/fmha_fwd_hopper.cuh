@@ -81,9 +81,10 @@ struct FwdKernel {
                            HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>>;
     static constexpr int kCounterBytes = 8;  // persistent: the tile counter (epoch, count) at the workspace's start
     static constexpr bool kFp8 = Impl::kFp8;
-    // fp8: where the transposed V starts in the workspace (persistent: after the counter, at the alignment a
-    // workspace has: mha_fwd.h)
-    static constexpr size_t kVtOffset = kPersistent ? 256 : 0;
+    // fp8: where the transposed V starts in the workspace (persistent: after the counter, at the alignment every
+    // workspace has)
+    static constexpr size_t kVtOffset = kPersistent ? size_t(MHAKIT_WORKSPACE_ALIGNMENT) : 0;
+    static_assert(kVtOffset == 0 || kVtOffset >= size_t(kCounterBytes), "V transposed after the tile counter");
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
