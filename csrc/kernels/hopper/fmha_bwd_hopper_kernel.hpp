@@ -877,7 +877,8 @@ struct HopperBwdKernelBody {
                         if (!done) cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
                     }
                 }
-                recompute_pt<kMasked>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2, need_mask, n0, r0, sk, xr, yr);
+                recompute_pt<kMasked, /*kMaskBlock=*/!kMods>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2,
+                                                             need_mask, n0, r0, sk, xr, yr);
                 if constexpr (kMods) {
                     if (dropping) flag_dropped_t(acc_S, rnd, params.mods.dropout);  // dropped Pᵀ negated
                 }

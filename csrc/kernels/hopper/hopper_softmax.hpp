@@ -137,22 +137,41 @@ namespace mhakit::hopper {
 // element i sits at (key, query) = cS(i) of the tile: Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e), 0 where the mask hides
 // the pair (need_mask: the tile pair is not full) or the key is past seqlen_k. lse2: LSE·log2e of the tile's
 // query columns (+inf for padding rows, which makes their P exactly 0).
-template <bool kMasked, class TensorS, class TensorC>
+// kMaskBlock: the element mask in a loop of its own under the tile's uniform need_mask test, so that the full tiles
+// (most of a causal call's) branch past it; otherwise the test sits in the exp2 loop and nvcc predicates the mask's
+// compares and selects, issued on every tile. The plain instances take it: d128 causal 693 -> 502 instructions per
+// consumer thread and full tile (SASS), and bench_bwd.py (bf16, H100, 2 rounds, 2026-11-25) read d128 unmasked
+// +5 to +11 %, causal d64 +2 to +7 %, d128 0 to +7 %, d256 -1 to +2 %. In the "_mods" instances the separate loop
+// made ptxas spill (d128: 152 / 188 bytes), so they keep the predicated form.
+template <bool kMasked, bool kMaskBlock = false, class TensorS, class TensorC>
 CUTLASS_DEVICE void recompute_pt(TensorS& acc_S, TensorC const& cS, float const* lse2, float scale_log2,
                                  bool need_mask, int n0, int r0, int sk, int x, int y) {
+    // whether the element (key kk, query qq) of the tile is visible
+    auto visible = [&](int kk, int qq) {
+        const int key = n0 + kk;
+        bool vis = key < sk;
+        if constexpr (kMasked) {
+            const int d = key - (r0 + qq);  // visible iff 1 - y <= key - row < x
+            vis = vis && d >= 1 - y && d < x;
+        }
+        return vis;
+    };
+    if constexpr (kMaskBlock) {
+        if (need_mask) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < decltype(cute::size(cS))::value; ++i)
+                if (!visible(cute::get<0>(cS(i)), cute::get<1>(cS(i)))) acc_S(i) = -INFINITY;
+        }
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < decltype(cute::size(cS))::value; ++i) {
         const int kk = cute::get<0>(cS(i));
         const int qq = cute::get<1>(cS(i));
         float s = acc_S(i);
-        if (need_mask) {
-            const int key = n0 + kk;
-            bool vis = key < sk;
-            if constexpr (kMasked) {
-                const int d = key - (r0 + qq);  // visible iff 1 - y <= key - row < x
-                vis = vis && d >= 1 - y && d < x;
+        if constexpr (!kMaskBlock) {
+            if (need_mask) {
+                if (!visible(kk, qq)) s = -INFINITY;
             }
-            if (!vis) s = -INFINITY;
         }
         acc_S(i) = detail::exp2_approx(fmaf(s, scale_log2, -lse2[qq]));
     }
