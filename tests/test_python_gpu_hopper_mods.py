@@ -107,6 +107,41 @@ def test_head_dims(d, dv, kind, mask, launched):
     run_batch(kind, mask, "bf16", d, dv, 2, 4, 1, 150, 260, launched, f"{kind}/{mask}/{d}/{dv}")
 
 
+@pytest.mark.parametrize("cap", [2.5, 40.0, 41.0])
+@pytest.mark.parametrize("mask", [None, "b", "t:40,17", "g:90,33"])
+@pytest.mark.parametrize("extremes", [False, True])
+def test_softcap_fixed_reference_d256(cap, mask, extremes, launched):
+    """d256's tile runs a soft-cap alone (cap <= 40) against a fixed reference maximum (kFixedRef): every score is at
+    most the cap. Caps of 2.5 and 40 take it, 41 the running maximum. extremes: queries and keys of opposite signs
+    and large norms, so every visible logit sits at -cap (exp2(-2·cap·log2 e) against the reference, 2^-115 at cap
+    40) and rows whose largest logit lies far below the cap; a sink joins every other call, and the masks leave rows
+    that see no key (O = 0, LSE = sink or -inf)."""
+    rng = np.random.default_rng(zlib.crc32(f"fixed/{cap}/{mask}/{extremes}".encode()))
+    b, h, hk, sq, sk, d = 2, 4, 2, 150, 260, 256
+    if extremes:
+        qv = -rng.uniform(0.5, 1.0, (b, h, sq, d)) * 4
+        kv = rng.uniform(0.5, 1.0, (b, hk, sk, d)) * 4
+    else:
+        qv = rng.uniform(-1, 1, (b, h, sq, d)) * 3
+        kv = rng.uniform(-1, 1, (b, hk, sk, d))
+    q, qf = dev(qv.astype(np.float32), "bf16")
+    k, kf = dev(kv.astype(np.float32), "bf16")
+    v, vf = dev(rng.uniform(-1, 1, (b, hk, sk, d)).astype(np.float32), "bf16")
+    d_kw, r_kw = {"softcap": cap}, {"softcap": cap}
+    if mask in ("b", "g:90,33"):
+        sink = rng.uniform(-1, 2, (h,)).astype(np.float32)
+        d_kw["sink"], r_kw["sink"] = cp.asarray(sink), sink
+    mask_kw = {} if mask is None else {"mask": mask}
+    mt, wl, wr = api._resolve_mask(False, mask, None)
+    o, lse = mhakit.mha_fwd(q, k, v, layout="bhsd", return_lse=True, dtype="bf16", **mask_kw, **d_kw)
+    ran = launched()
+    assert hopper_ran(ran, "bf16", d, d, "batch", "cap"), ran
+    o_ref, lse_ref = reference.attention_fwd(qf, kf, vf, mask_type=mt, window_left=wl, window_right=wr,
+                                             return_lse=True, **r_kw)
+    close(host(o, "bf16"), o_ref, reference.tolerances("bf16"), "O")
+    close(cp.asnumpy(lse), lse_ref, reference.tolerances("bf16"), "LSE")
+
+
 @pytest.mark.parametrize("d, dv", [(128, 128), (64, 64), (256, 256), (192, 128)])
 @pytest.mark.parametrize("kind, mask", [("bias16", None), ("bias16_b", "b"), ("cap+bias16+sink", "t:40,17"),
                                         ("bias16", "g:90,33")])

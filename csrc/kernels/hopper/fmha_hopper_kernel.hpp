@@ -39,6 +39,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
@@ -168,6 +169,15 @@ struct HopperFwdKernelBody {
     // three-warpgroup tile (d128 192 x 96, 1.33x), where the softmax sets the pace, takes it too: +4 to +7 % on every
     // row, s = 1k .. 16k (H200, 3 rounds, 2026-11-25; "The fp8 forward on the persistent grid").
     static constexpr bool kLazyRescale = kHdimV >= 2 * kBlockN || (kFp8 && NumMmaWG == 3);
+    // A soft-cap alone bounds every score, so the "_mods" softmax may run against a fixed reference maximum
+    // (consumer(), fixed_ref): no row maximum and no O rescale. Where O holds at least twice the registers of a key
+    // tile's scores (d256's 128 x 64): soft-cap 30 went from +13 / +11 % to -2 / 0 % over the plain call (unmasked /
+    // causal), its other modifier calls 1-6 % faster. d128's 128 x 128 read the same on a soft-cap call (its two MUFU
+    // operations a score set the pace there) and 1-2.4 % slower on the others, so it keeps the running maximum.
+    // (H100, bf16 b=4 s=4096, 2 rounds, 2026-11-25.) bf16 only: P's fp16 operand would lose the small
+    // probabilities of a row whose largest score lies well below the cap (fp16's smallest normal is 2^-14).
+    static constexpr bool kFixedRef =
+        kMods && std::is_same_v<Element, cutlass::bfloat16_t> && kHdimV >= 2 * kBlockN;
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
@@ -801,6 +811,17 @@ struct HopperFwdKernelBody {
         };
 
         OnlineSoftmax<R, kLazyRescale> softmax;
+        // A soft-capped call without bias or ALiBi has every score S = tanh(·) <= 1 in the units of U (the cap), so
+        // the softmax may take 1 as each row's fixed reference maximum (OnlineSoftmax::fix_reference): no row
+        // maximum per tile and no rescale of O. A masked score is -inf as before, and the smallest visible one,
+        // S = -1, gives exp2(-2·cap·log2 e), a normal float up to kFixedRefMaxCap. The tiles of kFixedRef only.
+        [[maybe_unused]] bool fixed_ref = false;
+        if constexpr (kFixedRef) {
+            constexpr float kFixedRefMaxCap = 40.f;  // 2·40·log2 e = 115.4 < 126
+            fixed_ref = params.mods.softcap > 0.f && params.mods.softcap <= kFixedRefMaxCap &&
+                        params.mods.bias_type == 0;
+            if (fixed_ref) softmax.fix_reference(1.f);
+        }
         clear(acc_o);
         if constexpr (kPersistent) pipe_q.consumer_wait(rq);
 
@@ -847,6 +868,12 @@ struct HopperFwdKernelBody {
         auto softmax_tile = [&](int n, auto first_c, auto narrow_c) {
             auto run = [&](auto& sv, auto const& cv) {
                 if (!tiles.full.contains(n)) mask.apply(sv, cv, row0, n);
+                if constexpr (kFixedRef) {
+                    if (fixed_ref) {
+                        softmax.update_fixed(sv, scale_log2);
+                        return;
+                    }
+                }
                 softmax.template update<decltype(first_c)::value>(sv, scale_log2);
             };
             if constexpr (decltype(narrow_c)::value)
@@ -950,7 +977,7 @@ struct HopperFwdKernelBody {
                     warpgroup_fence_operand(acc_o);
                     pipe_kv.consumer_release(rv);
                     if constexpr (!kDropUnderPV) drop_tile(n);
-                    softmax.rescale(o_mn);
+                    if (!(kFixedRef && fixed_ref)) softmax.rescale(o_mn);
                     pack_tile(narrow_c);
                     ++rkv;  // -> V_n
                 };

@@ -76,6 +76,32 @@ struct OnlineSoftmax {
         if constexpr (!kFirst && kLazy) rescale_warp = __any_sync(0xffffffffu, moved);
     }
 
+    // A fixed reference maximum m for every row instead of the running one, where the caller knows that no score
+    // exceeds m and that exp2((s - m)·scale_log2) of the smallest stays a normal float (the soft-cap's calls,
+    // fmha_hopper_kernel.hpp): update_fixed then takes no row maximum (no compares, no shuffles) and O needs no
+    // rescale. finalize reads row_max as usual.
+    CUTLASS_DEVICE void fix_reference(float m) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) row_max[i] = m;
+    }
+    template <class TensorS>
+    CUTLASS_DEVICE void update_fixed(TensorS& s_mn, float scale_log2) {
+        constexpr int C = decltype(cute::size<1>(s_mn))::value;
+        static_assert(decltype(cute::size<0>(s_mn))::value == R);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) {
+            const float neg = -row_max[i] * scale_log2;
+            float sum = 0.f;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < C; ++j) {
+                const float pj = detail::exp2_approx(fmaf(s_mn(i, j), scale_log2, neg));
+                s_mn(i, j) = pj;
+                sum += pj;
+            }
+            row_sum[i] += sum;
+        }
+    }
+
     // O *= the factor of the last update (O in its rows x columns view), unless no row of the warp moved.
     template <class TensorO>
     CUTLASS_DEVICE void rescale(TensorO& o_mn) const {
