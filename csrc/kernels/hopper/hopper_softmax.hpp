@@ -39,6 +39,19 @@ struct OnlineSoftmax {
         rescale_warp = false;
     }
 
+    // Row i of s_mn -> exp2(s·scale_log2 + neg) in place; returns the row's sum (this thread's columns).
+    template <class TensorS>
+    CUTLASS_DEVICE static float exp_row(TensorS& s_mn, int i, float scale_log2, float neg) {
+        float sum = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < decltype(cute::size<1>(s_mn))::value; ++j) {
+            const float pj = detail::exp2_approx(fmaf(s_mn(i, j), scale_log2, neg));
+            s_mn(i, j) = pj;
+            sum += pj;
+        }
+        return sum;
+    }
+
     // The fresh (masked) scores of one key tile in s_mn: P overwrites S; scale_o gets O's rescale factor.
     template <bool kFirst, class TensorS>
     CUTLASS_DEVICE void update(TensorS& s_mn, float scale_log2) {
@@ -64,13 +77,7 @@ struct OnlineSoftmax {
             const float neg = -m_ref * scale_log2;
             if constexpr (!kFirst) scale_o[i] = move ? detail::exp2_approx((row_max[i] - m_ref) * scale_log2) : 1.f;
             row_max[i] = mx;
-            float sum = 0.f;
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < C; ++j) {
-                const float pj = detail::exp2_approx(fmaf(s_mn(i, j), scale_log2, neg));
-                s_mn(i, j) = pj;
-                sum += pj;
-            }
+            const float sum = exp_row(s_mn, i, scale_log2, neg);
             row_sum[i] = kFirst ? sum : fmaf(row_sum[i], scale_o[i], sum);
         }
         if constexpr (!kFirst && kLazy) rescale_warp = __any_sync(0xffffffffu, moved);
@@ -86,20 +93,9 @@ struct OnlineSoftmax {
     }
     template <class TensorS>
     CUTLASS_DEVICE void update_fixed(TensorS& s_mn, float scale_log2) {
-        constexpr int C = decltype(cute::size<1>(s_mn))::value;
         static_assert(decltype(cute::size<0>(s_mn))::value == R);
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < R; ++i) {
-            const float neg = -row_max[i] * scale_log2;
-            float sum = 0.f;
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < C; ++j) {
-                const float pj = detail::exp2_approx(fmaf(s_mn(i, j), scale_log2, neg));
-                s_mn(i, j) = pj;
-                sum += pj;
-            }
-            row_sum[i] += sum;
-        }
+        for (int i = 0; i < R; ++i) row_sum[i] += exp_row(s_mn, i, scale_log2, -row_max[i] * scale_log2);
     }
 
     // O *= the factor of the last update (O in its rows x columns view), unless no row of the warp moved.
