@@ -160,24 +160,25 @@ struct HopperFwdKernelBody {
     static_assert(kStages >= 2, "tile too large for shared memory");
     static_assert(!kStageBias || kBiasStages >= 1, "the ring fits beside the K/V ring");
 
-    // Lazy rescaling of O (OnlineSoftmax, hopper_softmax.hpp) where O holds at least twice as many registers per
-    // thread as a key tile's scores (hdim_v / 2 against block_n / 2): there the skipped rescale outweighs the
-    // per-tile vote. Measured on the H200 (bench_fwd.py, bf16, b·s = 16k, hidden 2048, s = 1k / 4k / 16k, both mask
-    // kinds, two rounds): d256 (128 x 64 tiles, 4x) +2 to +5 % on every row, fp8 d256 (128 x 128, 2x) +2 %, d192
-    // (128 x 96, 2x) +1 to +3 %; d128 (128 x 128, 1x) 0 to -5 %, d64 (0.5x) -1 to -3.5 %, fp8 d128 (128 x 192)
-    // -1 %: those keep the eager rescale. docs/PERFORMANCE.md, "Lazy O rescale for the wide head dims". fp8's
-    // three-warpgroup tile (d128 192 x 96, 1.33x), where the softmax sets the pace, takes it too: +4 to +7 % on every
-    // row, s = 1k .. 16k (H200, 3 rounds, 2026-11-25; "The fp8 forward on the persistent grid").
-    static constexpr bool kLazyRescale = kHdimV >= 2 * kBlockN || (kFp8 && NumMmaWG == 3);
+    // O holds at least twice as many registers per thread as a key tile's scores (hdim_v / 2 against block_n / 2):
+    // the tiles where skipping O's rescale pays (kLazyRescale, kFixedRef).
+    static constexpr bool kWideO = kHdimV >= 2 * kBlockN;
+    // Lazy rescaling of O (OnlineSoftmax, hopper_softmax.hpp) where O is wide (kWideO): there the skipped rescale
+    // outweighs the per-tile vote. Measured on the H200 (bench_fwd.py, bf16, b·s = 16k, hidden 2048, s = 1k / 4k /
+    // 16k, both mask kinds, two rounds): d256 (128 x 64 tiles, 4x) +2 to +5 % on every row, fp8 d256 (128 x 128,
+    // 2x) +2 %, d192 (128 x 96, 2x) +1 to +3 %; d128 (128 x 128, 1x) 0 to -5 %, d64 (0.5x) -1 to -3.5 %, fp8 d128
+    // (128 x 192) -1 %: those keep the eager rescale. docs/PERFORMANCE.md, "Lazy O rescale for the wide head dims".
+    // fp8's three-warpgroup tile (d128 192 x 96, 1.33x), where the softmax sets the pace, takes it too: +4 to +7 %
+    // on every row, s = 1k .. 16k (H200, 3 rounds, 2026-11-25; "The fp8 forward on the persistent grid").
+    static constexpr bool kLazyRescale = kWideO || (kFp8 && NumMmaWG == 3);
     // A soft-cap alone bounds every score, so the "_mods" softmax may run against a fixed reference maximum
-    // (consumer(), fixed_ref): no row maximum and no O rescale. Where O holds at least twice the registers of a key
-    // tile's scores (d256's 128 x 64): soft-cap 30 went from +13 / +11 % to -2 / 0 % over the plain call (unmasked /
-    // causal), its other modifier calls 1-6 % faster. d128's 128 x 128 read the same on a soft-cap call (its two MUFU
-    // operations a score set the pace there) and 1-2.4 % slower on the others, so it keeps the running maximum.
-    // (H100, bf16 b=4 s=4096, 2 rounds, 2026-11-25.) bf16 only: P's fp16 operand would lose the small
-    // probabilities of a row whose largest score lies well below the cap (fp16's smallest normal is 2^-14).
-    static constexpr bool kFixedRef =
-        kMods && std::is_same_v<Element, cutlass::bfloat16_t> && kHdimV >= 2 * kBlockN;
+    // (consumer(), fixed_ref): no row maximum and no O rescale. Where O is wide (kWideO; d256's 128 x 64): soft-cap
+    // 30 went from +13 / +11 % to -2 / 0 % over the plain call (unmasked / causal), its other modifier calls 1-6 %
+    // faster. d128's 128 x 128 read the same on a soft-cap call (its two MUFU operations a score set the pace
+    // there) and 1-2.4 % slower on the others, so it keeps the running maximum. (H100, bf16 b=4 s=4096, 2 rounds,
+    // 2026-11-25.) bf16 only: P's fp16 operand would lose the small probabilities of a row whose largest score lies
+    // well below the cap (fp16's smallest normal is 2^-14).
+    static constexpr bool kFixedRef = kMods && std::is_same_v<Element, cutlass::bfloat16_t> && kWideO;
 
     // Masked kernels: the heaviest query blocks (largest m) first, so the tail of the grid is short.
     using Scheduler = SingleTileScheduler</*kHeaviestFirst=*/kMasked, /*kBatchInY=*/true>;
