@@ -73,10 +73,17 @@ def hopper_ran(names, dtype, d, dv, mode, kind):
 
 def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text):
     rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
-    q, qf = dev(rng.uniform(-1, 1, (b, h, sq, d)).astype(np.float32), dtype)
-    k, kf = dev(rng.uniform(-1, 1, (b, hk, sk, d)).astype(np.float32), dtype)
-    v, vf = dev(rng.uniform(-1, 1, (b, hk, sk, dv)).astype(np.float32), dtype)
+    qkv = [dev(rng.uniform(-1, 1, shape).astype(np.float32), dtype)
+           for shape in ((b, h, sq, d), (b, hk, sk, d), (b, hk, sk, dv))]
     d_kw, r_kw = make_mods(rng, kind, b, h, sq, sk, dtype)
+    return check_batch(qkv, d_kw, r_kw, kind, mask, dtype, launched)
+
+
+def check_batch(qkv, d_kw, r_kw, kind, mask, dtype, launched):
+    """One batch-mode forward call on qkv ((device array, rounded values) of q, k, v, b·h·s·d) with the modifiers
+    d_kw: it ran on the Hopper instance for `kind`, and O and LSE match the reference's with r_kw."""
+    (q, qf), (k, kf), (v, vf) = qkv
+    d, dv = q.shape[3], v.shape[3]
     mask_kw = {} if mask is None else {"mask": mask}
     mt, wl, wr = api._resolve_mask(False, mask, None)
     o, lse = mhakit.mha_fwd(q, k, v, layout="bhsd", return_lse=True, dtype=dtype, **mask_kw, **d_kw)
@@ -124,22 +131,13 @@ def test_softcap_fixed_reference_d256(cap, mask, extremes, launched):
     else:
         qv = rng.uniform(-1, 1, (b, h, sq, d)) * 3
         kv = rng.uniform(-1, 1, (b, hk, sk, d))
-    q, qf = dev(qv.astype(np.float32), "bf16")
-    k, kf = dev(kv.astype(np.float32), "bf16")
-    v, vf = dev(rng.uniform(-1, 1, (b, hk, sk, d)).astype(np.float32), "bf16")
+    vv = rng.uniform(-1, 1, (b, hk, sk, d))
+    qkv = [dev(x.astype(np.float32), "bf16") for x in (qv, kv, vv)]
     d_kw, r_kw = {"softcap": cap}, {"softcap": cap}
     if mask in ("b", "g:90,33"):
         sink = rng.uniform(-1, 2, (h,)).astype(np.float32)
         d_kw["sink"], r_kw["sink"] = cp.asarray(sink), sink
-    mask_kw = {} if mask is None else {"mask": mask}
-    mt, wl, wr = api._resolve_mask(False, mask, None)
-    o, lse = mhakit.mha_fwd(q, k, v, layout="bhsd", return_lse=True, dtype="bf16", **mask_kw, **d_kw)
-    ran = launched()
-    assert hopper_ran(ran, "bf16", d, d, "batch", "cap"), ran
-    o_ref, lse_ref = reference.attention_fwd(qf, kf, vf, mask_type=mt, window_left=wl, window_right=wr,
-                                             return_lse=True, **r_kw)
-    close(host(o, "bf16"), o_ref, reference.tolerances("bf16"), "O")
-    close(cp.asnumpy(lse), lse_ref, reference.tolerances("bf16"), "LSE")
+    check_batch(qkv, d_kw, r_kw, "cap", mask, "bf16", launched)
 
 
 @pytest.mark.parametrize("d, dv", [(128, 128), (64, 64), (256, 256), (192, 128)])
