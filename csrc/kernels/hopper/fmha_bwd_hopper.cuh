@@ -54,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -74,8 +75,32 @@ namespace mhakit::hopper {
 template <mhakit_dtype kDtype, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
 struct BwdKernel {
     using Element = typename DtypeOf<kDtype>::type;
-    using Impl = std::conditional_t<kMods, HopperBwdKernelModsImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>,
-                                    HopperBwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>;
+    // The main kernel of modifier variant kVar (BwdModVar; a plain instance has the one kernel)
+    template <int kVar>
+    using ImplOf = std::conditional_t<
+        kMods, HopperBwdKernelModsImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, kVar>,
+        HopperBwdKernelImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>;
+    // The generic kernel: the one of a plain instance, and of every "_mods" call without a fixed variant built here.
+    // Its tiles, workspace and dQ fragment order are every variant's (the light kernels take them from it).
+    using Impl = ImplOf<BwdModVar::kGeneric>;
+
+    // The fixed variants (BwdModVar) that a "_mods" instance may build besides the generic kernel (builds: which it
+    // does), each a main kernel of its own: a sink alone (the plain kernel's math), soft-cap, ALiBi, both, a staged
+    // bias with and without a soft-cap. Each adds about 2 s of nvcc time to the instance (2 cores, 20 s before).
+    using FixedVariants = std::integer_sequence<int, BwdModVar::kFixed, BwdModVar::kFixed | BwdModVar::kCap,
+                                                BwdModVar::kFixed | BwdModVar::kAlibi,
+                                                BwdModVar::kFixed | BwdModVar::kCap | BwdModVar::kAlibi,
+                                                BwdModVar::kFixed | BwdModVar::kBias,
+                                                BwdModVar::kFixed | BwdModVar::kCap | BwdModVar::kBias>;
+    // A staged bias needs the bias ring (none at d256: those calls keep the generic kernel's global loads); with a
+    // soft-cap too only at d64, where ptxas keeps it in registers (d128: 8-44 bytes of spill stores, against the
+    // generic kernel's 56-100, for a rare pair).
+    static constexpr bool builds(int var) {
+        if (!kMods) return false;
+        if (var & BwdModVar::kBias)
+            return Impl::kBiasStages > 0 && kBlockM == 64 && (!(var & BwdModVar::kCap) || kHdim <= 64);
+        return true;
+    }
 
     static constexpr int kAlignElems = 16 / int(sizeof(Element));
 
@@ -134,7 +159,8 @@ struct BwdKernel {
         return bwd::WorkspaceLayout(p.batch, p.nhead_q, rows_q(p), kBlockM, kHdim).total;
     }
 
-    static typename Impl::Params make_params(const BwdParams& p, const bwd::WorkspaceLayout& ws) {
+    template <class K>  // the main kernel (Impl or a fixed variant's ImplOf)
+    static typename K::Params make_params(const BwdParams& p, const bwd::WorkspaceLayout& ws) {
         using namespace cute;
         // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
         auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
@@ -150,15 +176,15 @@ struct BwdKernel {
         const MaskCoord mc = kGroup ? MaskCoord{0, 0} : clamped_mask_coord(p);
         char* wsb = static_cast<char*>(p.workspace);
 
-        typename Impl::Params params{};
+        typename K::Params params{};
         params.tma_q = tma_for(p.q, sq, p.hdim_q, p.nhead_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
-                               typename Impl::SmemLayoutQ1{});
+                               typename K::SmemLayoutQ1{});
         params.tma_do = tma_for(p.dout, sq, p.hdim_v, p.nhead_q, p.do_row_stride, p.do_head_stride,
-                                p.do_batch_stride, typename Impl::SmemLayoutDO1{});
+                                p.do_batch_stride, typename K::SmemLayoutDO1{});
         params.tma_k = tma_for(p.k, sk, p.hdim_q, p.nhead_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
-                               typename Impl::SmemLayoutK{});
+                               typename K::SmemLayoutK{});
         params.tma_v = tma_for(p.v, sk, p.hdim_v, p.nhead_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
-                               typename Impl::SmemLayoutV{});
+                               typename K::SmemLayoutV{});
         params.batch = p.batch;
         params.nhead_q = p.nhead_q;
         params.nhead_k = p.nhead_k;
@@ -204,15 +230,46 @@ struct BwdKernel {
         return params;
     }
 
+    template <class K>  // each main kernel its own opt-in (their shared storage differs: the bias ring)
     static cudaError_t prepare_device() {
         static std::atomic<uint64_t> smem_opted_in{0};
-        return opt_in_dynamic_smem(cutlass::device_kernel<Impl>, int(Impl::SharedStorageSize), smem_opted_in);
+        return opt_in_dynamic_smem(cutlass::device_kernel<K>, int(K::SharedStorageSize), smem_opted_in);
+    }
+
+    // f(KernelTag<K>{}) with K the main kernel of the call's modifier variant (bwd_mod_variant), or the generic one
+    // where this instance builds no such variant.
+    template <class K>
+    struct KernelTag {
+        using type = K;
+    };
+    template <int kVar, class F>
+    static bool run_variant(int var, F& f, cudaError_t& err) {
+        if constexpr (builds(kVar)) {
+            if (var != kVar) return false;
+            err = f(KernelTag<ImplOf<kVar>>{});
+            return true;
+        } else {
+            return false;
+        }
+    }
+    template <class F, int... kVars>
+    static cudaError_t with_main_kernel(int var, F&& f, std::integer_sequence<int, kVars...>) {
+        cudaError_t err = cudaSuccess;
+        if (!(run_variant<kVars>(var, f, err) || ...)) err = f(KernelTag<Impl>{});
+        return err;
     }
 
     static cudaError_t run(const BwdParams& p, cudaStream_t stream) {
+        const int var = kMods ? bwd_mod_variant(p.mods, p.dbias != nullptr) : BwdModVar::kGeneric;
+        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream); },
+                                FixedVariants{});
+    }
+
+    template <class K>  // K: the main kernel
+    static cudaError_t run_with(const BwdParams& p, cudaStream_t stream) {
         const bwd::WorkspaceLayout ws(p.batch, p.nhead_q, rows_q(p), kBlockM, kHdim);
         if (p.workspace == nullptr || p.workspace_bytes < ws.total) return cudaErrorInvalidValue;
-        cudaError_t err = prepare_device();
+        cudaError_t err = prepare_device<K>();
         if (err != cudaSuccess) return err;
         char* wsb = static_cast<char*>(p.workspace);
         const int m_tiles = int(ws.sq_pad / kBlockM);
@@ -271,8 +328,8 @@ struct BwdKernel {
             if (err != cudaSuccess) return err;
         }
 
-        typename Impl::Params params = make_params(p, ws);
-        if constexpr (Impl::kBiasStages > 0) {
+        typename K::Params params = make_params<K>(p, ws);
+        if constexpr (K::kBiasStages > 0) {
             // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp), as
             // the forward's launcher makes it. Batch mode: extents s_q, s_k (TMA zero-fills past them); group mode:
             // the packed totals, bounds of every sequence's lengths, the boxes staying inside their sequences
@@ -284,9 +341,9 @@ struct BwdKernel {
                 return cudaErrorInvalidValue;
         }
         const dim3 grid = params.det_group > 0
-                              ? Impl::Scheduler::grid_interleaved(params.key_blocks, p.nhead_k, p.batch)
-                              : Impl::Scheduler::grid(params.key_blocks, p.nhead_k, p.batch);
-        cutlass::device_kernel<Impl><<<grid, Impl::MaxThreadsPerBlock, Impl::SharedStorageSize, stream>>>(params);
+                              ? K::Scheduler::grid_interleaved(params.key_blocks, p.nhead_k, p.batch)
+                              : K::Scheduler::grid(params.key_blocks, p.nhead_k, p.batch);
+        cutlass::device_kernel<K><<<grid, K::MaxThreadsPerBlock, K::SharedStorageSize, stream>>>(params);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
 

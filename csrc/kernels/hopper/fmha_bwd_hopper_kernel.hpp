@@ -71,7 +71,10 @@
 // packed fp16 pairs between the two (hopper_score_mod.hpp). d sink comes from the workspace
 // (dsink_kernel, fmha_bwd_hopper_aux.hpp). Dropout (hopper_dropout.hpp): the forward's random bytes of each Sᵀ tile,
 // drawn while its products run; dV takes Pᵀ ∘ keep (1 / (1 − p) in the epilogue's scale), dSᵀ = Pᵀ ∘ (dPᵀ ∘ keep /
-// (1 − p) − D).
+// (1 − p) − D). A "_mods" instance holds one main kernel per modifier variant (BwdModVar, kModVar) that it builds:
+// the generic one picks the modifiers per tile; the fixed ones (a sink alone, soft-cap, ALiBi, both, a staged bias)
+// have them at compile time, hold the ALiBi slope per query head, and mask in recompute_pt's block as the plain
+// kernel does. The launcher picks the kernel per call (bwd_mod_variant, BwdKernel::run).
 #pragma once
 
 #include <cstddef>
@@ -111,8 +114,37 @@ using namespace cute;
 using BwdGmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;     // (seqlen, d, head, batch)
 using BwdGmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;  // elements
 
+// The "_mods" kernel's modifier variant (its kModVar), which the launcher picks per call (bwd_mod_variant): the
+// generic kernel dispatches per key tile at run time (soft-cap, bias kind, staged or not, dropout, dbias), a fixed
+// variant knows the call's modifiers at compile time. Why: in the generic kernel (d128 causal, SASS) the dispatch
+// took about 53 instructions of uniform branches and row_mods() per tile (with an LDG of the ALiBi slope and 64-bit
+// bias address math), kept the modifier math in a basic block apart from recompute_pt's exp pass, and left the mask
+// predicated in that pass (its mask block made ptxas spill there): H200, b1 h16 s4096, the causal ALiBi call took
+// 0.507 ms against the plain masked one's 0.404. A per-tile switch over whole per-variant loops in one kernel made
+// ptxas spill 2.3 KB, so each fixed variant is a kernel of its own, chosen on the host. Values: kGeneric, or kFixed
+// with the flags of the call's modifiers.
+struct BwdModVar {
+    static constexpr int kGeneric = 0;
+    static constexpr int kFixed = 1;  // no dropout, no dbias; the flags below fixed at compile time
+    static constexpr int kCap = 2;    // soft-cap
+    static constexpr int kAlibi = 4;  // ALiBi
+    static constexpr int kBias = 8;   // a 16-bit elementwise bias staged by the bias warp (bias_stageable)
+    // score_mods_tile_t's bias kind of a fixed variant
+    static constexpr int bias_kind(int v) { return (v & kAlibi) ? 2 : (v & kBias) ? 3 : 0; }
+};
+
+// The fixed variant of a call (every flag as the call sets it), or kGeneric where the call needs what only the
+// generic kernel does: dropout, dbias, an elementwise bias that is not staged (fp32, unaligned rows). The launcher
+// runs the generic kernel also for a fixed variant its instance does not build (BwdKernel::builds). A sink changes
+// no score (the forward's LSE holds it): a sink alone is kFixed with no flag, the plain kernel's math.
+CUTLASS_HOST_DEVICE int bwd_mod_variant(ScoreMods const& m, bool dbias) {
+    if (m.dropout.on || dbias || (m.bias_type == 1 && !bias_stageable(m))) return BwdModVar::kGeneric;
+    return BwdModVar::kFixed | (m.softcap > 0.f ? BwdModVar::kCap : 0) | (m.bias_type == 2 ? BwdModVar::kAlibi : 0) |
+           (m.bias_type == 1 ? BwdModVar::kBias : 0);
+}
+
 template <class Element_, int kHdim_, int kHdimV_, bool kGroup_, bool kMasked_, int kBlockM_, int kBlockN_,
-          bool kMods_>
+          bool kMods_, int kModVar_ = BwdModVar::kGeneric>
 struct HopperBwdKernelBody {
     using Element = Element_;
     static constexpr bool kGroup = kGroup_;
@@ -122,6 +154,13 @@ struct HopperBwdKernelBody {
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr bool kMods = kMods_;
+    static constexpr int kModVar = kModVar_;
+    // A fixed variant (BwdModVar): its modifiers at compile time; kGenericMods: the per-tile dispatch
+    static constexpr bool kFixedVar = (kModVar & BwdModVar::kFixed) != 0;
+    static constexpr bool kGenericMods = kMods && !kFixedVar;
+    static constexpr bool kVarCap = kFixedVar && (kModVar & BwdModVar::kCap) != 0;
+    static constexpr int kVarBias = kFixedVar ? BwdModVar::bias_kind(kModVar) : 0;
+    static_assert(kMods || kModVar == BwdModVar::kGeneric, "plain instances: no modifier variant");
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kHdimV % 32 == 0 && kHdimV >= 64 && kHdimV <= 256, "V head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
@@ -290,7 +329,8 @@ struct HopperBwdKernelBody {
     };
     template <int kStages, int kLeave = 0>
     static constexpr bool kBiasFits = int(sizeof(SharedStorageModsOf<kStages>)) + kLeave <= kSmemLimit;
-    static constexpr bool kStageBias = kMods && BiasOf<0>::kWholeBoxes;
+    // (a fixed variant: only the staged-bias ones, whose calls stage it by construction)
+    static constexpr bool kStageBias = kMods && BiasOf<0>::kWholeBoxes && (kGenericMods || kVarBias == 3);
     static constexpr int kBiasStages = !kStageBias ? 0 : kBiasFits<2, kBiasL1Leave> ? 2 : kBiasFits<1> ? 1 : 0;
     using Bias = BiasOf<kBiasStages>;
     using SharedStorage =
@@ -563,7 +603,7 @@ struct HopperBwdKernelBody {
     // map the launcher made (or refused the call).
     CUTLASS_DEVICE static bool bias_staged(Params const& params) {
         if constexpr (kBiasStages > 0)
-            return per_score_mods(params.mods) && bias_stageable(params.mods);
+            return kFixedVar || (per_score_mods(params.mods) && bias_stageable(params.mods));
         else
             return false;
     }
@@ -682,6 +722,62 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
+    // A fixed variant (BwdModVar): the query head's ALiBi slope, which the consumers load once per query head and
+    // hold across its tiles (the generic kernel loads it per tile, in row_mods).
+    CUTLASS_DEVICE static float alibi_slope(Params const& params, int b, int h) {
+        if constexpr (kVarBias == 2) {
+            ScoreMods const& m = params.mods;
+            const int64_t off = int64_t(b) * m.bias_batch_stride + int64_t(h) * m.bias_head_stride;
+            return static_cast<float const*>(m.bias)[off];
+        } else {
+            return 0.f;
+        }
+    }
+
+    // A fixed variant's modifiers on one part of Sᵀ (raw q·k -> logits in place, dcap the soft-cap's derivative, as
+    // apply_score_mods_t), the variant's tile function called directly: its RowMods from the parameters and the held
+    // slope (no branch, no load per tile); a staged bias from the bias warp's slot (kBlockM = 64: one per tile), in
+    // group mode from global memory where the slot reaches past the sequence (Bias::staged_slot).
+    template <class TensorS, class TensorC, class Dcap>
+    CUTLASS_DEVICE void fixed_score_mods(Params const& params, SharedStorage& st, Sequence const& seq, TensorS& acc_S,
+                                         TensorC const& cS, float slope, int b, int h, int part, bool last_part,
+                                         int it, int r0, int n0, Dcap& dcap) {
+        static_assert(kFixedVar);
+        if constexpr (kVarCap || kVarBias != 0) {
+            ScoreMods const& m = params.mods;
+            RowMods r{};
+            r.scale = m.scale;
+            r.softcap = m.softcap;
+            r.softcap_arg = m.softcap_arg;
+            r.slope = slope;
+            r.seqlen_q = seq.sq;
+            r.seqlen_k = seq.sk;
+            if constexpr (kVarBias == 3) {
+                static_assert(kBlockM == 64 && kBiasStages > 0, "a staged bias: one slot of 64 rows per tile");
+                char const* tile = Bias::acquire(st.bias, 0, it);  // (a later part: at once)
+                if (Bias::template staged_slot<kGroup>(r0, n0, seq.sq, seq.sk)) {
+                    // the thread's coordinates from %tid.x read here (volatile), as in the generic kernel: made
+                    // before the loop, the shared-memory address would hold a register across it
+                    unsigned tid_now;
+                    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
+                    TiledMmaSdP mma_sdp;
+                    Tensor cS_now = mma_sdp.get_thread_slice(int(tid_now) - 128).partition_C(
+                        make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}))(_, part, _);
+                    detail::score_mods_tile_t<kVarCap, 3, Element, Bias>(acc_S, cS_now, r, 0, 0, dcap, tile);
+                } else {
+                    r.bias = static_cast<char const*>(m.bias) +
+                             (int64_t(b) * m.bias_batch_stride + int64_t(h) * m.bias_head_stride) * 2;
+                    r.bias_row_bytes = m.bias_row_stride * 2;
+                    detail::score_mods_tile_t<kVarCap, 1, Element>(acc_S, cS, r, r0, n0, dcap);
+                }
+                if (last_part) Bias::release(st.bias, 0, it);
+            } else {
+                detail::score_mods_tile_t<kVarCap, kVarBias, float>(acc_S, cS, r, r0, n0, dcap);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
                                  Sequence const& seq, int n_block, int hk, int b, int m_begin, int n_m, int n_iters,
                                  int wg) {
@@ -695,11 +791,12 @@ struct HopperBwdKernelBody {
         const Geometry geom = geometry(seq);
         // Modifier instances with a per-score modifier: logits in place of q·k, so Pᵀ's scale is 1 (log2 e in exp2
         // units); without one (a sink alone) Sᵀ stays q·k with the plain scale, as in the plain kernel
-        bool logits = false;
-        if constexpr (kMods) logits = per_score_mods(params.mods);
-        // Dropout (modifier instances; hopper_dropout.hpp): the forward's random bytes of each Sᵀ tile, regenerated
+        bool logits = kVarCap || kVarBias != 0;
+        if constexpr (kGenericMods) logits = per_score_mods(params.mods);
+        // Dropout (the generic modifier kernel; hopper_dropout.hpp): the forward's random bytes of each Sᵀ tile,
+        // regenerated
         bool dropping = false;
-        if constexpr (kMods) dropping = params.mods.dropout.on;
+        if constexpr (kGenericMods) dropping = params.mods.dropout.on;
         const float scale_log2 = logits ? 1.4426950408889634f : params.scale_log2;
         // The block's first key. No-mask instances read it again per tile and for the epilogue (Scheduler::block_now)
         // instead of holding it through the loop: with the run-time reversal of deterministic mode n_block is a select that ptxas does not
@@ -775,6 +872,7 @@ struct HopperBwdKernelBody {
         int h_in = 0;
         int m = m_begin;
         int ds_stage = 0;
+        float alibi = alibi_slope(params, b, hk * params.group);  // a fixed ALiBi variant: the query head's slope
 
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
@@ -832,18 +930,22 @@ struct HopperBwdKernelBody {
                 warpgroup_arrive();
                 gemm_zero_acc(mma_sdp, part_a(sV, tdPrV), tdPrDO(_, _, _, do_stage), acc_dP);
                 warpgroup_commit_batch();
-                [[maybe_unused]] uint2 rnd[1][kMods ? kSFrag / 8 : 1];  // drawn while the two products run
-                if constexpr (kMods) {
+                [[maybe_unused]] uint2 rnd[1][kGenericMods ? kSFrag / 8 : 1];  // drawn while the two products run
+                if constexpr (kGenericMods) {
                     if (dropping) drop_bytes_t(rnd, cS, params.mods.dropout, uint32_t(b * params.nhead_q + h), n0, r0);
                 }
 
                 // ---- Pᵀ ----
                 warpgroup_wait<1>();
                 warpgroup_fence_operand(acc_S);
-                // Modifier instances: logits; dcap keeps the soft-cap's derivative (packed fp16) for dSᵀ
-                [[maybe_unused]] uint32_t dcap[kMods ? kSFrag / 2 : 1];
+                // Modifier instances: logits (a fixed variant: its tile function, no branch); dcap keeps the
+                // soft-cap's derivative (packed fp16) for dSᵀ
+                [[maybe_unused]] uint32_t dcap[kGenericMods || kVarCap ? kSFrag / 2 : 1];
                 [[maybe_unused]] bool cap = false;
-                if constexpr (kMods) {
+                if constexpr (kFixedVar) {
+                    fixed_score_mods(params, st, seq, acc_S, cS, alibi, b, h, part, part == kParts - 1, it, r0, n0,
+                                     dcap);
+                } else if constexpr (kMods) {
                     if (logits) {
                         const RowMods rm = row_mods(params.mods, b, h, seq.sq, sk);
                         bool done = false;  // the bias warp's tile applied (else: from global memory below)
@@ -877,9 +979,10 @@ struct HopperBwdKernelBody {
                         if (!done) cap = apply_score_mods_t<Element>(acc_S, cS, rm, r0, n0, dcap);
                     }
                 }
-                recompute_pt<kMasked, /*kMaskBlock=*/!kMods>(acc_S, cS, &st.smem_lse[rq.index()][0], scale_log2,
-                                                             need_mask, n0, r0, sk, xr, yr);
-                if constexpr (kMods) {
+                // the mask block: the plain kernel and the fixed variants (in the generic kernel it spilled)
+                recompute_pt<kMasked, /*kMaskBlock=*/!kGenericMods>(acc_S, cS, &st.smem_lse[rq.index()][0],
+                                                                    scale_log2, need_mask, n0, r0, sk, xr, yr);
+                if constexpr (kGenericMods) {
                     if (dropping) flag_dropped_t(acc_S, rnd, params.mods.dropout);  // dropped Pᵀ negated
                 }
 
@@ -911,12 +1014,14 @@ struct HopperBwdKernelBody {
                 }
                 warpgroup_fence_operand(acc_dP);
                 [[maybe_unused]] float rp = 1.f;  // dropout: 1 / (1 − p)
-                if constexpr (kMods) rp = params.mods.dropout.rp;
+                if constexpr (kGenericMods) rp = params.mods.dropout.rp;
                 if (dropping)
                     softmax_grad_dropout_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0], rp);
                 else
                     softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
-                if constexpr (kMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
+                if constexpr (kVarCap) {
+                    apply_dcap_t(acc_dP, dcap);
+                } else if constexpr (kGenericMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
                     const ScoreMods& mods = params.mods;
                     const int64_t elem = mods.bias_fp32 ? 4 : 2;
                     char* dbias = params.dbias == nullptr
@@ -1016,6 +1121,9 @@ struct HopperBwdKernelBody {
             if (++m == m_begin + n_m) {
                 m = m_begin;
                 ++h_in;
+                if constexpr (kVarBias == 2) {
+                    if (it + 1 < n_iters) alibi = alibi_slope(params, b, hk * params.group + h_in);
+                }
             }
         }
 
@@ -1029,7 +1137,7 @@ struct HopperBwdKernelBody {
                                   acc_dK, thr_dkv);
         // (dropout: the kept probabilities' 1 / (1 − p), once for every query tile)
         float dv_scale = 1.f;
-        if constexpr (kMods) dv_scale = dropping ? params.mods.dropout.rp : 1.f;
+        if constexpr (kGenericMods) dv_scale = dropping ? params.mods.dropout.rp : 1.f;
         epi.template store<kHdimV>(params.dv + dv_seq + hk * params.dv_head, params.dv_row, params.hdim_v, dv_scale,
                                    acc_dV, thr_dv);
     }
@@ -1205,11 +1313,12 @@ struct HopperBwdKernelBody {
     }
 };
 
-// The kernel types (distinct names, so that the plain one keeps its symbol): plain and modifier instances.
+// The kernel types (distinct names, so that the plain one keeps its symbol): plain and modifier instances, the
+// latter one per modifier variant (BwdModVar) that the instance builds.
 template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct HopperBwdKernelImpl : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false> {};
-template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
+template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, int kModVar>
 struct HopperBwdKernelModsImpl
-    : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
+    : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true, kModVar> {};
 
 }  // namespace mhakit::hopper

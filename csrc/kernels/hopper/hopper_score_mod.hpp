@@ -394,6 +394,17 @@ CUTLASS_DEVICE bool apply_score_mods_t_staged(TensorS& acc_S, TensorC const& cS,
     return false;
 }
 
+// dSᵀ · (1 − tanh²): the soft-cap's derivative, dcap as apply_score_mods_t left it (packed fp16 pairs).
+template <class TensorDS, class Dcap>
+CUTLASS_DEVICE void apply_dcap_t(TensorDS& acc_dS, Dcap const& dcap) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(cute::size(acc_dS))::value; i += 2) {
+        const float2 d = __half22float2(reinterpret_cast<__half2 const&>(dcap[i / 2]));
+        acc_dS(i) *= d.x;
+        acc_dS(i + 1) *= d.y;
+    }
+}
+
 // The other half, on dSᵀ (logit units, from softmax_grad_t): dbias (when given: the element block of (sequence b,
 // query head h), DbiasT its element type) receives dS inside the sequence, then dS becomes dS · (1 − tanh²) with a
 // soft-cap. The epilogue's scale (dK, and dQ's convert) completes the chain rule: dL/d(q·k) = scale · (1 − tanh²).
@@ -410,14 +421,7 @@ CUTLASS_DEVICE void finish_ds_t(TensorDS& acc_dS, TensorC const& cS, char* dbias
                 reinterpret_cast<DbiasT*>(dbias + int64_t(row) * dbias_row_bytes)[key] = DbiasT(acc_dS(i));
         }
     }
-    if (cap) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < N; i += 2) {
-            const float2 d = __half22float2(reinterpret_cast<__half2 const&>(dcap[i / 2]));
-            acc_dS(i) *= d.x;
-            acc_dS(i + 1) *= d.y;
-        }
-    }
+    if (cap) apply_dcap_t(acc_dS, dcap);
 }
 
 }  // namespace mhakit::hopper

@@ -163,8 +163,9 @@ namespace mhakit::hopper {
 // (most of a causal call's) branch past it; otherwise the test sits in the exp2 loop and nvcc predicates the mask's
 // compares and selects, issued on every tile. The plain instances take it: d128 causal 693 -> 502 instructions per
 // consumer thread and full tile (SASS), and bench_bwd.py (bf16, H100, 2 rounds, 2026-11-25) read d128 unmasked
-// +5 to +11 %, causal d64 +2 to +7 %, d128 0 to +7 %, d256 -1 to +2 %. In the "_mods" instances the separate loop
-// made ptxas spill (d128: 152 / 188 bytes), so they keep the predicated form.
+// +5 to +11 %, causal d64 +2 to +7 %, d128 0 to +7 %, d256 -1 to +2 %. In the generic "_mods" kernel the separate
+// loop made ptxas spill (d128: 152 / 188 bytes), so it keeps the predicated form; its fixed variants (BwdModVar,
+// fmha_bwd_hopper_kernel.hpp), without the per-tile dispatch, take the block.
 template <bool kMasked, bool kMaskBlock = false, class TensorS, class TensorC>
 CUTLASS_DEVICE void recompute_pt(TensorS& acc_S, TensorC const& cS, float const* lse2, float scale_log2,
                                  bool need_mask, int n0, int r0, int sk, int x, int y) {
