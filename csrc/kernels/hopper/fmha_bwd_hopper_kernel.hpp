@@ -722,8 +722,11 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
-    // A fixed variant (BwdModVar): the query head's ALiBi slope, which the consumers load once per query head and
-    // hold across its tiles (the generic kernel loads it per tile, in row_mods).
+    // A fixed ALiBi variant (BwdModVar): the query head's slope. Batch mode: the consumers load it once per query
+    // head and hold it across its tiles (kHoldSlope; the generic kernel loads it per tile, in row_mods). Group mode
+    // loads it per tile (an L1 hit): there the sequence's lengths hold registers across the loop already, and the
+    // held slope tipped the d128 causal consumers into spilling (4 / 8 bytes, 2 LDL per tile).
+    static constexpr bool kHoldSlope = kVarBias == 2 && !kGroup;
     CUTLASS_DEVICE static float alibi_slope(Params const& params, int b, int h) {
         if constexpr (kVarBias == 2) {
             ScoreMods const& m = params.mods;
@@ -735,9 +738,9 @@ struct HopperBwdKernelBody {
     }
 
     // A fixed variant's modifiers on one part of Sᵀ (raw q·k -> logits in place, dcap the soft-cap's derivative, as
-    // apply_score_mods_t), the variant's tile function called directly: its RowMods from the parameters and the held
-    // slope (no branch, no load per tile); a staged bias from the bias warp's slot (kBlockM = 64: one per tile), in
-    // group mode from global memory where the slot reaches past the sequence (Bias::staged_slot).
+    // apply_score_mods_t), the variant's tile function called directly: its RowMods from the parameters and the
+    // slope (no branch); a staged bias from the bias warp's slot (kBlockM = 64: one per tile), in group mode from
+    // global memory where the slot reaches past the sequence (Bias::staged_slot).
     template <class TensorS, class TensorC, class Dcap>
     CUTLASS_DEVICE void fixed_score_mods(Params const& params, SharedStorage& st, Sequence const& seq, TensorS& acc_S,
                                          TensorC const& cS, float slope, int b, int h, int part, bool last_part,
@@ -749,7 +752,7 @@ struct HopperBwdKernelBody {
             r.scale = m.scale;
             r.softcap = m.softcap;
             r.softcap_arg = m.softcap_arg;
-            r.slope = slope;
+            r.slope = kHoldSlope ? slope : alibi_slope(params, b, h);
             r.seqlen_q = seq.sq;
             r.seqlen_k = seq.sk;
             if constexpr (kVarBias == 3) {
@@ -872,7 +875,7 @@ struct HopperBwdKernelBody {
         int h_in = 0;
         int m = m_begin;
         int ds_stage = 0;
-        float alibi = alibi_slope(params, b, hk * params.group);  // a fixed ALiBi variant: the query head's slope
+        float alibi = kHoldSlope ? alibi_slope(params, b, hk * params.group) : 0.f;  // the query head's (kHoldSlope)
 
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
@@ -1006,6 +1009,11 @@ struct HopperBwdKernelBody {
                                         local_tile(sPt(_, _, ds_stage), PartTile{}, make_coord(part, _0{})));
                 }
 
+                // A fixed soft-cap variant: Pᵀ ∘ (1 − tanh²) in place, its 16-bit copy being made, so that dSᵀ
+                // below comes with the derivative in and dcap dies before the dPᵀ wait (applied to dSᵀ after
+                // softmax_grad_t, as the generic kernel does, d128 causal spilled 16 bytes)
+                if constexpr (kVarCap) apply_dcap_t(acc_S, dcap);
+
                 // ---- dSᵀ = Pᵀ (dPᵀ - D) ----
                 if constexpr (kKeySplit) {
                     warpgroup_wait<1>();  // dPᵀ done, dV may run
@@ -1019,9 +1027,7 @@ struct HopperBwdKernelBody {
                     softmax_grad_dropout_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0], rp);
                 else
                     softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
-                if constexpr (kVarCap) {
-                    apply_dcap_t(acc_dP, dcap);
-                } else if constexpr (kGenericMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
+                if constexpr (kGenericMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
                     const ScoreMods& mods = params.mods;
                     const int64_t elem = mods.bias_fp32 ? 4 : 2;
                     char* dbias = params.dbias == nullptr
@@ -1121,7 +1127,7 @@ struct HopperBwdKernelBody {
             if (++m == m_begin + n_m) {
                 m = m_begin;
                 ++h_in;
-                if constexpr (kVarBias == 2) {
+                if constexpr (kHoldSlope) {
                     if (it + 1 < n_iters) alibi = alibi_slope(params, b, hk * params.group + h_in);
                 }
             }
