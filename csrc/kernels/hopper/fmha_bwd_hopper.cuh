@@ -30,7 +30,7 @@
 // (+ dbias: every element of the sequences' blocks written, zeros where no query sees the key), ALiBi, sinks (+ d
 // sink, a fixed-order sum: deterministic) and dropout (the forward's random bytes regenerated per Sᵀ tile,
 // hopper_dropout.hpp), with mha_bwd.h's semantics. Deterministic mode works with them unchanged (each dbias element
-// has one writer).
+// has one writer). run() launches the main kernel of the call's modifier variant (BwdModVar: builds, FixedVariants).
 // Layout: q, k, v, o, do, dq, dk, dv 16-byte aligned with every row / head / batch stride a multiple of 8 elements
 // (16 bytes); lse any fp32 strides.
 //
