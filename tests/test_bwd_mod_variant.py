@@ -2,8 +2,9 @@
 fmha_bwd_hopper_kernel.hpp, BwdKernel::builds in fmha_bwd_hopper.cuh): over a grid of modifier sets, the variant is
 the generic kernel exactly where the call needs what only it does (dropout, dbias, an elementwise bias that is not
 staged), else kFixed with the call's soft-cap / ALiBi / staged-bias flags (a sink alone: no flag); and each "_mods"
-instance of the default profile's kinds builds the fixed variants it should (a staged bias only with a bias ring, so
-not at d256; with a soft-cap only at d64), so that a call maps to a kernel that exists. Host code compiled by nvcc
+instance of the default profile's kinds builds the fixed variants it should (none for a sink alone, which the plain
+instances serve; a staged bias only with a bias ring, so not at d256; with a soft-cap only at d64), so that a call
+maps to a kernel that exists. Host code compiled by nvcc
 (the headers include CuTe and CUTLASS), run on the CPU."""
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ void check_choice() {
 }
 
 // builds(): every flag set but a staged bias always; a staged bias where the instance has a bias ring, with a
-// soft-cap only at d64; the plain instances none.
+// soft-cap only at d64; no flag (a sink alone: the plain instances' calls) never; the plain instances none.
 template <int kHdim, bool kGroup, bool kMasked, int kBlockN>
 void check_builds() {
     using K = BwdKernel<MHAKIT_DTYPE_BF16, kHdim, kHdim, kGroup, kMasked, 64, kBlockN, true>;
@@ -78,7 +79,7 @@ void check_builds() {
     for (int var = 1; var < 16; var += 2) {
         const bool staged = (var & BwdModVar::kBias) != 0, capped = (var & BwdModVar::kCap) != 0;
         if ((var & BwdModVar::kAlibi) && staged) continue;  // one bias kind per call
-        const bool want = staged ? ring && (!capped || kHdim == 64) : true;
+        const bool want = var == BwdModVar::kFixed ? false : staged ? ring && (!capped || kHdim == 64) : true;
         EXPECT(K::builds(var) == want, "d%d group %d masked %d: builds(%d) = %d", kHdim, int(kGroup), int(kMasked), var,
                int(K::builds(var)));
         EXPECT(!P::builds(var), "plain d%d builds(%d)", kHdim, var);

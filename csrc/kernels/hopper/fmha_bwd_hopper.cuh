@@ -85,10 +85,12 @@ struct BwdKernel {
     using Impl = ImplOf<BwdModVar::kGeneric>;
 
     // The fixed variants (BwdModVar) that a "_mods" instance may build besides the generic kernel (builds: which it
-    // does), each a main kernel of its own: a sink alone (the plain kernel's math), soft-cap, ALiBi, both, a staged
-    // bias with and without a soft-cap. Each adds about 1.5 s of nvcc time to the instance (d128 causal, its five:
-    // -cubin 21 -> 29 s, the object 36 -> 43 s, one job on a 2-core machine).
-    using FixedVariants = std::integer_sequence<int, BwdModVar::kFixed, BwdModVar::kFixed | BwdModVar::kCap,
+    // does), each a main kernel of its own: soft-cap, ALiBi, both, a staged bias with and without a soft-cap. Each
+    // adds about 1.5 s of nvcc time to the instance (d128 causal, five: -cubin 21 -> 29 s, the object 36 -> 43 s,
+    // one job on a 2-core machine). No kernel for a sink alone (kFixed with no flag): the catalogue sends those calls
+    // to the plain instances (score_mods.plain), so a "_mods" instance sees one only in a build without them, and
+    // runs it on the generic kernel.
+    using FixedVariants = std::integer_sequence<int, BwdModVar::kFixed | BwdModVar::kCap,
                                                 BwdModVar::kFixed | BwdModVar::kAlibi,
                                                 BwdModVar::kFixed | BwdModVar::kCap | BwdModVar::kAlibi,
                                                 BwdModVar::kFixed | BwdModVar::kBias,
@@ -97,7 +99,7 @@ struct BwdKernel {
     // soft-cap too only at d64, where ptxas keeps it in registers (d128: 8-44 bytes of spill stores, against the
     // generic kernel's 56-100, for a rare pair).
     static constexpr bool builds(int var) {
-        if (!kMods) return false;
+        if (!kMods || var == BwdModVar::kFixed) return false;
         if (var & BwdModVar::kBias)
             return Impl::kBiasStages > 0 && kBlockM == 64 && (!(var & BwdModVar::kCap) || kHdim <= 64);
         return true;

@@ -72,7 +72,7 @@
 // (dsink_kernel, fmha_bwd_hopper_aux.hpp). Dropout (hopper_dropout.hpp): the forward's random bytes of each Sᵀ tile,
 // drawn while its products run; dV takes Pᵀ ∘ keep (1 / (1 − p) in the epilogue's scale), dSᵀ = Pᵀ ∘ (dPᵀ ∘ keep /
 // (1 − p) − D). A "_mods" instance holds one main kernel per modifier variant (BwdModVar, kModVar) that it builds:
-// the generic one picks the modifiers per tile; the fixed ones (a sink alone, soft-cap, ALiBi, both, a staged bias)
+// the generic one picks the modifiers per tile; the fixed ones (soft-cap, ALiBi, both, a staged bias)
 // have them at compile time, hold the ALiBi slope per query head, and mask in recompute_pt's block as the plain
 // kernel does. The launcher picks the kernel per call (bwd_mod_variant, BwdKernel::run).
 #pragma once
@@ -122,7 +122,7 @@ using BwdGmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;  // ele
 // predicated in that pass (its mask block made ptxas spill there): H200, b1 h16 s4096, the causal ALiBi call took
 // 0.507 ms against the plain masked one's 0.404. A per-tile switch over whole per-variant loops in one kernel made
 // ptxas spill 2.3 KB, so each fixed variant is a kernel of its own, chosen on the host. Instructions on a full tile's
-// path (d128 causal batch, SASS; generic -> fixed): sink alone 725 -> 514 (the plain kernel: 502), soft-cap
+// path (d128 causal batch, SASS; generic -> fixed; the plain kernel: 502): soft-cap
 // 990 -> 724, ALiBi 862 -> 598 (+21 where the query head changes), both 1039 -> 783, staged bias 901 -> 643; no
 // fixed variant spills. Values: kGeneric, or kFixed with the flags of the call's modifiers.
 struct BwdModVar {
@@ -138,7 +138,8 @@ struct BwdModVar {
 // The fixed variant of a call (every flag as the call sets it), or kGeneric where the call needs what only the
 // generic kernel does: dropout, dbias, an elementwise bias that is not staged (fp32, unaligned rows). The launcher
 // runs the generic kernel also for a fixed variant its instance does not build (BwdKernel::builds). A sink changes
-// no score (the forward's LSE holds it): a sink alone is kFixed with no flag, the plain kernel's math.
+// no score (the forward's LSE holds it): a sink alone is kFixed with no flag, the plain kernel's math (no instance
+// builds it: BwdKernel::builds).
 CUTLASS_HOST_DEVICE int bwd_mod_variant(ScoreMods const& m, bool dbias) {
     if (m.dropout.on || dbias || (m.bias_type == 1 && !bias_stageable(m))) return BwdModVar::kGeneric;
     return BwdModVar::kFixed | (m.softcap > 0.f ? BwdModVar::kCap : 0) | (m.bias_type == 2 ? BwdModVar::kAlibi : 0) |
