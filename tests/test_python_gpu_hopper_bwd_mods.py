@@ -52,17 +52,20 @@ def hopper_ran(names, dtype, d, dv, mode, kind, mask):
     return ran_on_hopper(names, hopper_name(dtype, d, dv, mode, masked), "bwd", dtype, d, dv, mode, kind)
 
 
-def mod_grads(d_kw, shape):
-    """The dbias / dsink outputs a call with these modifiers asks for (dbias: the bias's dtype, every element)."""
+def mod_grads(d_kw, shape, dbias_pitch=None):
+    """The dbias / dsink outputs a call with these modifiers asks for (dbias: the bias's dtype, every element; with
+    dbias_pitch, the [..., :s_k] view of a buffer of rows that long)."""
     grads = {}
     if "bias" in d_kw:
-        grads["dbias"] = cp.full(shape, 7, dtype=d_kw["bias"].dtype)  # not zeros: every element must be written
+        full = shape if dbias_pitch is None else (*shape[:-1], dbias_pitch)
+        # not zeros: every element must be written
+        grads["dbias"] = cp.full(full, 7, dtype=d_kw["bias"].dtype)[..., :shape[-1]]
     if "sink" in d_kw:
         grads["dsink"] = cp.full((shape[1],), 7, dtype=cp.float32)
     return grads
 
 
-def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text, deterministic=False):
+def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text, deterministic=False, dbias_pitch=None):
     rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
     q, qf = dev(rng.uniform(-1, 1, (b, h, sq, d)).astype(np.float32), dtype)
     k, kf = dev(rng.uniform(-1, 1, (b, hk, sk, d)).astype(np.float32), dtype)
@@ -72,7 +75,7 @@ def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text, d
     mask_kw = {} if mask is None else {"mask": mask}
     mt, wl, wr = api._resolve_mask(False, mask, None)
     o, lse = mhakit.mha_fwd(q, k, v, layout="bhsd", return_lse=True, dtype=dtype, **mask_kw, **d_kw)
-    grads = mod_grads(d_kw, (b, h, sq, sk))
+    grads = mod_grads(d_kw, (b, h, sq, sk), dbias_pitch)
     launched()
     dq, dk, dv_ = mhakit.mha_bwd(do, q, k, v, o, lse, layout="bhsd", dtype=dtype, deterministic=deterministic,
                                  **mask_kw, **d_kw, **grads)
@@ -111,6 +114,19 @@ def test_staged_bias(d, dv, kind, mask, launched):
     (hopper_bias_stage.hpp) where the instance has one (d64 / d128 / (192, 128); d256: global loads), with dbias:
     partial query tiles and a last key block of 8 keys, GQA 4/2."""
     run_batch(kind, mask, "bf16", d, dv, 2, 4, 2, 150, 264, launched, f"bwd/staged/{kind}/{mask}/{d}/{dv}")
+
+
+@pytest.mark.parametrize("sq, sk, pitch", [(150, 165, 168), (200, 166, 166), (64, 512, 520), (129, 200, 203)])
+@pytest.mark.parametrize("mask", [None, "t", "b:64,0", "t:40,17"])
+def test_dbias_rows(sq, sk, pitch, mask, launched):
+    """dbias into a view of wider rows: an even pitch gives 4-byte aligned rows, written two keys at a time
+    (store_dbias_pairs_t, hopper_score_mod.hpp; with an odd s_k the last key alone), an odd one a store per element;
+    the preprocess zeroes only the tiles no key block visits (causal, window). Every element inside the view is
+    written (the buffer starts at 7: check_grads), none past s_k."""
+    _, _, _, grads = run_batch("bias16", mask, "bf16", 128, 128, 2, 4, 2, sq, sk, launched,
+                               f"bwd/dbias/{sq}/{sk}/{mask}", dbias_pitch=pitch)
+    pad = cp.asnumpy(grads["dbias"].base[..., sk:]) if pitch > sk else np.full(1, 7)
+    assert (pad.astype(np.float32) == 7).all(), "dbias written past s_k"
 
 
 @pytest.mark.parametrize("kind", ["cap+alibi+sink", "bias16"])

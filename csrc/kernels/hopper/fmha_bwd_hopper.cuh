@@ -308,7 +308,13 @@ struct BwdKernel {
             pp.dbias_fp32 = p.mods.bias_fp32;
             pp.seqstart_k = p.seqstart_k;
             pp.seqlen_k = p.seqlen_k;
-            bwd::preprocess_mods_kernel<Element, kHdim, kHdimV, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
+            pp.mask_type = p.mask_type;
+            pp.window_left = p.window_left;
+            pp.window_right = p.window_right;
+            const MaskCoord mc = kGroup ? MaskCoord{0, 0} : clamped_mask_coord(p);  // make_params' coordinate
+            pp.mask_y = mc.y;
+            pp.mask_x = mc.x;
+            bwd::preprocess_mods_kernel<Element, kHdim, kHdimV, kBlockM, kBlockN, kMasked><<<grid_q, 256, 0, stream>>>(pp);
         } else {
             bwd::preprocess_kernel<Element, kHdim, kHdimV, kBlockM><<<grid_q, 256, 0, stream>>>(pp);
         }

@@ -111,34 +111,59 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams const 
     preprocess_tile<Element, kHdim, kHdimV, kBlockM>(p);
 }
 
-// The modifier instances' preprocess: the same, and zeroes in the tile's rows of dbias (when asked for).
+// The modifier instances' preprocess: the same, and zeroes the dbias elements of the tile's rows (when asked for)
+// that the main kernel does not write: those of the key blocks whose query tiles (key_block_query_tiles, the main
+// kernel's rule) leave this tile out (a causal or windowed mask's hidden blocks, keys no query sees). An unmasked
+// call writes every element in the main kernel and zeroes nothing here.
 struct PreprocessModsParams : PreprocessParams {
     char* dbias;  // element (0, 0, 0, 0) of dbias, or null
     int64_t dbias_row, dbias_head, dbias_batch;  // elements
     bool dbias_fp32;
     const int32_t* seqstart_k;  // group mode, else nullptr
     int seqlen_k;
+    // the mask as the main kernel gets it: group mode, per sequence from these; batch mode, the host's clamped (y, x)
+    int mask_type, window_left, window_right;
+    int mask_y, mask_x;
 };
 
-template <class Element, int kHdim, int kHdimV, int kBlockM>
+// Zeroes bytes [0, len) at p (p and len 2-byte aligned) with the 32 lanes of a warp: 16-byte stores between a
+// 2-byte head and tail.
+CUTLASS_DEVICE void warp_zero_bytes(char* p, int64_t len, int lane) {
+    const int64_t to16 = int64_t((16u - (reinterpret_cast<uintptr_t>(p) & 15u)) & 15u);
+    const int64_t head = to16 < len ? to16 : len;
+    const int64_t body = (len - head) & ~int64_t(15);
+    for (int64_t i = 2 * lane; i < head; i += 64) *reinterpret_cast<uint16_t*>(p + i) = 0;
+    for (int64_t i = 16 * lane; i < body; i += 512) *reinterpret_cast<uint4*>(p + head + i) = make_uint4(0, 0, 0, 0);
+    for (int64_t i = head + body + 2 * lane; i < len; i += 64) *reinterpret_cast<uint16_t*>(p + i) = 0;
+}
+
+template <class Element, int kHdim, int kHdimV, int kBlockM, int kBlockN, bool kMasked>
 __global__ void __launch_bounds__(256) preprocess_mods_kernel(PreprocessModsParams const p) {
     preprocess_tile<Element, kHdim, kHdimV, kBlockM>(p);
     if (p.dbias == nullptr) return;
     const auto work = RowTileScheduler::work();
     const int m = work.block, h = work.head, b = work.batch;
-    const SeqRows sq = seq_rows(p.seqstart_q, b, p.seqlen_q), sk = seq_rows(p.seqstart_k, b, p.seqlen_k);
-    const int r_end = sq.len - m * kBlockM < kBlockM ? sq.len - m * kBlockM : kBlockM;  // <= 0: past the sequence
+    const HopperSequence seq =
+        p.seqstart_q != nullptr
+            ? packed_sequence<kMasked>(p.seqstart_q, p.seqstart_k, b, p.mask_type, p.window_left, p.window_right)
+            : HopperSequence{0, 0, p.seqlen_q, p.seqlen_k, MaskCoord{p.mask_y, p.mask_x}};
+    const int r_end = seq.sq - m * kBlockM < kBlockM ? seq.sq - m * kBlockM : kBlockM;  // <= 0: past the sequence
+    if (r_end <= 0) return;
+    const auto geom = MaskGeometry<kMasked, int>::from_coord(seq.mask, seq.sq, seq.sk);
     const int64_t elem = p.dbias_fp32 ? 4 : 2;
-    char* block = p.dbias + (int64_t(b) * p.dbias_batch + int64_t(h) * p.dbias_head) * elem;
-    // a warp per row, its lanes along the keys
-    for (int r = int(threadIdx.x) / 32; r < r_end; r += 8) {
-        char* row = block + int64_t(m * kBlockM + r) * p.dbias_row * elem;
-        for (int j = int(threadIdx.x) % 32; j < sk.len; j += 32) {
-            if (p.dbias_fp32)
-                reinterpret_cast<float*>(row)[j] = 0.f;
-            else
-                reinterpret_cast<uint16_t*>(row)[j] = 0;
+    char* block = p.dbias + (int64_t(b) * p.dbias_batch + int64_t(h) * p.dbias_head) * elem +
+                  int64_t(m * kBlockM) * p.dbias_row * elem;
+    const int blocks = (seq.sk + kBlockN - 1) / kBlockN;
+    int lo = 0;  // the first key of the run of unwritten blocks that block n would end
+    for (int n = 0; n <= blocks; ++n) {
+        if (n < blocks && !key_block_query_tiles<kBlockM, kBlockN>(geom, n).contains(m)) continue;
+        const int hi = n * kBlockN < seq.sk ? n * kBlockN : seq.sk;  // keys [lo, hi) unwritten
+        if (hi > lo) {
+            for (int r = int(threadIdx.x) / 32; r < r_end; r += 8)  // a warp per row
+                warp_zero_bytes(block + int64_t(r) * p.dbias_row * elem + lo * elem, (hi - lo) * elem,
+                                int(threadIdx.x) % 32);
         }
+        lo = (n + 1) * kBlockN;
     }
 }
 

@@ -8,8 +8,17 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 
+#include "kernels/common/mask_geometry.h"
 
 namespace mhakit::hopper::bwd {
+
+// The query tiles (kBlockM rows) that key block n (kBlockN keys, n < the sequence's key blocks) visits: the main
+// kernel's loop over them, and the preprocess's zeroing of the dbias tiles no key block writes, read this one rule.
+template <int kBlockM, int kBlockN, class Geometry>
+CUTLASS_HOST_DEVICE TileRange key_block_query_tiles(Geometry const& geom, int n) {
+    const int n0 = n * kBlockN;
+    return geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < geom.sk ? n0 + kBlockN : geom.sk) - 1);
+}
 
 // ---- workspace ---------------------------------------------------------------------------------------------
 //

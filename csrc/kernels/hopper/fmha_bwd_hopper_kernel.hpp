@@ -499,8 +499,7 @@ struct HopperBwdKernelBody {
 
     // The query tiles that key block n (< the sequence's key blocks) visits.
     CUTLASS_DEVICE static TileRange query_range(Geometry const& geom, int n) {
-        const int n0 = n * kBlockN;
-        return geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < geom.sk ? n0 + kBlockN : geom.sk) - 1);
+        return bwd::key_block_query_tiles<kBlockM, kBlockN>(geom, n);
     }
 
     // Deterministic mode: key block n's turn at each query tile it visits, tile after tile. The key blocks whose
@@ -1030,18 +1029,27 @@ struct HopperBwdKernelBody {
                     softmax_grad_dropout_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0], rp);
                 else
                     softmax_grad_t(acc_S, acc_dP, cS, &st.smem_dsum[rdo.index()][0]);
+                [[maybe_unused]] char* dbias_pairs_to = nullptr;  // dbias stored from the packed dS below
+                [[maybe_unused]] bool full = false;
                 if constexpr (kGenericMods) {  // dbias = dSᵀ (logit units), then the soft-cap's derivative
                     const ScoreMods& mods = params.mods;
                     const int64_t elem = mods.bias_fp32 ? 4 : 2;
                     char* dbias = params.dbias == nullptr
                                       ? nullptr
                                       : params.dbias + (int64_t(b) * params.dbias_batch + int64_t(h) * params.dbias_head) * elem;
+                    full = r0 + kBlockM <= seq.sq && n0 + kBlockN <= sk;
                     if (mods.bias_fp32)
                         finish_ds_t<float>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
-                    else
-                        finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap, dcap);
+                    else if (finish_ds_t<Element>(acc_dP, cS, dbias, params.dbias_row * elem, seq.sq, sk, r0, n0, cap,
+                                                  dcap))
+                        dbias_pairs_to = dbias;
                 }
                 detail::pack_fragment<Element>(acc_dP, rdS);
+                if constexpr (kGenericMods) {
+                    if (dbias_pairs_to != nullptr)
+                        store_dbias_pairs_t(reinterpret_cast<uint32_t const*>(raw_pointer_cast(rdS.data())), cS,
+                                            dbias_pairs_to, params.dbias_row * 2, seq.sq, sk, r0, n0, full);
+                }
                 store_fragment_stsm(mma_sdp, tid, make_tensor(rdS.data(), acc_dP.layout()),
                                     local_tile(sDSt(_, _, ds_stage), PartTile{}, make_coord(part, _0{})));
             }  // parts

@@ -27,6 +27,8 @@
 
 #include "kernels/common/score_mod.h"
 
+#include "hopper_types.hpp"  // detail::pack2
+
 namespace mhakit::hopper {
 
 // The modifier instances' part of the kernel parameters: the call's modifiers (a plain instance's Params derive from
@@ -405,23 +407,63 @@ CUTLASS_DEVICE void apply_dcap_t(TensorDS& acc_dS, Dcap const& dcap) {
     }
 }
 
+// dbias = dSᵀ (logit units) in a 16-bit type, from its packed C fragment of Sᵀ (keys x queries; packed[k] holds
+// elements 2k, 2k + 1, pack_fragment's order) transposed 8 x 8 block by block across the warp (movmatrix .trans): a
+// thread then holds two consecutive keys of one query, one 4-byte store (the rows of the element block 4-byte
+// aligned: dbias_pairs) where the fragment's own pairs (two queries of one key) took two 2-byte stores into different
+// rows. In the fragment, lane t holds key kb + t/4 and queries qb + 2(t%4), + 1 of each block; after the transpose,
+// query qb + t/4 and keys kb + 2(t%4), + 1 (the low half the lower key). full: every key and row of the tile inside
+// the sequence (no test per pair).
+CUTLASS_HOST_DEVICE bool dbias_pairs(char const* dbias, int64_t row_bytes, bool fp32) {
+    return !fp32 && ((reinterpret_cast<uintptr_t>(dbias) | uintptr_t(row_bytes)) & 3u) == 0;
+}
+template <class TensorC>
+CUTLASS_DEVICE void store_dbias_pairs_t(uint32_t const* packed, TensorC const& cS, char* dbias, int64_t row_bytes,
+                                        int sq, int sk, int r0, int n0, bool full) {
+    constexpr int N = decltype(cute::size(cS))::value;
+    static_assert(N % 2 == 0, "pairs of queries");
+    const int lane = int(threadIdx.x) % 32;
+    const int shift = (lane >> 2) - 2 * (lane & 3);  // query + shift, key - shift: the pair this lane receives
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; i += 2) {
+        uint32_t pair;
+        asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(pair) : "r"(packed[i / 2]));
+        const int key = n0 + int(cute::get<0>(cS(i))) - shift;
+        const int row = r0 + int(cute::get<1>(cS(i))) + shift;
+        char* dst = dbias + int64_t(row) * row_bytes + int64_t(key) * 2;
+        if (full || (row < sq && key + 1 < sk))
+            *reinterpret_cast<uint32_t*>(dst) = pair;
+        else if (row < sq && key < sk)
+            *reinterpret_cast<uint16_t*>(dst) = uint16_t(pair & 0xffffu);
+    }
+}
+
 // The other half, on dSᵀ (logit units, from softmax_grad_t): dbias (when given: the element block of (sequence b,
 // query head h), DbiasT its element type) receives dS inside the sequence, then dS becomes dS · (1 − tanh²) with a
 // soft-cap. The epilogue's scale (dK, and dQ's convert) completes the chain rule: dL/d(q·k) = scale · (1 − tanh²).
+// Without a soft-cap the dS that the products take is dbias: a 16-bit dbias with 4-byte rows (dbias_pairs) is left to
+// the caller, to store from that packed fragment by store_dbias_pairs_t (true returned). With a soft-cap (a second
+// packed copy made ptxas spill more in the generic kernel), fp32, or odd rows: a store per element here.
 template <class DbiasT, class TensorDS, class TensorC, class Dcap>
-CUTLASS_DEVICE void finish_ds_t(TensorDS& acc_dS, TensorC const& cS, char* dbias, int64_t dbias_row_bytes, int sq,
+CUTLASS_DEVICE bool finish_ds_t(TensorDS& acc_dS, TensorC const& cS, char* dbias, int64_t dbias_row_bytes, int sq,
                                 int sk, int r0, int n0, bool cap, Dcap const& dcap) {
     constexpr int N = decltype(cute::size(cS))::value;
+    bool deferred = false;
     if (dbias != nullptr) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < N; ++i) {
-            const int key = n0 + int(cute::get<0>(cS(i)));
-            const int row = r0 + int(cute::get<1>(cS(i)));
-            if (row < sq && key < sk)
-                reinterpret_cast<DbiasT*>(dbias + int64_t(row) * dbias_row_bytes)[key] = DbiasT(acc_dS(i));
+        if (!cap && dbias_pairs(dbias, dbias_row_bytes, sizeof(DbiasT) == 4)) {
+            deferred = true;
+        } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < N; ++i) {
+                const int key = n0 + int(cute::get<0>(cS(i)));
+                const int row = r0 + int(cute::get<1>(cS(i)));
+                if (row < sq && key < sk)
+                    reinterpret_cast<DbiasT*>(dbias + int64_t(row) * dbias_row_bytes)[key] = DbiasT(acc_dS(i));
+            }
         }
     }
     if (cap) apply_dcap_t(acc_dS, dcap);
+    return deferred;
 }
 
 }  // namespace mhakit::hopper
