@@ -3,8 +3,8 @@
 //               LSE is -inf, so that their P is exactly 0), and zeroing of the row tile's fp32 dQ accumulator and of
 //               its turn counter;
 //   convert:    dQ = scale · accumulator, from the main kernel's fragment order to the caller's dtype and strides.
-// With the score modifiers (the "_mods" instances): preprocess_mods_kernel also zeroes the tile's rows of dbias (the
-// main kernel writes only the tiles it visits), and dsink_kernel sums d sink per query head over the workspace.
+// With the score modifiers (the "_mods" instances): preprocess_mods_kernel also zeroes the dbias tiles of its rows
+// that the main kernel does not visit, and dsink_kernel sums d sink per query head over the workspace.
 // One CTA of 256 threads per (query tile, query head, batch) for both; the tile height is the main kernel's BM. In
 // group mode (seqstart_q non-null) the tiles of a sequence start at its first packed row, and the CTAs of tiles past
 // the sequence's end (the grid is sized by max_seqlen_q) return at once: the main kernel never touches those tiles.
