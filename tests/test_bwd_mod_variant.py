@@ -8,11 +8,9 @@ maps to a kernel that exists. Host code compiled by nvcc
 (the headers include CuTe and CUTLASS), run on the CPU."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from codegen import catalogue, toolchain
+from host_check import run_host_check
 
 ARCH = "sm_90a"
 
@@ -103,12 +101,4 @@ int main() {
 
 @pytest.mark.compile
 def test_variant_choice_and_the_variants_built(tmp_path):
-    nvcc = toolchain.make_toolchain(ARCH, catalogue.load().arch(ARCH).gencode)
-    src, exe = tmp_path / "bwd_mod_variant.cu", tmp_path / "bwd_mod_variant"
-    src.write_text(PROGRAM)
-    done = subprocess.run([nvcc.path, *nvcc.compile_flags(), str(src), "-o", str(exe)], capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout
-    assert "failures 0" in out.stdout and "checked " in out.stdout
+    run_host_check(tmp_path, "bwd_mod_variant", PROGRAM, ARCH)

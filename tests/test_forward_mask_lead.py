@@ -7,11 +7,9 @@ each block's key tiles (visited, and those that need no element-wise mask) are e
 compiled by nvcc (the header includes CuTe), run on the CPU."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from codegen import catalogue, toolchain
+from host_check import run_host_check
 
 ARCH = "sm_90a"
 
@@ -100,12 +98,4 @@ int main() {
 
 @pytest.mark.compile
 def test_query_blocks_and_their_key_tiles(tmp_path):
-    nvcc = toolchain.make_toolchain(ARCH, catalogue.load().arch(ARCH).gencode)
-    src, exe = tmp_path / "forward_mask.cu", tmp_path / "forward_mask"
-    src.write_text(PROGRAM)
-    done = subprocess.run([nvcc.path, *nvcc.compile_flags(), str(src), "-o", str(exe)], capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout
-    assert "failures 0" in out.stdout and "checked " in out.stdout
+    run_host_check(tmp_path, "forward_mask", PROGRAM, ARCH)

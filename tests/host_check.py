@@ -1,0 +1,23 @@
+"""Check programs over the kernel headers (which include CuTe and CUTLASS): compiled by nvcc with the library's flags
+for an arch, run on the CPU, their last line "checked N failures M"."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from codegen import catalogue, toolchain
+
+
+def run_host_check(tmp_path: Path, name: str, program: str, arch: str = "sm_90a") -> str:
+    """Compile `program` as <tmp_path>/<name>.cu, run it, assert it compiled, exited 0 and counted no failure; its
+    output."""
+    nvcc = toolchain.make_toolchain(arch, catalogue.load().arch(arch).gencode)
+    src, exe = tmp_path / f"{name}.cu", tmp_path / name
+    src.write_text(program)
+    done = subprocess.run([nvcc.path, *nvcc.compile_flags(), str(src), "-o", str(exe)], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout
+    assert "failures 0" in out.stdout and "checked " in out.stdout, out.stdout
+    return out.stdout
