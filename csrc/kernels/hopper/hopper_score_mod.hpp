@@ -407,6 +407,12 @@ CUTLASS_DEVICE void apply_dcap_t(TensorDS& acc_dS, Dcap const& dcap) {
     }
 }
 
+// Whether store_dbias_pairs_t serves a dbias block (its first element and row pitch in bytes): 16-bit, rows 4-byte
+// aligned.
+CUTLASS_HOST_DEVICE bool dbias_pairs(char const* dbias, int64_t row_bytes, bool fp32) {
+    return !fp32 && ((reinterpret_cast<uintptr_t>(dbias) | uintptr_t(row_bytes)) & 3u) == 0;
+}
+
 // dbias = dSᵀ (logit units) in a 16-bit type, from its packed C fragment of Sᵀ (keys x queries; packed[k] holds
 // elements 2k, 2k + 1, pack_fragment's order) transposed 8 x 8 block by block across the warp (movmatrix .trans): a
 // thread then holds two consecutive keys of one query, one 4-byte store (the rows of the element block 4-byte
@@ -414,9 +420,6 @@ CUTLASS_DEVICE void apply_dcap_t(TensorDS& acc_dS, Dcap const& dcap) {
 // rows. In the fragment, lane t holds key kb + t/4 and queries qb + 2(t%4), + 1 of each block; after the transpose,
 // query qb + t/4 and keys kb + 2(t%4), + 1 (the low half the lower key). full: every key and row of the tile inside
 // the sequence (no test per pair).
-CUTLASS_HOST_DEVICE bool dbias_pairs(char const* dbias, int64_t row_bytes, bool fp32) {
-    return !fp32 && ((reinterpret_cast<uintptr_t>(dbias) | uintptr_t(row_bytes)) & 3u) == 0;
-}
 template <class TensorC>
 CUTLASS_DEVICE void store_dbias_pairs_t(uint32_t const* packed, TensorC const& cS, char* dbias, int64_t row_bytes,
                                         int sq, int sk, int r0, int n0, bool full) {
