@@ -4,6 +4,7 @@ sets, the variant is the generic kernel exactly where the call needs what only i
 that is not stageable), else kFixed with the call's soft-cap / ALiBi / staged-bias flags (a sink alone: no flag); each
 "_mods" instance builds the soft-cap and the ALiBi variants alone (no plain instance builds any), so a call runs a
 fixed kernel exactly when it sets one of those two and nothing else but a sink; the fixed kernels have no bias ring.
+alibi_tile_sign (the fixed ALiBi kernel's folded tiles) gives a sign only where |d| keeps it over the whole tile.
 Host code compiled by nvcc (the headers include CuTe and CUTLASS), run on the CPU."""
 from __future__ import annotations
 
@@ -91,7 +92,30 @@ void check_instance() {
                         }
 }
 
+// alibi_tile_sign (the folded ALiBi tiles of the fixed ALiBi kernel): +1 only where every distance
+// d = i + s_k - s_q - j of the 64 x 128 tile is >= 0, -1 only where every one is <= 0, and so the fold's
+// sign * (dist0 - (j - j0)) equals |d| on every score of the tile; 0 where both signs occur.
+void check_alibi_sign() {
+    for (int sq : {1, 37, 300, 4096})
+        for (int sk : {1, 19, 517, 4096})
+            for (int row0 = 0; row0 < sq; row0 += 64)
+                for (int key0 = 0; key0 < sk; key0 += 128) {
+                    const int sign = alibi_tile_sign<64, 128>(sq, sk, row0, key0);
+                    bool pos = false, neg = false, fold_ok = true;
+                    for (int i = row0; i < row0 + 64; ++i)
+                        for (int j = key0; j < key0 + 128; ++j) {
+                            const int d = i + sk - sq - j;
+                            pos |= d > 0, neg |= d < 0;
+                            if (sign != 0 && sign * d != (d < 0 ? -d : d)) fold_ok = false;
+                        }
+                    EXPECT(fold_ok && (sign != 0 || (pos && neg)),
+                           "alibi_tile_sign sq %d sk %d row0 %d key0 %d: %d (d > 0 %d, d < 0 %d)", sq, sk, row0, key0,
+                           sign, int(pos), int(neg));
+                }
+}
+
 int main() {
+    check_alibi_sign();
     check_instance<64, false, true, 192, 128>();
     check_instance<128, false, true, 128, 128>();
     check_instance<128, true, true, 128, 128>();

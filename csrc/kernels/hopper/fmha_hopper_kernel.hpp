@@ -115,9 +115,10 @@ struct TmaStoreOFor<true, ElementOut, SmemLayoutStage> {
 // masked (the generic kernel is main's, instruction for instruction): the generic kernel's path without modifier math
 // is 482 instructions; soft-cap 632 (128 per-score FMUL + MUFU.TANH, 22 of dispatch: uniform branches, constant
 // loads), ALiBi 629 (126 FADD + FFMA, 6 of setup, 15 of dispatch); the dropout test also cuts the exp pass from O's
-// rescale and P's packing (one basic block in the plain kernel). The fixed variants: soft-cap 598, ALiBi 605 (the
-// modifier math in the block of the Q·Kᵀ wait, the softmax with the rescale and packing in one); the plain kernel
-// (persistent) 499. A fixed staged-bias kernel measured 684, as the generic path (its tile function's address math
+// rescale and P's packing (one basic block in the plain kernel). The fixed variants: soft-cap 598 (the modifier math
+// in the block of the Q·Kᵀ wait, the softmax with the rescale and packing in one), ALiBi 605, and 570 with the row
+// part left to the softmax on tiles off the diagonal (kAlibiFold: 64 FFMA, no FADD; a diagonal tile 629); the plain
+// kernel (persistent) 499. A fixed staged-bias kernel measured 684, as the generic path (its tile function's address math
 // grew), so the staged bias keeps the generic kernel (FwdKernel::builds). ptxas: every kernel 168 registers, no
 // spills. nvcc -cubin of the instance 33 -> 37 s (2 cores). Values: kGeneric, or kFixed with the flags of the call's
 // modifiers (as the backward's BwdModVar).
@@ -155,6 +156,10 @@ struct HopperFwdKernelBody {
     static constexpr bool kGenericMods = kMods && !kFixedVar;
     static constexpr bool kVarCap = kFixedVar && (kModVar & FwdModVar::kCap) != 0;
     static constexpr int kVarBias = kFixedVar ? FwdModVar::bias_kind(kModVar) : 0;
+    // The fixed ALiBi kernel leaves each off-diagonal tile's row part of ALiBi to the softmax (apply_alibi_folding,
+    // OnlineSoftmax::update's offsets): one FFMA per score instead of an FADD and an FFMA.
+    static constexpr bool kAlibiFold = kFixedVar && kVarBias == 2 && !kVarCap;
+    static constexpr int kRowsPerThread = 2;  // query rows of S a consumer thread holds (wgmma C: 64 rows, 128 threads)
     static_assert(!kMods || kModVar == FwdModVar::kGeneric || (kModVar & FwdModVar::kFixed) != 0, "a FwdModVar");
     static_assert(kMods || kModVar == FwdModVar::kGeneric, "plain instances have one kernel");
     // kPersistent: a grid of resident CTAs walking work tiles (DynamicPersistentScheduler), batch-mode plain
@@ -697,9 +702,10 @@ struct HopperFwdKernelBody {
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE static void score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
                                           SharedStorage& storage, FwdModUnits const& units, bool staged,
-                                          Work const& work, Sequence const& seq, int row0, int wg, int n, int t) {
+                                          Work const& work, Sequence const& seq, int row0, int wg, int n, int t,
+                                          [[maybe_unused]] float (&row_off)[kRowsPerThread]) {
         if constexpr (kFixedVar) {
-            fixed_score_mods(s_mn, c_mn, params, units, seq, row0, n);
+            fixed_score_mods(s_mn, c_mn, params, units, seq, row0, n, row_off);
             return;
         }
         if (!per_score_mods(params.mods)) return;
@@ -717,13 +723,18 @@ struct HopperFwdKernelBody {
     }
 
     // A fixed variant's modifiers on key tile n: its tile function called directly, no branch on the call's
-    // modifiers (soft-cap, ALiBi: FwdKernel::builds).
+    // modifiers (soft-cap, ALiBi: FwdKernel::builds); ALiBi alone leaves the rows' part to the softmax (row_off).
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE static void fixed_score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
-                                                FwdModUnits const& units, Sequence const& seq, int row0, int n) {
+                                                FwdModUnits const& units, Sequence const& seq, int row0, int n,
+                                                [[maybe_unused]] float (&row_off)[kRowsPerThread]) {
         static_assert(kFixedVar && (kModVar & FwdModVar::kBias) == 0, "a fixed variant without elementwise bias");
-        detail::score_mods_tile<kVarCap, kVarBias, float>(s_mn, c_mn, params.mods, units, nullptr, 0, seq.sq, seq.sk,
-                                                          row0, n * kBlockN, false);
+        if constexpr (kAlibiFold)
+            apply_alibi_folding<64, kBlockN>(s_mn, c_mn, params.mods, units, row_off, seq.sq, seq.sk, row0,
+                                             n * kBlockN);
+        else
+            detail::score_mods_tile<kVarCap, kVarBias, float>(s_mn, c_mn, params.mods, units, nullptr, 0, seq.sq,
+                                                              seq.sk, row0, n * kBlockN, false);
     }
 
     // One consumer warpgroup (64 query rows): S = Q·Kᵀ, mask, online softmax and O += P·V per key tile, with the
@@ -867,6 +878,8 @@ struct HopperFwdKernelBody {
         };
 
         OnlineSoftmax<R, kLazyRescale> softmax;
+        static_assert(R == kRowsPerThread);
+        [[maybe_unused]] float row_off[R];  // kAlibiFold: each row's ALiBi term left out of the tile's scores
         // A soft-capped call without bias or ALiBi has every score S = tanh(·) <= 1 in the units of U (the cap), so
         // the softmax may take 1 as each row's fixed reference maximum (OnlineSoftmax::fix_reference): no row
         // maximum per tile and no rescale of O. A masked score is -inf as before, and the smallest visible one,
@@ -930,7 +943,10 @@ struct HopperFwdKernelBody {
                         return;
                     }
                 }
-                softmax.template update<decltype(first_c)::value>(sv, scale_log2);
+                if constexpr (kAlibiFold)
+                    softmax.template update<decltype(first_c)::value, true>(sv, scale_log2, row_off);
+                else
+                    softmax.template update<decltype(first_c)::value>(sv, scale_log2);
             };
             if constexpr (decltype(narrow_c)::value)
                 run(s_mn_n, c_mn_n);
@@ -1004,7 +1020,8 @@ struct HopperFwdKernelBody {
                     pipe_kv.consumer_release(rkv);
                     ++rkv;  // -> V0
                     if constexpr (kMods)
-                        score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, tiles.visit.begin, 0);
+                        score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, tiles.visit.begin, 0,
+                                   row_off);
                     softmax_tile(tiles.visit.begin, cute::true_type{}, narrow_c);
                     drop_tile(tiles.visit.begin);
                     pack_tile(narrow_c);  // P: the A operand (registers) of P·V
@@ -1025,7 +1042,7 @@ struct HopperFwdKernelBody {
                     pipe_kv.consumer_release(rkv);
                     if constexpr (kMods)
                         score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, n,
-                                   n - tiles.visit.begin);
+                                   n - tiles.visit.begin, row_off);
                     softmax_tile(n, cute::false_type{}, narrow_c);
                     if constexpr (kDropUnderPV) drop_tile(n);  // under the P·V in flight
 
