@@ -110,18 +110,19 @@ struct TmaStoreOFor<true, ElementOut, SmemLayoutStage> {
 
 // The forward "_mods" kernel's modifier variant (its kModVar), which the launcher picks per call (fwd_mod_variant,
 // FwdKernel::run): the generic kernel dispatches per key tile at run time (score_mods: soft-cap, bias kind and element
-// type, staged or not; dropout per tile), a fixed variant knows the call's modifiers at compile time and calls its
-// tile function directly (fixed_score_mods). SASS of a full key tile's path, one consumer thread, d128 bf16 batch
-// masked (the generic kernel is main's, instruction for instruction): the generic kernel's path without modifier math
-// is 482 instructions; soft-cap 632 (128 per-score FMUL + MUFU.TANH, 22 of dispatch: uniform branches, constant
-// loads), ALiBi 629 (126 FADD + FFMA, 6 of setup, 15 of dispatch); the dropout test also cuts the exp pass from O's
-// rescale and P's packing (one basic block in the plain kernel). The fixed variants: soft-cap 598 (the modifier math
-// in the block of the Q·Kᵀ wait, the softmax with the rescale and packing in one), ALiBi 605, and 570 with the row
-// part left to the softmax on tiles off the diagonal (kAlibiFold: 64 FFMA, no FADD; a diagonal tile 629); the plain
-// kernel (persistent) 499. A fixed staged-bias kernel measured 684, as the generic path (its tile function's address math
-// grew), so the staged bias keeps the generic kernel (FwdKernel::builds). ptxas: every kernel 168 registers, no
-// spills. nvcc -cubin of the instance 33 -> 37 s (2 cores). Values: kGeneric, or kFixed with the flags of the call's
-// modifiers (as the backward's BwdModVar).
+// type, staged or not; dropout per tile), a fixed variant knows the call's modifiers at compile time and calls its tile
+// function directly (fixed_score_mods). SASS of a full key tile's path, one consumer thread, d128 bf16 batch masked
+// (the generic kernel is main's, instruction for instruction): the generic kernel's path without modifier math is 482
+// instructions; soft-cap 632 (128 per-score FMUL + MUFU.TANH, 22 of dispatch: uniform branches, constant loads), ALiBi
+// 629 (126 FADD + FFMA, 6 of setup, 15 of dispatch); the dropout test also cuts the exp pass from O's rescale and P's
+// packing (one basic block in the plain kernel). The fixed variants: soft-cap 598 (the modifier math in the block of
+// the Q·Kᵀ wait, the softmax with the rescale and packing in one), ALiBi 605, and 570 with the row part left to the
+// softmax on tiles off the diagonal (kAlibiFold: 64 FFMA, no FADD; a diagonal tile 629); the plain kernel (persistent)
+// 499. A fixed staged-bias kernel measured 684, as the generic path (its tile function's address math grew), so the
+// staged bias keeps the generic kernel (FwdKernel::builds). ptxas (d64 / d256 batch, d128 batch / group): no fixed
+// variant spills (the d64 generic kernel 56 / 100 / 100 bytes, as on main). nvcc -cubin of the d128 instance: +4 to +7
+// s (2 cores, base / branch interleaved: 39.9, 44.5 / 49.7, 46.5 s). Values: kGeneric, or kFixed with the flags of the
+// call's modifiers (as the backward's BwdModVar).
 struct FwdModVar {
     static constexpr int kGeneric = 0;
     static constexpr int kFixed = 1;  // no dropout; the flags below fixed at compile time
