@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Branch fwdvar (the forward "_mods" instances launch a fixed soft-cap or ALiBi main kernel, chosen on the host:
 # FwdModVar / fwd_mod_variant in csrc/kernels/hopper/fmha_hopper_kernel.hpp, FwdKernel::builds / run in
-# fmha_fwd_hopper.cuh), verified on an H200 against main. Never run on a GPU when written (compile-only session).
+# fmha_fwd_hopper.cuh; the ALiBi kernel adds the term with one FFMA per score off the diagonal, its rows' part going
+# to the softmax: apply_alibi_folding, OnlineSoftmax::update<., kOff>), verified on an H200 against main. Never run on
+# a GPU when written (compile-only session): the correct phase is the first real test of the folded ALiBi numerics.
 #
 # From the repository root of the branch's tree (the device copy), with the base tree (an export of main at the
 # branch's start, e.g. `git archive main | tar -x -C base`) carried in a directory of its own:
@@ -29,10 +31,13 @@
 #            sequences -mode=1 -s=100,0,37 -s_k=64,19,0), plus d64 / d256 and a staged-bias shape; 10 at a time.
 #            Every line must say valid:y on the branch; the summary lists the branch's failures and every case whose
 #            verdict differs between the trees. Then compute-sanitizer memcheck on 3 branch cases.
-#   time     benchmark_mha_fwd -prec=bf16 -b=1 -h=16 -s=4096 -d=128 -warmup=10 -repeat=30 -v=0, base and branch
-#            interleaved, $REPS rounds (default 3), for: plain, -logits_soft_cap=30, -bias=a, -bias=e (staged),
-#            -sink=1, soft-cap + ALiBi (generic on both), each unmasked (-mask=0) and causal (-mask=t); a table of
-#            medians (ms), base / branch, and each tree's modifier cost against its plain call.
+#   time     benchmark_mha_fwd -prec=bf16 $TARGS -warmup=10 -repeat=30 -v=0 (TARGS default -b=1 -h=16 -s=4096
+#            -d=128), base and branch interleaved, $REPS rounds (default 3), for: plain, -logits_soft_cap=30, -bias=a,
+#            -bias=e (staged), -sink=1, soft-cap + ALiBi, each unmasked (-mask=0) and causal (-mask=t); a table of
+#            medians (ms), base / branch, and each tree's modifier cost against its plain call. Expected from the
+#            SASS (no GPU run yet): soft-cap and ALiBi faster on the branch (a full tile's path 632 -> 598 and
+#            629 -> 570 instructions per consumer thread; the soft-cap stays MUFU-bound), the other rows ~1.00 (same
+#            kernels on both trees).
 #   kernels  which main kernel ran (ncu, mangled names; skipped without ncu): soft-cap alone and with a sink ->
 #            HopperFwdKernelModsVarImpl<..., 3>, ALiBi -> <..., 5>, bias e, soft-cap + ALiBi, dropout -> the generic
 #            HopperFwdKernelModsImpl; base: always HopperFwdKernelModsImpl.
@@ -44,6 +49,7 @@ VDIR=${VDIR:-/tmp/fwdvar_verify}
 OUT=${OUT:-$VDIR/logs}
 JOBS=${JOBS:-8}
 REPS=${REPS:-3}
+TARGS=${TARGS:--b=1 -h=16 -s=4096 -d=128}  # the timed shape (issue 12 measured b=4: TARGS="-b=4 -h=16 -s=4096 -d=128")
 SITE=${SITE:-/tmp/site}
 mkdir -p "$OUT" "$VDIR"
 SUMMARY=$OUT/summary.txt
@@ -180,8 +186,8 @@ phase_time() {
                 for t in "${trees[@]}"; do
                     [ -x "$(exe "$t")" ] || continue
                     # shellcheck disable=SC2086
-                    line=$(timeout 120 "$(exe "$t")" -prec=bf16 -b=1 -h=16 -s=4096 -d=128 -warmup=10 -repeat=30 -v=0 \
-                        -kname=1 $k $m 2>&1 | grep ' ms' | tail -1)
+                    line=$(timeout 120 "$(exe "$t")" -prec=bf16 $TARGS -warmup=10 -repeat=30 -v=0 -kname=1 $k $m 2>&1 \
+                        | grep ' ms' | tail -1)
                     ms=$(echo "$line" | grep -o '[0-9.]* ms' | head -1 | cut -d' ' -f1)
                     echo "$t|$k|${m:-plain}|${ms:-NA}|$(echo "$line" | grep -o 'fwd_d[0-9a-z_]*' | head -1)" >>"$log"
                 done
