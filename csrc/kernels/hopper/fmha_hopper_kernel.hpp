@@ -116,7 +116,7 @@ struct TmaStoreOFor<true, ElementOut, SmemLayoutStage> {
 // instructions; soft-cap 632 (128 per-score FMUL + MUFU.TANH, 22 of dispatch: uniform branches, constant loads), ALiBi
 // 629 (126 FADD + FFMA, 6 of setup, 15 of dispatch); the dropout test also cuts the exp pass from O's rescale and P's
 // packing (one basic block in the plain kernel). The fixed variants: soft-cap 598 (the modifier math in the block of
-// the Q·Kᵀ wait, the softmax with the rescale and packing in one), ALiBi 605, and 570 with the row part left to the
+// the Q·Kᵀ wait, the softmax with the rescale and packing in one), ALiBi 605, and 568 with the row part left to the
 // softmax on tiles off the diagonal (kAlibiFold: 64 FFMA, no FADD; a diagonal tile 629); the plain kernel (persistent)
 // 499. A fixed staged-bias kernel measured 684, as the generic path (its tile function's address math grew), so the
 // staged bias keeps the generic kernel (FwdKernel::builds). ptxas (d64 / d256 batch, d128 batch / group): no fixed

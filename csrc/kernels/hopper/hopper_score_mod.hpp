@@ -174,7 +174,10 @@ CUTLASS_DEVICE void alibi_tile_folded(TensorS& s_mn, TensorC const& c_mn, float 
         const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
         off[i] = sigma_slope_u * float(row + (sk - sq) - (key0 + col0));
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < C; ++j) s_mn(i, j) = fmaf(c, float(int(cute::get<1>(c_mn(i, j))) - col0), s_mn(i, j));
+        for (int j = 0; j < C; ++j) {
+            const int dj = int(cute::get<1>(c_mn(i, j))) - col0;  // compile-time: the test folds away
+            if (dj != 0) s_mn(i, j) = fmaf(c, float(dj), s_mn(i, j));
+        }
     }
 }
 
