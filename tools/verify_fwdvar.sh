@@ -36,7 +36,7 @@
 #            -bias=e (staged), -sink=1, soft-cap + ALiBi, each unmasked (-mask=0) and causal (-mask=t); a table of
 #            medians (ms), base / branch, and each tree's modifier cost against its plain call. Expected from the
 #            SASS (no GPU run yet): soft-cap and ALiBi faster on the branch (a full tile's path 632 -> 598 and
-#            629 -> 570 instructions per consumer thread; the soft-cap stays MUFU-bound), the other rows ~1.00 (same
+#            629 -> 568 instructions per consumer thread; the soft-cap stays MUFU-bound), the other rows ~1.00 (same
 #            kernels on both trees).
 #   kernels  which main kernel ran (ncu, mangled names; skipped without ncu): soft-cap alone and with a sink ->
 #            HopperFwdKernelModsVarImpl<..., 3>, ALiBi -> <..., 5>, bias e, soft-cap + ALiBi, dropout -> the generic
