@@ -53,8 +53,9 @@ struct OnlineSoftmax {
     }
 
     // The fresh (masked) scores of one key tile in s_mn: P overwrites S; scale_o gets O's rescale factor.
-    // kOff: row i's scores are s_mn(i, ·) + off[i] (a term the caller left out of every score of the row: the folded
-    // ALiBi tile, hopper_score_mod.hpp), which joins the row's maximum and the exp's constant, one FADD per row each.
+    // kOff: this thread's scores of row i are s_mn(i, ·) + off[i] (a term the caller left out of each of them: the
+    // folded ALiBi tile, hopper_score_mod.hpp; it may differ between the four threads of a row), which joins the
+    // thread's maximum before the row's reduction and the exp's constant: one FADD per row each.
     template <bool kFirst, bool kOff = false, class TensorS>
     CUTLASS_DEVICE void update(TensorS& s_mn, float scale_log2, [[maybe_unused]] float const* off = nullptr) {
         constexpr int C = decltype(cute::size<1>(s_mn))::value;
@@ -65,9 +66,12 @@ struct OnlineSoftmax {
             float mx = kOff ? -INFINITY : row_max[i];  // kOff: the tile's own maximum first, then the offset
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < C; ++j) mx = fmaxf(mx, s_mn(i, j));
+            // kOff: off[i] is this thread's (it holds the term of its own first key), so it joins before the four
+            // threads of the row compare: their maxima are then in the same units (-inf stays -inf).
+            if constexpr (kOff) mx += off[i];
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            if constexpr (kOff) mx = fmaxf(row_max[i], mx + off[i]);  // (-inf stays -inf)
+            if constexpr (kOff) mx = fmaxf(row_max[i], mx);
             [[maybe_unused]] bool move = true;  // the reference moves to mx (always, without kLazy)
             if constexpr (!kFirst && kLazy) {
                 // Only past the threshold (-inf to a finite maximum always: +inf > it; a row with nothing visible
