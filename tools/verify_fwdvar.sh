@@ -231,7 +231,7 @@ phase_kernels() {
             [ "$t" = base ] && want=HopperFwdKernelModsImplI
             log=$OUT/ncu_${t}_$(echo "${c%%|*}" | tr -c 'a-z0-9' '_').log
             # shellcheck disable=SC2086
-            timeout 120 ncu --print-kernel-base mangled --metrics gpu__time_duration.sum -k regex:HopperFwd \
+            timeout 120 ncu --kernel-name-base mangled --print-kernel-base mangled --metrics gpu__time_duration.sum -k regex:HopperFwd \
                 "$(exe "$t")" -prec=bf16 -b=1 -h=4 -s=512 -d=128 -mask=t -v=0 -warmup=0 -repeat=1 ${c%%|*} >"$log" 2>&1
             got=$(grep -o '_ZN7cutlass13device_kernelIN6mhakit6hopper[A-Za-z0-9_]*' "$log" | sort -u | head -2 | tr '\n' ' ')
             if echo "$got" | grep -Eq "$want"; then note "kernel $t ${c%%|*}: ok"; else note "kernel $t ${c%%|*}: WRONG (want $want) got ${got:-none}"; fi
