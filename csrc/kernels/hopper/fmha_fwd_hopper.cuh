@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -79,6 +80,24 @@ struct FwdKernel {
                            HopperFwdKernelPersistentImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM,
                                                          kBlockN, kMaxStages>,
                            HopperFwdKernelImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN>>>;
+    // The main kernel of modifier variant kVar (FwdModVar): Impl for kGeneric (and in a plain instance), else the
+    // "_mods" instance's fixed variant.
+    template <int kVar>
+    using ImplOf = std::conditional_t<
+        !kMods || kVar == FwdModVar::kGeneric, Impl,
+        HopperFwdKernelModsVarImpl<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN,
+                                   (kMods ? kVar : FwdModVar::kGeneric)>>;
+    // The fixed variants (FwdModVar) a "_mods" instance builds besides the generic kernel, each a main kernel of its
+    // own: soft-cap alone and ALiBi alone. Everything else keeps the generic kernel: a staged bias (its fixed kernel
+    // had as many instructions per tile as the generic one's path, SASS in FwdModVar's comment), pairs of modifiers,
+    // dropout, fp32 / unaligned biases, a sink alone (the catalogue sends those calls to the plain instances). They
+    // add nvcc time to each "_mods" instance (d128 batch masked, FwdModVar's comment).
+    using FixedVariants =
+        std::integer_sequence<int, FwdModVar::kFixed | FwdModVar::kCap, FwdModVar::kFixed | FwdModVar::kAlibi>;
+    static constexpr bool builds(int var) {
+        if (!kMods) return false;
+        return var == (FwdModVar::kFixed | FwdModVar::kCap) || var == (FwdModVar::kFixed | FwdModVar::kAlibi);
+    }
     static constexpr int kCounterBytes = 8;  // persistent: the tile counter (epoch, count) at the workspace's start
     static constexpr bool kFp8 = Impl::kFp8;
     // fp8: where the transposed V starts in the workspace (persistent: after the counter, at the alignment every
@@ -127,7 +146,8 @@ struct FwdKernel {
     }
     static void* vt_ptr(const FwdParams& p) { return static_cast<char*>(p.workspace) + kVtOffset; }
 
-    static typename Impl::Params make_params(const FwdParams& p) {
+    template <class K = Impl>  // the main kernel (Impl or a fixed variant's ImplOf)
+    static typename K::Params make_params(const FwdParams& p) {
         using namespace cute;
         const int group = p.nhead_q / p.nhead_k;
         // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
@@ -154,7 +174,7 @@ struct FwdKernel {
         // V: as given, or (fp8) transposed in the workspace, its key extent rounded up to whole slot groups.
         const VtLayout vt = VtLayout::of(p.batch, p.nhead_k, p.hdim_v, p.seqlen_k);
         const void* v_ptr = kFp8 ? vt_ptr(p) : p.v;
-        typename Impl::StrideV dV = [&] {
+        typename K::StrideV dV = [&] {
             if constexpr (kFp8) {
                 return make_stride(_1{}, vt.d_stride,
                                    make_stride(fix(vt.batch_stride, batch), make_stride(_0{}, fix(vt.head_stride, p.nhead_k))));
@@ -165,12 +185,12 @@ struct FwdKernel {
             }
         }();
 
-        typename Impl::Mainloop::Arguments margs{static_cast<Element const*>(p.q), dQ,
+        typename K::Mainloop::Arguments margs{static_cast<Element const*>(p.q), dQ,
                                                  static_cast<Element const*>(p.k), dK,
                                                  static_cast<Element const*>(v_ptr), dV};
-        typename Impl::Params params{};
+        typename K::Params params{};
         params.problem = problem;
-        params.mainloop = Impl::Mainloop::to_underlying_arguments(problem, margs, nullptr);
+        params.mainloop = K::Mainloop::to_underlying_arguments(problem, margs, nullptr);
         params.mainloop.scale_softmax = p.scale;  // the collective assumes 1/sqrt(d); we take the caller's scale
         params.mainloop.scale_softmax_log2 = p.scale_log2;
         params.mainloop.rp_dropout = 1.f;
@@ -180,19 +200,19 @@ struct FwdKernel {
             HopperProblemShape problem_v = problem;
             get<4>(problem_v) = p.hdim_v;
             if constexpr (kFp8) get<3>(problem_v) = int(vt.keys);  // slots past seqlen_k carry real keys (hopper_fp8.hpp)
-            typename Impl::MainloopV::Arguments vargs{static_cast<Element const*>(p.q), dQ,
+            typename K::MainloopV::Arguments vargs{static_cast<Element const*>(p.q), dQ,
                                                       static_cast<Element const*>(p.k), dK,
                                                       static_cast<Element const*>(v_ptr), dV};
-            return Impl::MainloopV::to_underlying_arguments(problem_v, vargs, nullptr).tma_load_v;
+            return K::MainloopV::to_underlying_arguments(problem_v, vargs, nullptr).tma_load_v;
         };
-        if constexpr (Impl::kSplitDims || kFp8) {
+        if constexpr (K::kSplitDims || kFp8) {
             params.tma_load_v = v_descriptor();
         } else {
             params.tma_load_v = p.hdim_v == p.hdim_q ? params.mainloop.tma_load_v : v_descriptor();
         }
         params.o = static_cast<ElementOut*>(p.o);
-        if constexpr (Impl::kTmaStoreO) {  // O's TMA store: Q's stride shape
-            params.tma_store_o = Impl::TmaStoreO::make(
+        if constexpr (K::kTmaStoreO) {  // O's TMA store: Q's stride shape
+            params.tma_store_o = K::TmaStoreO::make(
                 static_cast<ElementOut*>(p.o), p.seqlen_q, p.hdim_v, batch, group, p.nhead_k,
                 query_stride(p.o_row_stride, p.o_head_stride, p.o_batch_stride));
         }
@@ -214,7 +234,7 @@ struct FwdKernel {
             // (max_seqlen_q, total_k), the boxes staying inside their sequences (BiasStage::staged_slot). A map the
             // driver refuses leaves the consumers' global loads.
             params.bias_staged = false;
-            if constexpr (Impl::kBiasStages > 0) {
+            if constexpr (K::kBiasStages > 0) {
                 if (bias_stageable(p.mods))
                     params.bias_staged = make_bias_map<Element>(&params.bias_map, p.mods, p.batch, p.nhead_q,
                                                                 kGroup ? p.max_seqlen_q : p.seqlen_q,
@@ -226,7 +246,7 @@ struct FwdKernel {
         params.descale_q = p.descale_q;
         params.descale_k = p.descale_k;
         params.descale_v = p.descale_v;
-        if constexpr (kPersistent || Impl::kOneTileOrder) {  // batch mode (else sched stays {}: the 3-D grid)
+        if constexpr (kPersistent || K::kOneTileOrder) {  // batch mode (else sched stays {}: the 3-D grid)
             // Sections of (head, batch) pairs whose K and V (the pair's K/V head: shared under GQA) fill about 24 MB
             // of the L2 (H100 / H200: 50 MB), so that the heaviest-first order of a section re-reads them from there.
             const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.hdim_q + p.hdim_v) * int64_t(sizeof(Element));
@@ -237,7 +257,7 @@ struct FwdKernel {
                 const bool counted =
                     p.workspace_bytes >= size_t(kCounterBytes) && p.num_sms > 0 && p.counter_epoch != 0;
                 auto* counter = counted ? static_cast<unsigned long long*>(p.workspace) : nullptr;
-                params.sched = Impl::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, kMasked,
+                params.sched = K::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, kMasked,
                                                                  counter, p.counter_epoch);
             } else {
                 // One CTA per tile (Impl::kOneTileOrder: batch-mode 16-bit one-tile instances, plain d256 and the
@@ -250,7 +270,7 @@ struct FwdKernel {
                 // calls in the one-tile order").
                 // Other calls (sched.total = 0) keep the 3-D grid, whose order a one-pair section would repeat; so do
                 // group mode, fp8 and the d64 "_mods" tile (not kOneTileOrder).
-                params.sched = Impl::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, true, nullptr, 0);
+                params.sched = K::PersistentScheduler::params(m_blocks, p.nhead_q, p.batch, section, true, nullptr, 0);
                 if (p.mask_type == 0 || params.sched.section < 2 ||
                     int64_t(m_blocks) * p.nhead_q * p.batch > int64_t(INT32_MAX))
                     params.sched.total = 0;
@@ -259,9 +279,44 @@ struct FwdKernel {
         return params;
     }
 
+    template <class K = Impl>  // each main kernel its own opt-in (their shared storage differs: the bias ring)
     static cudaError_t prepare_device() {
         static std::atomic<uint64_t> smem_opted_in{0};
-        return opt_in_dynamic_smem(cutlass::device_kernel<Impl>, int(Impl::SharedStorageSize), smem_opted_in);
+        return opt_in_dynamic_smem(cutlass::device_kernel<K>, int(K::SharedStorageSize), smem_opted_in);
+    }
+
+    // f(KernelTag<K>{}) with K the main kernel of the call's modifier variant (fwd_mod_variant), or the generic one
+    // where this instance builds no such variant: the one place that picks it.
+    template <class K>
+    struct KernelTag {
+        using type = K;
+    };
+    template <int kVar, class F>
+    static bool run_variant(int var, F& f, cudaError_t& err) {
+        if constexpr (builds(kVar)) {
+            if (var != kVar) return false;
+            err = f(KernelTag<ImplOf<kVar>>{});
+            return true;
+        } else {
+            return false;
+        }
+    }
+    template <class F, int... kVars>
+    static cudaError_t with_main_kernel(int var, F&& f, std::integer_sequence<int, kVars...>) {
+        cudaError_t err = cudaSuccess;
+        if (!(run_variant<kVars>(var, f, err) || ...)) err = f(KernelTag<Impl>{});
+        return err;
+    }
+    // The variant that run() launches for p (FwdModVar::kGeneric: the generic or plain kernel), for tests.
+    static int main_kernel_variant(const FwdParams& p) {
+        const int var = kMods ? fwd_mod_variant(p.mods) : FwdModVar::kGeneric;
+        int got = FwdModVar::kGeneric;
+        with_main_kernel(var, [&](auto tag) {
+            using K = typename decltype(tag)::type;
+            got = std::is_same_v<K, Impl> ? FwdModVar::kGeneric : var;
+            return cudaSuccess;
+        }, FixedVariants{});
+        return got;
     }
 
     static cudaError_t run(const FwdParams& p, cudaStream_t stream) {
@@ -282,14 +337,21 @@ struct FwdKernel {
                     return err;
             }
         }
-        cudaError_t err = prepare_device();
+        const int var = kMods ? fwd_mod_variant(p.mods) : FwdModVar::kGeneric;
+        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream); },
+                                FixedVariants{});
+    }
+
+    template <class K>  // K: the main kernel
+    static cudaError_t run_with(const FwdParams& p, cudaStream_t stream) {
+        cudaError_t err = prepare_device<K>();
         if (err != cudaSuccess) return err;
-        const typename Impl::Params params = make_params(p);
+        const typename K::Params params = make_params<K>(p);
         const dim3 grid = kPersistent || params.sched.total > 0
-                              ? Impl::PersistentScheduler::grid(params.sched, p.num_sms)  // one CTA per SM, or tile
-                              : Impl::grid((p.max_seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
-        const dim3 block(Impl::MaxThreadsPerBlock);
-        cutlass::device_kernel<Impl><<<grid, block, Impl::SharedStorageSize, stream>>>(params);
+                              ? K::PersistentScheduler::grid(params.sched, p.num_sms)  // one CTA per SM, or tile
+                              : K::grid((p.max_seqlen_q + kBlockM - 1) / kBlockM, p.nhead_q, p.batch);
+        const dim3 block(K::MaxThreadsPerBlock);
+        cutlass::device_kernel<K><<<grid, block, K::SharedStorageSize, stream>>>(params);
         return cudaGetLastError();
     }
 };

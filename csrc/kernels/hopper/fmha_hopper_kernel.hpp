@@ -108,8 +108,43 @@ struct TmaStoreOFor<true, ElementOut, SmemLayoutStage> {
     using type = decltype(make(nullptr, 0, 0, 0, 0, 0, HopperStrideQ{}));
 };
 
+// The forward "_mods" kernel's modifier variant (its kModVar), which the launcher picks per call (fwd_mod_variant,
+// FwdKernel::run): the generic kernel dispatches per key tile at run time (score_mods: soft-cap, bias kind and element
+// type, staged or not; dropout per tile), a fixed variant knows the call's modifiers at compile time and calls its tile
+// function directly (fixed_score_mods). SASS of a full key tile's path, one consumer thread, d128 bf16 batch masked
+// (the generic kernel is main's, instruction for instruction): the generic kernel's path without modifier math is 482
+// instructions; soft-cap 632 (128 per-score FMUL + MUFU.TANH, 22 of dispatch: uniform branches, constant loads), ALiBi
+// 629 (126 FADD + FFMA, 6 of setup, 15 of dispatch); the dropout test also cuts the exp pass from O's rescale and P's
+// packing (one basic block in the plain kernel). The fixed variants: soft-cap 598 (the modifier math in the block of
+// the Q·Kᵀ wait, the softmax with the rescale and packing in one), ALiBi 605, and 568 with the row part left to the
+// softmax on tiles off the diagonal (kAlibiFold: 64 FFMA, no FADD; a diagonal tile 629); the plain kernel (persistent)
+// 499. A fixed staged-bias kernel measured 684, as the generic path (its tile function's address math grew), so the
+// staged bias keeps the generic kernel (FwdKernel::builds). ptxas (d64 / d256 batch, d128 batch / group): no fixed
+// variant spills (the d64 generic kernel 56 / 100 / 100 bytes, as on main). nvcc -cubin of the d128 instance: +4 to +7
+// s (2 cores, base / branch interleaved: 39.9, 44.5 / 49.7, 46.5 s). Values: kGeneric, or kFixed with the flags of the
+// call's modifiers (as the backward's BwdModVar).
+struct FwdModVar {
+    static constexpr int kGeneric = 0;
+    static constexpr int kFixed = 1;  // no dropout; the flags below fixed at compile time
+    static constexpr int kCap = 2;    // soft-cap
+    static constexpr int kAlibi = 4;  // ALiBi
+    static constexpr int kBias = 8;   // a 16-bit elementwise bias of a stageable layout (bias_stageable)
+    // score_mods_tile's bias kind of a fixed variant (a staged bias: 1, the kind of its global-memory fallback)
+    static constexpr int bias_kind(int v) { return (v & kAlibi) ? 2 : (v & kBias) ? 1 : 0; }
+};
+
+// The fixed variant of a call (every flag as the call sets it), or kGeneric where the call needs what only the
+// generic kernel does: dropout, an elementwise bias that is not stageable (fp32, unaligned rows). A sink changes no
+// score: a sink alone is kFixed with no flag (the catalogue sends those calls to the plain instances). The launcher
+// runs the generic kernel also for a fixed variant its instance does not build (FwdKernel::builds).
+CUTLASS_HOST_DEVICE int fwd_mod_variant(ScoreMods const& m) {
+    if (m.dropout.on || (m.bias_type == 1 && !bias_stageable(m))) return FwdModVar::kGeneric;
+    return FwdModVar::kFixed | (m.softcap > 0.f ? FwdModVar::kCap : 0) | (m.bias_type == 2 ? FwdModVar::kAlibi : 0) |
+           (m.bias_type == 1 ? FwdModVar::kBias : 0);
+}
+
 template <class Element_, class ElementOut_, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM,
-          int kBlockN, bool kMods, bool kPersistent = false, int kMaxStages = 5>
+          int kBlockN, bool kMods, bool kPersistent = false, int kMaxStages = 5, int kModVar = FwdModVar::kGeneric>
 struct HopperFwdKernelBody {
     using Element = Element_;       // q, k, v
     using ElementOut = ElementOut_;  // o
@@ -117,6 +152,17 @@ struct HopperFwdKernelBody {
     static_assert(!kFp8 || (kBlockN % 32 == 0 && !kGroup && kHdimV == kHdim),
                   "fp8: kBlockN a multiple of 32 (the wgmma's k step), batch mode, equal head-dim buckets");
     static_assert(!(kFp8 && kMods), "fp8 instances have no score modifiers");
+    // A fixed modifier variant (FwdModVar; "_mods" instances only): its flags known at compile time, no dropout.
+    static constexpr bool kFixedVar = kMods && kModVar != FwdModVar::kGeneric;
+    static constexpr bool kGenericMods = kMods && !kFixedVar;
+    static constexpr bool kVarCap = kFixedVar && (kModVar & FwdModVar::kCap) != 0;
+    static constexpr int kVarBias = kFixedVar ? FwdModVar::bias_kind(kModVar) : 0;
+    // The fixed ALiBi kernel leaves each off-diagonal tile's row part of ALiBi to the softmax (apply_alibi_folding,
+    // OnlineSoftmax::update's offsets): one FFMA per score instead of an FADD and an FFMA.
+    static constexpr bool kAlibiFold = kFixedVar && kVarBias == 2 && !kVarCap;
+    static constexpr int kRowsPerThread = 2;  // query rows of S a consumer thread holds (wgmma C: 64 rows, 128 threads)
+    static_assert(!kMods || kModVar == FwdModVar::kGeneric || (kModVar & FwdModVar::kFixed) != 0, "a FwdModVar");
+    static_assert(kMods || kModVar == FwdModVar::kGeneric, "plain instances have one kernel");
     // kPersistent: a grid of resident CTAs walking work tiles (DynamicPersistentScheduler), batch-mode plain
     // instances only (group mode's empty blocks and the bias warp are one-tile code). fp8 ones stage O in rows of
     // their own (kOwnORows), not in the K/V ring, which the producer fills with the next tile's keys meanwhile.
@@ -146,7 +192,8 @@ struct HopperFwdKernelBody {
     // The d64 tile (three warpgroups of 160 registers) spilled with the staged path (ptxas, the masked group
     // instance: 80 / 92 -> 180 / 172 bytes, with the earlier cp.async loader), and (192, 128)'s 96-key tiles are not
     // whole boxes: both keep the global loads.
-    static constexpr bool kStageBias = kMods && NumMmaWG == 2 && kBlockN % kBiasBoxKeys == 0;
+    // (the generic kernel's: the fixed variants have no elementwise bias, FwdKernel::builds)
+    static constexpr bool kStageBias = kGenericMods && NumMmaWG == 2 && kBlockN % kBiasBoxKeys == 0;
     using BiasStageOf = BiasStage<kBlockN, NumMmaWG, 0, 128>;  // its sizes (no staging: never used)
     static constexpr int kBiasStageBytes = kStageBias ? BiasStageOf::kStageBytes : 0;
     static constexpr int kFitStages = (kSmemLimit - 1024 - kQBytes - kBiasStageBytes) / kStageBytes;
@@ -656,7 +703,12 @@ struct HopperFwdKernelBody {
     template <class TensorS, class TensorC>
     CUTLASS_DEVICE static void score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
                                           SharedStorage& storage, FwdModUnits const& units, bool staged,
-                                          Work const& work, Sequence const& seq, int row0, int wg, int n, int t) {
+                                          Work const& work, Sequence const& seq, int row0, int wg, int n, int t,
+                                          [[maybe_unused]] float (&row_off)[kRowsPerThread]) {
+        if constexpr (kFixedVar) {
+            fixed_score_mods(s_mn, c_mn, params, units, seq, row0, n, row_off);
+            return;
+        }
         if (!per_score_mods(params.mods)) return;
         if constexpr (kBiasStages > 0) {
             if (staged) {  // group mode: a slot past the sequence is left empty (Bias::staged_slot), read from global
@@ -669,6 +721,21 @@ struct HopperFwdKernelBody {
         }
         apply_score_mods<Element>(s_mn, c_mn, params.mods, units, work.batch, work.head, seq.sq, seq.sk, row0,
                                   n * kBlockN);
+    }
+
+    // A fixed variant's modifiers on key tile n: its tile function called directly, no branch on the call's
+    // modifiers (soft-cap, ALiBi: FwdKernel::builds); ALiBi alone leaves the rows' part to the softmax (row_off).
+    template <class TensorS, class TensorC>
+    CUTLASS_DEVICE static void fixed_score_mods(TensorS& s_mn, TensorC const& c_mn, Params const& params,
+                                                FwdModUnits const& units, Sequence const& seq, int row0, int n,
+                                                [[maybe_unused]] float (&row_off)[kRowsPerThread]) {
+        static_assert(kFixedVar && (kModVar & FwdModVar::kBias) == 0, "a fixed variant without elementwise bias");
+        if constexpr (kAlibiFold)
+            apply_alibi_folding<64, kBlockN>(s_mn, c_mn, params.mods, units, row_off, seq.sq, seq.sk, row0,
+                                             n * kBlockN);
+        else
+            detail::score_mods_tile<kVarCap, kVarBias, float>(s_mn, c_mn, params.mods, units, nullptr, 0, seq.sq,
+                                                              seq.sk, row0, n * kBlockN, false);
     }
 
     // One consumer warpgroup (64 query rows): S = Q·Kᵀ, mask, online softmax and O += P·V per key tile, with the
@@ -812,6 +879,8 @@ struct HopperFwdKernelBody {
         };
 
         OnlineSoftmax<R, kLazyRescale> softmax;
+        static_assert(R == kRowsPerThread);
+        [[maybe_unused]] float row_off[R];  // kAlibiFold: each row's ALiBi term left out of the tile's scores
         // A soft-capped call without bias or ALiBi has every score S = tanh(·) <= 1 in the units of U (the cap), so
         // the softmax may take 1 as each row's fixed reference maximum (OnlineSoftmax::fix_reference): no row
         // maximum per tile and no rescale of O. A masked score is -inf as before, and the smallest visible one,
@@ -875,7 +944,10 @@ struct HopperFwdKernelBody {
                         return;
                     }
                 }
-                softmax.template update<decltype(first_c)::value>(sv, scale_log2);
+                if constexpr (kAlibiFold)
+                    softmax.template update<decltype(first_c)::value, true>(sv, scale_log2, row_off);
+                else
+                    softmax.template update<decltype(first_c)::value>(sv, scale_log2);
             };
             if constexpr (decltype(narrow_c)::value)
                 run(s_mn_n, c_mn_n);
@@ -894,7 +966,7 @@ struct HopperFwdKernelBody {
         // waits for that product to free P's operand registers first (under it the d64 instance spilled more).
         constexpr bool kDropUnderPV = NumMmaWG < 3;
         auto drop_tile = [&](int n) {
-            if constexpr (kMods) {
+            if constexpr (kGenericMods) {  // (a fixed variant: no dropout, fwd_mod_variant)
                 Dropout const& d = params.mods.dropout;
                 if (d.on) {
                     const int nhead_q = get<1, 0>(params.problem) * get<1, 1>(params.problem);
@@ -949,7 +1021,8 @@ struct HopperFwdKernelBody {
                     pipe_kv.consumer_release(rkv);
                     ++rkv;  // -> V0
                     if constexpr (kMods)
-                        score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, tiles.visit.begin, 0);
+                        score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, tiles.visit.begin, 0,
+                                   row_off);
                     softmax_tile(tiles.visit.begin, cute::true_type{}, narrow_c);
                     drop_tile(tiles.visit.begin);
                     pack_tile(narrow_c);  // P: the A operand (registers) of P·V
@@ -970,7 +1043,7 @@ struct HopperFwdKernelBody {
                     pipe_kv.consumer_release(rkv);
                     if constexpr (kMods)
                         score_mods(s_mn, c_mn, params, storage, units, staged, work, seq, row0, wg, n,
-                                   n - tiles.visit.begin);
+                                   n - tiles.visit.begin, row_off);
                     softmax_tile(n, cute::false_type{}, narrow_c);
                     if constexpr (kDropUnderPV) drop_tile(n);  // under the P·V in flight
 
@@ -1021,7 +1094,7 @@ struct HopperFwdKernelBody {
 
         // ---- normalise, LSE, O ----
         float lse[R];
-        if constexpr (kMods) {
+        if constexpr (kGenericMods) {
             if (params.mods.dropout.on) scale_kept(acc_o, params.mods.dropout);
         }
         if constexpr (kMods)
@@ -1076,13 +1149,19 @@ struct HopperFwdKernelBody {
     }
 };
 
-// The kernel types (distinct names, so that the plain one keeps its symbol): plain and modifier instances.
+// The kernel types (distinct names, so that the plain one keeps its symbol): plain and modifier instances, the
+// latter one per modifier variant (FwdModVar) that the instance builds (the generic one keeps its symbol).
 template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct HopperFwdKernelImpl
     : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, false> {};
 template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN>
 struct HopperFwdKernelModsImpl
     : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true> {};
+template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN,
+          int kModVar>
+struct HopperFwdKernelModsVarImpl
+    : HopperFwdKernelBody<Element, ElementOut, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true, false, 5,
+                          kModVar> {};
 // The persistent grid (catalogue `persistent`; batch-mode plain instances): a type of its own, so that the one-tile
 // kernels keep their symbols and code.
 template <class Element, class ElementOut, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN,

@@ -157,7 +157,55 @@ CUTLASS_DEVICE void score_mods_tile(TensorS& s_mn, TensorC const& c_mn, ScoreMod
     }
 }
 
+// ALiBi on a key tile where the distance d = i + s_k − s_q − j keeps one sign σ over every (row, key) of the
+// warpgroup's tile (alibi_tile_sign): slope_u·|d| = σ·slope_u·(dist0_i − (j − j0)) splits into a column part, added
+// here by one FFMA per score (j − j0, the key's offset in the thread's fragment, a compile-time constant), and a row
+// part σ·slope_u·dist0_i, which goes to off[i] for the softmax (OnlineSoftmax::update<·, kOff>) instead of into every
+// score: one FFMA per score in place of score_mods_tile's FADD and FFMA. (In units of U, as score_mods_tile.)
+template <class TensorS, class TensorC, int R>
+CUTLASS_DEVICE void alibi_tile_folded(TensorS& s_mn, TensorC const& c_mn, float sigma_slope_u, float (&off)[R], int sq,
+                                      int sk, int row0, int key0) {
+    static_assert(decltype(cute::size<0>(s_mn))::value == R);
+    constexpr int C = decltype(cute::size<1>(s_mn))::value;
+    const int col0 = int(cute::get<1>(c_mn(0, 0)));
+    const float c = -sigma_slope_u;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < R; ++i) {
+        const int row = row0 + int(cute::get<0>(c_mn(i, 0)));
+        off[i] = sigma_slope_u * float(row + (sk - sq) - (key0 + col0));
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < C; ++j) {
+            const int dj = int(cute::get<1>(c_mn(i, j))) - col0;  // compile-time: the test folds away
+            if (dj != 0) s_mn(i, j) = fmaf(c, float(dj), s_mn(i, j));
+        }
+    }
+}
+
 }  // namespace detail
+
+// The sign σ of ALiBi's distance d = i + s_k − s_q − j over a tile of kRows query rows from row0 and kKeys keys from
+// key0 (positions in the sequence; rows and keys past its end count too, so it holds for what the tile computes): +1
+// where every d >= 0, -1 where every d <= 0, 0 where the diagonal crosses the tile. Uniform over the warpgroup.
+template <int kRows, int kKeys>
+CUTLASS_HOST_DEVICE int alibi_tile_sign(int sq, int sk, int row0, int key0) {
+    const int d_min = row0 + (sk - sq) - (key0 + kKeys - 1), d_max = row0 + kRows - 1 + (sk - sq) - key0;
+    return d_min >= 0 ? 1 : d_max <= 0 ? -1 : 0;
+}
+
+// ALiBi alone on a key tile, with the row part left to the softmax (off, zero where the tile holds the diagonal and
+// score_mods_tile's |d| per score does the whole term): the fixed ALiBi kernel's (fmha_hopper_kernel.hpp).
+template <int kRows, int kKeys, class TensorS, class TensorC, int R>
+CUTLASS_DEVICE void apply_alibi_folding(TensorS& s_mn, TensorC const& c_mn, ScoreMods const& m, FwdModUnits const& u,
+                                        float (&off)[R], int sq, int sk, int row0, int key0) {
+    const int sign = alibi_tile_sign<kRows, kKeys>(sq, sk, row0, key0);
+    if (sign != 0) {
+        detail::alibi_tile_folded(s_mn, c_mn, float(sign) * u.slope_u, off, sq, sk, row0, key0);
+    } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < R; ++i) off[i] = 0.f;
+        detail::score_mods_tile<false, 2, float>(s_mn, c_mn, m, u, nullptr, 0, sq, sk, row0, key0, false);
+    }
+}
 
 // S (raw q·k, rows x keys view s_mn with tile coordinates c_mn) of the key tile starting at key0, for query rows
 // from row0 on (positions count from the sequence's start; sequence b with sq queries and sk keys, query head h) ->

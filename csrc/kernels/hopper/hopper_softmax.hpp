@@ -53,18 +53,25 @@ struct OnlineSoftmax {
     }
 
     // The fresh (masked) scores of one key tile in s_mn: P overwrites S; scale_o gets O's rescale factor.
-    template <bool kFirst, class TensorS>
-    CUTLASS_DEVICE void update(TensorS& s_mn, float scale_log2) {
+    // kOff: this thread's scores of row i are s_mn(i, ·) + off[i] (a term the caller left out of each of them: the
+    // folded ALiBi tile, hopper_score_mod.hpp; it may differ between the four threads of a row), which joins the
+    // thread's maximum before the row's reduction and the exp's constant: one FADD per row each.
+    template <bool kFirst, bool kOff = false, class TensorS>
+    CUTLASS_DEVICE void update(TensorS& s_mn, float scale_log2, [[maybe_unused]] float const* off = nullptr) {
         constexpr int C = decltype(cute::size<1>(s_mn))::value;
         static_assert(decltype(cute::size<0>(s_mn))::value == R);
         [[maybe_unused]] bool moved = false;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < R; ++i) {
-            float mx = row_max[i];
+            float mx = kOff ? -INFINITY : row_max[i];  // kOff: the tile's own maximum first, then the offset
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < C; ++j) mx = fmaxf(mx, s_mn(i, j));
+            // kOff: off[i] is this thread's (it holds the term of its own first key), so it joins before the four
+            // threads of the row compare: their maxima are then in the same units (-inf stays -inf).
+            if constexpr (kOff) mx += off[i];
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            if constexpr (kOff) mx = fmaxf(row_max[i], mx);
             [[maybe_unused]] bool move = true;  // the reference moves to mx (always, without kLazy)
             if constexpr (!kFirst && kLazy) {
                 // Only past the threshold (-inf to a finite maximum always: +inf > it; a row with nothing visible
@@ -74,7 +81,8 @@ struct OnlineSoftmax {
                 moved |= move;
             }
             const float m_ref = (mx == -INFINITY) ? 0.f : mx;  // rows with nothing visible yet: no NaN
-            const float neg = -m_ref * scale_log2;
+            float neg = -m_ref * scale_log2;
+            if constexpr (kOff) neg = (off[i] - m_ref) * scale_log2;
             if constexpr (!kFirst) scale_o[i] = move ? detail::exp2_approx((row_max[i] - m_ref) * scale_log2) : 1.f;
             row_max[i] = mx;
             const float sum = exp_row(s_mn, i, scale_log2, neg);
