@@ -27,6 +27,14 @@ def to_bits(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return rounded, (rounded.astype(np.uint32) << 16).view(np.float32)
 
 
+def fill_value(value: float, array_dtype) -> float | int:
+    """The scalar that fills an array of array_dtype with `value`: its bf16 bit pattern where the array holds bf16
+    as uint16 bits (a plain 7 there would be a denormal next to 0), else value itself."""
+    if np.dtype(array_dtype) == np.uint16:
+        return int(to_bits(np.array([value], np.float32), "bf16")[0][0])
+    return value
+
+
 def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "fp16":
         return bits.view(np.float16).astype(np.float32)

@@ -16,6 +16,7 @@ import pytest
 import mhakit
 from mhakit import _codegen, api, reference
 
+from gpu_arrays import fill_value
 from test_python_gpu_mods import check_grads, close, dev, host, make_mods, sequence_mods
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
@@ -58,8 +59,9 @@ def mod_grads(d_kw, shape, dbias_pitch=None):
     grads = {}
     if "bias" in d_kw:
         full = shape if dbias_pitch is None else (*shape[:-1], dbias_pitch)
-        # not zeros: every element must be written
-        grads["dbias"] = cp.full(full, 7, dtype=d_kw["bias"].dtype)[..., :shape[-1]]
+        # 7, not zeros: every element must be written (7 as a value: bf16 arrays hold bits)
+        dt = d_kw["bias"].dtype
+        grads["dbias"] = cp.full(full, fill_value(7.0, dt), dtype=dt)[..., :shape[-1]]
     if "sink" in d_kw:
         grads["dsink"] = cp.full((shape[1],), 7, dtype=cp.float32)
     return grads
@@ -125,8 +127,9 @@ def test_dbias_rows(sq, sk, pitch, mask, launched):
     written (the buffer starts at 7: check_grads), none past s_k."""
     _, _, _, grads = run_batch("bias16", mask, "bf16", 128, 128, 2, 4, 2, sq, sk, launched,
                                f"bwd/dbias/{sq}/{sk}/{mask}", dbias_pitch=pitch)
-    pad = cp.asnumpy(grads["dbias"].base[..., sk:]) if pitch > sk else np.full(1, 7)
-    assert (pad.astype(np.float32) == 7).all(), "dbias written past s_k"
+    seven = fill_value(7.0, grads["dbias"].dtype)
+    pad = cp.asnumpy(grads["dbias"].base[..., sk:]) if pitch > sk else np.full(1, seven)
+    assert (pad == seven).all(), "dbias written past s_k"
 
 
 @pytest.mark.parametrize("kind", ["cap+alibi+sink", "bias16"])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mhakit
-from gpu_arrays import from_bits, to_bits
+from gpu_arrays import fill_value, from_bits, to_bits
 from mhakit import reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.compile]
@@ -114,8 +114,9 @@ def test_forward_and_backward_batch(kind, mask, d, dtype):
     close(host(lse, dtype), lse_ref, reference.tolerances(dtype), "LSE")
 
     grads = {}
-    if "bias" in d_kw:
-        grads["dbias"] = cp.zeros((b, h, sq, sk), dtype=d_kw["bias"].dtype)
+    if "bias" in d_kw:  # 7, not zeros: the call must write every element (the tiles no key block visits as zeros)
+        dt = d_kw["bias"].dtype
+        grads["dbias"] = cp.full((b, h, sq, sk), fill_value(7.0, dt), dtype=dt)
     if "sink" in d_kw:
         grads["dsink"] = cp.zeros((h,), dtype=cp.float32)
     dq, dk, dv = mhakit.mha_bwd(do, q, k, v, o, lse, layout="bhsd", dtype=dtype, **m_kw, **d_kw, **grads)
@@ -142,7 +143,7 @@ def test_group_mode(kind):
                                    dtype=dtype, **d_kw)
     grads = {}
     if "bias" in d_kw:
-        grads["dbias"] = cp.zeros((b, h, mq, mk), dtype=cp.float32)
+        grads["dbias"] = cp.full((b, h, mq, mk), 7.0, dtype=cp.float32)  # every element inside a sequence written
     if "sink" in d_kw:
         grads["dsink"] = cp.zeros((h,), dtype=cp.float32)
     dq, dk, dv = mhakit.mha_varlen_bwd(do, q, k, v, o, lse, cp.asarray(cq), cp.asarray(ck), mq, mk, causal=True,

@@ -88,6 +88,13 @@ struct MaskGeometry {
     MHAKIT_HOST_DEVICE TileRange query_tiles(int n0, int n1) const {
         return tiles_touching(query_begin(n0), query_end(n1), kBlockM);
     }
+    // The query tiles (block_m rows) that key block n (block_n keys, n below the sequence's key blocks) visits: the
+    // backward's loop over a key block's query tiles (both families) and the zeroing of the dbias tiles that no key
+    // block writes read this one rule (the Hopper family with its tile sizes as constants, which fold the divisions).
+    MHAKIT_HOST_DEVICE TileRange key_block_query_tiles(int n, int block_m, int block_n) const {
+        const int n0 = n * block_n;
+        return tiles_touching(query_begin(n0), query_end((n0 + block_n < sk ? n0 + block_n : sk) - 1), block_m);
+    }
     // Whether every row of [r0, r1] sees every key of [n0, n0 + kBlockN) (past-the-end keys count as unseen): the
     // tile pair needs no element-wise mask. The same test as full_key_tiles, for one pair, written without clamps
     // (n0 >= 0 makes them redundant) because the backward loops ask it per tile.

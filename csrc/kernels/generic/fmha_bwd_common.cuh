@@ -20,6 +20,7 @@
 #include "../../include/mha_common.h"
 #include "../common/bwd_params.h"
 #include "../common/mask.h"
+#include "../common/mask_geometry.h"
 #include "generic_ptx.cuh"
 #include "generic_score_mod.cuh"
 #include "generic_tile_io.cuh"
@@ -99,6 +100,8 @@ struct BwdWs {
     int ld_q, ld_v;       // row lengths of those fp32 arrays: ws_cols(hdim_q), ws_cols(hdim_v)
     int n_splits;         // CTAs that share one (key block, kv head): the query heads of a group are split among them
     int heads_per_split;  // query heads summed by one CTA
+    int block_m, block_n; // the main kernel's tiles (its query tiles, key blocks): bwd_dot_kernel zeroes the dbias
+                          // elements of the (query tile, key block) pairs it does not visit
 };
 
 // The main kernel runs one CTA per (key block, kv head, head split, sequence). With GQA/MQA the query heads of a group
@@ -161,7 +164,7 @@ inline WsPlan plan_workspace(const BwdParams& p, int block_n, bool group_mode, b
     return w;
 }
 
-inline BwdWs make_ws(const BwdParams& p, const WsPlan& w, bool atomic_dq) {
+inline BwdWs make_ws(const BwdParams& p, const WsPlan& w, bool atomic_dq, int block_m, int block_n) {
     BwdWs ws{};
     char* base = static_cast<char*>(p.workspace);
     const bool any = base != nullptr && w.total > 0;
@@ -176,6 +179,8 @@ inline BwdWs make_ws(const BwdParams& p, const WsPlan& w, bool atomic_dq) {
     ws.ld_v = ws_cols(p.hdim_v);
     ws.n_splits = w.n_splits;
     ws.heads_per_split = w.heads_per_split;
+    ws.block_m = block_m;
+    ws.block_n = block_n;
     return ws;
 }
 
@@ -423,6 +428,30 @@ __global__ void __launch_bounds__(kDsinkThreads) bwd_dsink_kernel(const BwdParam
     }
 }
 
+// Row i of head h's dbias block: zeros on the keys of every key block whose query tiles leave row i's tile out
+// (MaskGeometry::key_block_query_tiles, the main kernel's rule); the main kernel writes the others, every element of
+// them inside the sequence (masked ones as 0). One warp: its lanes test 32 key blocks at a time, then zero each
+// unvisited block's keys together.
+template <mhakit_dtype kDtype>
+__device__ __forceinline__ void zero_unvisited_dbias(const BwdParams& p, const BwdWs& ws, const BwdSeq& si, int b,
+                                                     int h, int i, int lane) {
+    const int sk = si.seqlen_k;
+    const auto geom = MaskGeometry<true>::make(p.mask_type, p.window_left, p.window_right, si.seqlen_q, sk);
+    const int m = i / ws.block_m, blocks = (sk + ws.block_n - 1) / ws.block_n;
+    char* block = dbias_block(p, b, h);
+    for (int c = 0; c < blocks; c += 32) {
+        const int n = c + lane;
+        unsigned zero = __ballot_sync(0xffffffffu,
+                                      n < blocks && !geom.key_block_query_tiles(n, ws.block_m, ws.block_n).contains(m));
+        while (zero != 0u) {
+            const int n0 = (c + __ffs(zero) - 1) * ws.block_n;
+            zero &= zero - 1u;
+            const int n1 = min(n0 + ws.block_n, sk);
+            for (int j = n0 + lane; j < n1; j += 32) store_dbias<kDtype>(p, block, i, j, 0.f);
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------------------------------
 // Stage 1: D = rowsum(dO o O), LSE in log2 units, zeroed dQ accumulator. One warp per (query row, head).
 // ------------------------------------------------------------------------------------------------------------------
@@ -464,10 +493,7 @@ __global__ void __launch_bounds__(kRowKernelWarps * 32) bwd_dot_kernel(const Bwd
         float4* z = reinterpret_cast<float4*>(ws.dq + row * ws.ld_q);
         for (int c = lane; c < (ws.ld_q >> 2); c += 32) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    if (p.dbias != nullptr) {  // zeros first: the main kernel writes only the tiles it visits
-        char* block = dbias_block(p, b, h);
-        for (int j = lane; j < si.seqlen_k; j += 32) store_dbias<kDtype>(p, block, i, j, 0.f);
-    }
+    if (p.dbias != nullptr) zero_unvisited_dbias<kDtype>(p, ws, si, b, h, i, lane);
 }
 
 // ------------------------------------------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     // Query blocks whose rows can see a key of [n0, n0 + keys_valid).
     const auto geom = MaskGeometry<kMasked>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
-    const TileRange mrange = geom.template query_tiles<kBM>(n0, n0 + keys_valid - 1);
+    const TileRange mrange = geom.key_block_query_tiles(n_block, kBM, kBN);
     const int m_begin = mrange.begin, m_end = mrange.empty() ? mrange.begin : mrange.end;
     const int nm = m_end - m_begin;
     const int n_iter = nm * n_heads;
@@ -669,7 +669,7 @@ struct BwdKernelImpl {
         const int max_sk = kGroupMode ? p.max_seqlen_k : p.seqlen_k;
         const bool atomic = atomic_dq(p);
         const WsPlan plan = plan_workspace(p, kBlockN, kGroupMode, atomic);
-        const BwdWs ws = make_ws(p, plan, atomic);
+        const BwdWs ws = make_ws(p, plan, atomic, Cfg::kBM, kBlockN);
         const int flags = alignment_flags(p, kGroupMode);
         cudaError_t err;
         const dim3 row_block(kRowKernelWarps * 32);

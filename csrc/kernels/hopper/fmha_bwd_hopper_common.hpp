@@ -12,12 +12,12 @@
 
 namespace mhakit::hopper::bwd {
 
-// The query tiles (kBlockM rows) that key block n (kBlockN keys, n < the sequence's key blocks) visits: the main
-// kernel's loop over them, and the preprocess's zeroing of the dbias tiles no key block writes, read this one rule.
+// The query tiles (kBlockM rows) that key block n (kBlockN keys, n < the sequence's key blocks) visits, for the main
+// kernel's loop over them and the preprocess's zeroing of the dbias tiles no key block writes
+// (MaskGeometry::key_block_query_tiles, the rule of both families, with this family's tile as constants).
 template <int kBlockM, int kBlockN, class Geometry>
 CUTLASS_HOST_DEVICE TileRange key_block_query_tiles(Geometry const& geom, int n) {
-    const int n0 = n * kBlockN;
-    return geom.template query_tiles<kBlockM>(n0, (n0 + kBlockN < geom.sk ? n0 + kBlockN : geom.sk) - 1);
+    return geom.key_block_query_tiles(n, kBlockM, kBlockN);
 }
 
 // ---- workspace ---------------------------------------------------------------------------------------------
