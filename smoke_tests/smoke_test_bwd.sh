@@ -12,7 +12,10 @@
 # prec x mode x hdim {256, 192/128} x 5, 40 runs; then dropout (random bytes checked against the
 # host's Philox, masks, GQA, device seed / offset, with modifiers, deterministic): prec x mode x hdim x 4, 48 runs;
 # then the (192, 128) bucket's plain calls (its Hopper tile of every plain call, the swapped key split: causal kinds
-# with s != s_k and key tails of 96-key blocks, windows, GQA / MQA, deterministic, no mask): prec x mode x 6, 24 runs.
+# with s != s_k and key tails of 96-key blocks, windows, GQA / MQA, deterministic, no mask): prec x mode x 6, 24 runs;
+# then the Hopper GQA split (b = 1 with one or two kv heads, whose unsplit grid leaves SMs idle: several CTAs per kv
+# group, dK / dV from fp32 partial sums; masks, short and odd lengths, deterministic, dbias and d sink, dropout):
+# prec x mode x hdim {64, 128, 256, 192/128} x 5, 80 runs.
 # Every run validates dQ, dK, dV against the CPU reference (-v=1) and must exit 0.
 #
 # Runs from any directory. The benchmark is $BENCH, or ./benchmark_mha_bwd in the current directory.
@@ -24,14 +27,15 @@ usage() {
 usage: smoke_test_bwd.sh [-v LEVEL] [-q] [-k] [-j JOBS] [-h]
   -v LEVEL  validation level, passed as -v=LEVEL (default: 1)
   -j JOBS   runs in parallel (default: 1; 0: one per CPU core); output stays in grid order
-  -q        quick subset: fp16 and iperm=operm=1 only (213 runs instead of 572)
+  -q        quick subset: fp16 and iperm=operm=1 only (253 runs instead of 652)
   -k        pass -kname=1 (print the chosen kernel names)
   -h        show this help
 environment:
   BENCH           benchmark executable (default: ./benchmark_mha_bwd)
   MHA_EXTRA_ARGS  extra arguments appended to every command, e.g. MHA_EXTRA_ARGS="-init=0 -seed=7"
   MHA_TIMEOUT     seconds allowed per run when `timeout` is installed (default: 600; 0: no limit)
-  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, det, group, odd, mods, hmods, dropout, mla
+  MHA_SMOKE_ONLY  comma list of the sections to run (default: all): grid, det, group, odd, mods, hmods, dropout, mla,
+                  split
   MHA_SMOKE_PRECS the 16-bit precisions (default: "fp16 bf16"; -q: fp16)
   MHA_MODS_HDIMS  the head dims of the modifier and dropout sections (default: "59 64 128")
 USAGE
@@ -182,6 +186,25 @@ for mode in 0 1; do
     run "${p[@]}" -b=2 -h=2 -s=130 -s_k=97 -mask=b:4,35
     run "${p[@]}" -b=1 -h=4 -h_k=2 -s=640 -mask=t -deterministic=1
     run "${p[@]}" -b=2 -h=4 -s=259 -s_k=301
+done
+done
+
+# The Hopper GQA split (fmha_bwd_hopper.cuh, bwd_gqa_split.h): b = 1 with one or two kv heads, so that the unsplit
+# grid (key blocks x kv heads) leaves SMs idle and the query heads of a kv group are shared by several CTAs (on the
+# H200: 8, 8, 2, 8 and 8 of them below at d128); masks, a short and odd s_k, deterministic (bitwise against a second
+# run), an elementwise bias with dbias and a sink with d sink, dropout (the "_mods" instances' generic kernel).
+want split &&
+for prec in $PRECS; do
+for mode in 0 1; do
+for dims in "-d=64" "-d=128" "-d=256" "-d=192 -d_v=128"; do
+    # shellcheck disable=SC2206
+    p=(-prec="$prec" -mode="$mode" $dims)
+    run "${p[@]}" -b=1 -h=16 -h_k=2 -s=1031
+    run "${p[@]}" -b=1 -h=8 -h_k=1 -s=700 -s_k=1500 -mask=1 -deterministic=1
+    run "${p[@]}" -b=1 -h=8 -h_k=1 -s=2048 -s_k=4096 -mask=b:300,20
+    run "${p[@]}" -b=1 -h=8 -h_k=1 -s=300 -s_k=77 -mask=2 -bias=e -dbias=1 -sink=1
+    run "${p[@]}" -b=1 -h=6 -h_k=1 -s=333 -s_k=257 -mask=t -p_drop=0.2 -drop_seed=3 -drop_offset=9
+done
 done
 done
 

@@ -36,10 +36,14 @@ def upload_exact(rounded_bhsd: np.ndarray, dtype: str, order: str):
     return upload(rounded_bhsd, dtype, order, 0)[0]
 
 
+LAST_WORKSPACE = {}  # run_bwd's last workspace query: {"need": bytes}
+
+
 def run_bwd(lib, args_kwargs, deterministic=False):
     """Query the workspace, allocate it, run; returns the workspace so it outlives the call."""
     args = _capi.make_bwd_args(**args_kwargs, deterministic=deterministic)
     need = lib.workspace_size(args)
+    LAST_WORKSPACE["need"] = need
     workspace = cp.empty(max(need, 1), dtype=cp.uint8)
     args = _capi.make_bwd_args(**args_kwargs, deterministic=deterministic, workspace_ptr=int(workspace.data.ptr),
                                workspace_bytes=int(workspace.nbytes))
@@ -110,6 +114,29 @@ UNEQUAL_HOPPER_CASES = [
 ]
 
 
+# The Hopper GQA split (bwd_gqa_split.h): b = 1 (or 2) with one or two kv heads, so that the unsplit grid leaves SMs
+# idle and several CTAs share a kv group's query heads, dK / dV coming from fp32 partial sums (reduce_dkv_kernel):
+# every layout (d64 / d128 key split, d256 query split, (192, 128) swapped key split, d != d_v in one bucket), every
+# mask kind, odd and short key lengths (a last key block of a few keys, a single block), keys that no query sees
+# (bottom-right, s_k > s_q: dK = dV = 0 from every split), gradients with rows padded by 16 bytes (pad 8: still
+# Hopper's), deterministic (bitwise reruns).
+GQA_SPLIT_CASES = [
+    ("bf16", 1, 16, 2, 1031, 1031, 128, 128, "bshd", "bshd", 0, "0", False),
+    ("bf16", 1, 8, 1, 777, 1531, 128, 128, "bhsd", "bshd", 0, "t", False),
+    ("fp16", 1, 8, 1, 300, 1000, 128, 128, "bshd", "bshd", 0, "b", False),
+    ("bf16", 1, 12, 2, 500, 77, 64, 64, "bshd", "bhsd", 8, "t:100,40", False),
+    ("fp16", 1, 6, 1, 64, 100, 64, 64, "bhsd", "bhsd", 0, "g:30,7", False),
+    ("bf16", 1, 16, 1, 900, 700, 256, 256, "bshd", "bshd", 0, "1", False),
+    ("bf16", 1, 8, 2, 500, 513, 192, 128, "bshd", "bshd", 0, "b", False),
+    ("fp16", 1, 4, 1, 300, 400, 128, 64, "bhsd", "bhsd", 0, "t", False),
+    ("bf16", 2, 8, 1, 129, 3000, 128, 128, "bshd", "bshd", 8, "b:64,0", False),
+    ("bf16", 1, 8, 1, 1200, 1300, 128, 128, "bshd", "bshd", 0, "0", True),
+    ("fp16", 1, 8, 1, 1000, 1100, 64, 64, "bhsd", "bhsd", 0, "t", True),
+    ("bf16", 1, 12, 2, 900, 700, 256, 256, "bshd", "bshd", 0, "1", True),
+    ("bf16", 1, 8, 2, 600, 777, 192, 128, "bshd", "bshd", 0, "t:128,30", True),
+]
+
+
 # The Hopper 192 backward (`all` profile; query split with 64B-swizzled tiles), and 160 padded onto it.
 HOPPER_192_CASES = [
     ("bf16", 2, 4, 2, 300, 517, 192, 192, "bshd", "bshd", 0, "0", False),
@@ -141,6 +168,24 @@ def test_hopper_192_backward(lib, case):
 def test_deterministic_hopper_is_bitwise_reproducible(lib, case):
     name = check_batch_mode(lib, case)
     assert "_hopper_" in name  # [bwd.hopper] deterministic = true
+
+
+@pytest.mark.parametrize("case", GQA_SPLIT_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_gqa_split_on_hopper(lib, case):
+    name = check_batch_mode(lib, case)
+    assert "_hopper_" in name, name
+    assert_workspace_holds_split_slots(lib, case)
+
+
+def assert_workspace_holds_split_slots(lib, case) -> None:
+    """The workspace query gave the call the split's slots: more than the unsplit layout (fmha_bwd_hopper_common.hpp:
+    LSE and D rows, the fp32 dQ accumulator of the instance's head-dim bucket, the turn counters; 64-row tiles)."""
+    dtype, b, hq, hk, sq, sk, d, dv = case[:8]
+    bucket = next(x for x in (64, 128, 192, 256) if x >= max(d, dv))
+    rows = b * hq * -(-sq // 64) * 64
+    align = lambda n: -(-n // 256) * 256  # noqa: E731
+    unsplit = align(align(align(align(rows * 4) + rows * 4) + rows * bucket * 4) + rows // 64 * 4)
+    assert LAST_WORKSPACE["need"] > unsplit, (LAST_WORKSPACE["need"], unsplit)
 
 
 @pytest.mark.parametrize("case", ODD_BATCH_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -215,6 +260,16 @@ GROUP_CASES = [
 ]
 
 
+# The GQA split in group mode: key blocks past a short sequence (the grid is sized by max_seqlen_k: those CTAs and
+# their reductions return at once), empty sequences on either side, deterministic.
+GQA_SPLIT_GROUP_CASES = [
+    ("bf16", 8, 1, [300, 0, 129, 517], [257, 64, 0, 1000], 128, 128, "b", False, "hopper"),
+    ("fp16", 6, 2, [700, 1, 0, 90], [650, 0, 33, 90], 64, 64, "t", True, "hopper"),
+    ("bf16", 8, 2, [400, 0, 257], [300, 600, 0], 256, 256, "0", True, "hopper"),
+    ("bf16", 8, 1, [31, 0, 257], [64, 10, 255], 192, 128, "t:50,20", False, "hopper"),
+]
+
+
 ODD_GROUP_CASES = [
     ("bf16", 4, 2, [0, 7, 100, 33], [5, 0, 130, 64], 59, 59, "0", False, "generic"),
     ("fp16", 2, 1, [65, 1, 129], [65, 200, 40], 111, 111, "t", True, "generic"),
@@ -224,6 +279,11 @@ ODD_GROUP_CASES = [
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
 def test_group_mode_gradients_match_reference(lib, case):
+    check_group_mode(lib, case)
+
+
+@pytest.mark.parametrize("case", GQA_SPLIT_GROUP_CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_gqa_split_group_mode(lib, case):
     check_group_mode(lib, case)
 
 

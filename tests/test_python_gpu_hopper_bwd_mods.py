@@ -149,6 +149,29 @@ def test_deterministic_mode_repeats_bit_for_bit(kind, launched):
         assert np.array_equal(cp.asnumpy(first[3][name]), cp.asnumpy(second[3][name])), name
 
 
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64), (256, 256)])
+@pytest.mark.parametrize("kind, mask", [("bias16", "t"), ("bias32+sink", "b:64,0"), ("cap+alibi_bh+sink", None),
+                                        ("cap+bias16+sink", "g:90,33"), ("alibi", "b")])
+def test_gqa_split(kind, mask, d, dv, launched):
+    """MQA 8/1 at b = 1: the unsplit grid (three key blocks) leaves SMs idle, so the call runs split (bwd_gqa_split.h:
+    several CTAs share the kv group, dK / dV from fp32 partial sums), on the generic "_mods" kernel's split twin
+    whatever its variant: dbias per query head (each written by its split's CTA), d sink, the soft-cap's derivative,
+    ALiBi per query head (each CTA's first head is not the group's)."""
+    run_batch(kind, mask, "bf16", d, dv, 1, 8, 1, 300, 333, launched, f"bwd/split/{kind}/{mask}/{d}")
+
+
+@pytest.mark.parametrize("kind", ["cap+bias16+sink", "bias32"])
+def test_gqa_split_deterministic(kind, launched):
+    """The split with dbias in deterministic mode: dQ's turns per query head, dK / dV's slots added in a fixed order,
+    so the same call twice gives identical dQ, dK, dV, dbias and d sink."""
+    first = run_batch(kind, "b", "bf16", 128, 128, 1, 8, 1, 700, 900, launched, f"split/det/{kind}", deterministic=True)
+    second = run_batch(kind, "b", "bf16", 128, 128, 1, 8, 1, 700, 900, launched, f"split/det/{kind}", deterministic=True)
+    for a, b in zip(first[:3], second[:3]):
+        assert np.array_equal(host(a, "bf16"), host(b, "bf16"))
+    for name in first[3]:
+        assert np.array_equal(cp.asnumpy(first[3][name]), cp.asnumpy(second[3][name])), name
+
+
 @pytest.mark.parametrize("kind", ["sink", "cap+sink", "bias32+sink"])
 def test_rows_that_see_no_key(kind, launched):
     """Bottom-right causal with s_q > s_k: the first s_q - s_k rows see no key; their dQ is 0 and their d sink share

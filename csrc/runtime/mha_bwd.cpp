@@ -148,7 +148,9 @@ MHAKIT_EXPORT float mhakit_mha_bwd(const mhakit_bwd_args* args, const mhakit_str
     if (rc != 0.f) return rc;
     if (float ws = check_workspace(*inst, p, "mhakit_mha_bwd_workspace_size")) return ws;
     if (float dev = check_device_arch(kBwdBuiltArch)) return dev;
-    if (p.deterministic) {  // the Hopper query split orders its CTAs by it (once per device, cached)
+    // The multiprocessor count (once per device, cached): the Hopper backward's deterministic query split orders its
+    // CTAs by it, and its GQA split (bwd_gqa_split.h) chooses how many CTAs share a kv group by it.
+    if (p.deterministic || p.nhead_q != p.nhead_k) {
         int smem_per_sm = 0;
         if (float dev = device_multiprocessors(&p.num_sms, &smem_per_sm)) return dev;
     }

@@ -56,7 +56,7 @@ struct BwdParams {
     int window_right;
 
     bool deterministic;
-    int num_sms;  // multiprocessors of the current device: read by the runtime for deterministic calls only (else 0)
+    int num_sms;  // multiprocessors of the current device: read by the runtime for deterministic and GQA calls (else 0)
 
     ScoreMods mods;  // the forward's modifiers (score_mod.h)
     void* dbias;     // elementwise bias: dS in the bias's element type ([b, h, s_q, s_k] by the strides below), or null

@@ -11,6 +11,10 @@
 // Stages (all on `stream`): (1) preprocess — D = rowsum(dO∘O), LSE·log2e, zero the fp32 dQ accumulator;
 // (2) main kernel — one CTA per (key block, kv head, batch) recomputes P and accumulates dK, dV in registers and dQ
 // into the workspace (fmha_bwd_hopper_kernel.hpp); (3) convert — dQ = scale·accumulator into dq's dtype/strides.
+// GQA split (bwd_gqa_split.h; splits(p) > 1 where the unsplit grid leaves SMs idle): (2) runs s CTAs per (key block,
+// kv head, batch), each over group / s query heads, writing fp32 dK / dV partial sums to workspace slots (the generic
+// kernel's split twin, SplitImpl: a "_mods" call of a fixed variant runs the generic kernel when it splits), and
+// (4) reduce_dkv adds the slots in a fixed order and writes dK, dV (deterministic: no atomics).
 //
 // Serves: fp16 / bf16 (kDtype; BwdParams carries no dtype, so the dispatcher must match it); hdim_q <= kHdim and
 // hdim_v <= kHdimV, multiples of 8 (buckets: multiples of 32 in [64, 256]; the catalogue builds 64, 96, 128, 192,
@@ -43,7 +47,9 @@
 // b64x96 tile of every plain call).
 //
 // Workspace: (2 + kHdim) · 4 bytes per padded query row (rows padded to a multiple of kBlockM) and 4 bytes per query
-// tile, times batch·nhead_q (group mode: max_seqlen_q rows per sequence).
+// tile, times batch·nhead_q (group mode: max_seqlen_q rows per sequence); with GQA, where a device may split the call,
+// the split's fp32 dK / dV slots: kBlockN · (kHdim + kHdimV) · 4 bytes per CTA of the largest split's grid
+// (bwd::gqa_split_bound; at most 2 x 132 CTAs' worth).
 //
 // Build: nvcc -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -O3
 //        -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUTLASS/examples -I<repo>/csrc -I<repo>/csrc/include
@@ -64,6 +70,7 @@
 #include "kernels/common/mask.h"
 #include "mha_common.h"
 
+#include "bwd_gqa_split.h"
 #include "fmha_bwd_hopper_aux.hpp"
 #include "fmha_bwd_hopper_common.hpp"
 #include "fmha_bwd_hopper_kernel.hpp"
@@ -83,6 +90,8 @@ struct BwdKernel {
     // The generic kernel: the one of a plain instance, and of every "_mods" call without a fixed variant built here.
     // Its tiles, workspace and dQ fragment order are every variant's (the light kernels take them from it).
     using Impl = ImplOf<BwdModVar::kGeneric>;
+    // The GQA split's main kernel: the generic kernel's twin (kSplit), for every call that splits (splits(p) > 1).
+    using SplitImpl = HopperBwdKernelSplitImpl<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, kMods>;
 
     // The fixed variants (BwdModVar) that a "_mods" instance may build besides the generic kernel (builds: which it
     // does), each a main kernel of its own: soft-cap, ALiBi, both, a staged bias with and without a soft-cap. Each
@@ -128,12 +137,29 @@ struct BwdKernel {
     // (one per multiprocessor) holds pairs in the plain reversed order, ceil(SMs / key blocks): the same pairs, so the
     // same Q, dO and dQ tiles, are in flight, but CTAs that start as others finish belong to different pairs, whose
     // dQ turns do not wait on each other. The turns' order is that of the key blocks whatever this gives.
-    static int det_group(const BwdParams& p) {
+    // splits: the GQA split's (the grid's heads are nhead_k x splits).
+    static int det_group(const BwdParams& p, int splits) {
         if (!p.deterministic || Impl::kDqViaSmem || p.num_sms < 1) return 0;
         const int64_t blocks = key_blocks(p);
-        const int64_t pairs = int64_t(p.nhead_k) * p.batch;
+        const int64_t pairs = int64_t(p.nhead_k) * splits * p.batch;
         if (blocks < 1 || blocks * pairs > int64_t(INT32_MAX)) return 0;
         return int(std::min<int64_t>(pairs, (p.num_sms + blocks - 1) / blocks));
+    }
+
+    // The GQA split (bwd_gqa_split.h): how many CTAs share a kv group's query heads on this call's device (p.num_sms,
+    // read by the runtime for every GQA call), and the most any device may take (the workspace's slots).
+    static int64_t unsplit_ctas(const BwdParams& p) { return int64_t(key_blocks(p)) * p.nhead_k * p.batch; }
+    static int group_of(const BwdParams& p) { return p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 1; }
+    static int splits(const BwdParams& p) {
+        return bwd::gqa_splits(unsplit_ctas(p), group_of(p), (int64_t(rows_q(p)) + kBlockM - 1) / kBlockM, p.num_sms);
+    }
+    static int split_bound(const BwdParams& p) { return bwd::gqa_split_bound(unsplit_ctas(p), group_of(p)); }
+
+    // The workspace of a call (one rule for workspace_bytes and the launch): the split's slots where it may split.
+    static bwd::WorkspaceLayout layout(const BwdParams& p) {
+        const int bound = split_bound(p);
+        const size_t dkv = bound > 1 ? size_t(bound) * size_t(unsplit_ctas(p)) * size_t(Impl::kSlotFloats) : 0;
+        return bwd::WorkspaceLayout(p.batch, p.nhead_q, rows_q(p), kBlockM, kHdim, dkv);
     }
 
     static bool supports(const BwdParams& p) {
@@ -159,11 +185,11 @@ struct BwdKernel {
 
     static size_t workspace_bytes(const BwdParams& p) {
         if (p.batch < 1 || p.nhead_q < 1 || rows_q(p) < 1) return 0;
-        return bwd::WorkspaceLayout(p.batch, p.nhead_q, rows_q(p), kBlockM, kHdim).total;
+        return layout(p).total;
     }
 
-    template <class K>  // the main kernel (Impl or a fixed variant's ImplOf)
-    static typename K::Params make_params(const BwdParams& p, const bwd::WorkspaceLayout& ws) {
+    template <class K>  // the main kernel (Impl, a fixed variant's ImplOf, or SplitImpl with `splits` > 1)
+    static typename K::Params make_params(const BwdParams& p, const bwd::WorkspaceLayout& ws, int splits) {
         using namespace cute;
         // Strides of size-1 modes are never used for addressing; give TMA a harmless aligned value.
         auto fix = [](int64_t s, int64_t extent) -> int64_t { return extent > 1 ? s : int64_t(kAlignElems); };
@@ -214,7 +240,7 @@ struct BwdKernel {
         params.dq_turn = reinterpret_cast<int32_t*>(wsb + ws.sem_off);
         params.deterministic = p.deterministic;
         params.key_blocks = key_blocks(p);
-        params.det_group = det_group(p);
+        params.det_group = det_group(p, splits);
         params.dk = static_cast<Element*>(p.dk);
         params.dk_row = p.dk_row_stride;
         params.dk_head = p.dk_head_stride;
@@ -223,6 +249,11 @@ struct BwdKernel {
         params.dv_row = p.dv_row_stride;
         params.dv_head = p.dv_head_stride;
         params.dv_batch = p.dv_batch_stride;
+        if constexpr (K::kSplit) {
+            params.splits = splits;
+            params.split_heads = params.group / splits;
+            params.dkv_part = reinterpret_cast<float*>(wsb + ws.dkv_off);
+        }
         if constexpr (kMods) {
             params.mods = p.mods;
             params.dbias = static_cast<char*>(p.dbias);
@@ -263,15 +294,17 @@ struct BwdKernel {
     }
 
     static cudaError_t run(const BwdParams& p, cudaStream_t stream) {
+        if (const int s = splits(p); s > 1) return run_with<SplitImpl>(p, stream, s);
         const int var = kMods ? bwd_mod_variant(p.mods, p.dbias != nullptr) : BwdModVar::kGeneric;
-        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream); },
+        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream, 1); },
                                 FixedVariants{});
     }
 
-    template <class K>  // K: the main kernel
-    static cudaError_t run_with(const BwdParams& p, cudaStream_t stream) {
-        const bwd::WorkspaceLayout ws(p.batch, p.nhead_q, rows_q(p), kBlockM, kHdim);
+    template <class K>  // K: the main kernel; splits: the GQA split's (1: unsplit, K is not SplitImpl)
+    static cudaError_t run_with(const BwdParams& p, cudaStream_t stream, int splits) {
+        const bwd::WorkspaceLayout ws = layout(p);
         if (p.workspace == nullptr || p.workspace_bytes < ws.total) return cudaErrorInvalidValue;
+        if (K::kSplit != (splits > 1) || splits > split_bound(p)) return cudaErrorInvalidValue;
         cudaError_t err = prepare_device<K>();
         if (err != cudaSuccess) return err;
         char* wsb = static_cast<char*>(p.workspace);
@@ -337,7 +370,7 @@ struct BwdKernel {
             if (err != cudaSuccess) return err;
         }
 
-        typename K::Params params = make_params<K>(p, ws);
+        typename K::Params params = make_params<K>(p, ws, splits);
         if constexpr (K::kBiasStages > 0) {
             // A staged elementwise bias (the instances with a bias ring): its tensor map (hopper_bias_stage.hpp), as
             // the forward's launcher makes it. Batch mode: extents s_q, s_k (TMA zero-fills past them); group mode:
@@ -350,8 +383,8 @@ struct BwdKernel {
                 return cudaErrorInvalidValue;
         }
         const dim3 grid = params.det_group > 0
-                              ? K::Scheduler::grid_interleaved(params.key_blocks, p.nhead_k, p.batch)
-                              : K::Scheduler::grid(params.key_blocks, p.nhead_k, p.batch);
+                              ? K::Scheduler::grid_interleaved(params.key_blocks, p.nhead_k * splits, p.batch)
+                              : K::Scheduler::grid(params.key_blocks, p.nhead_k * splits, p.batch);
         cutlass::device_kernel<K><<<grid, K::MaxThreadsPerBlock, K::SharedStorageSize, stream>>>(params);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
@@ -369,6 +402,41 @@ struct BwdKernel {
         cp.hdim = p.hdim_q;
         cp.scale = p.scale;
         bwd::convert_dq_kernel<Impl><<<grid_q, 256, 0, stream>>>(cp);
+        err = cudaGetLastError();
+        if constexpr (K::kSplit) {
+            if (err == cudaSuccess) err = reduce_dkv(p, ws, splits, stream);
+        }
+        return err;
+    }
+
+    // The split's dK / dV: the slots of the splits added in order, scaled as the main kernel's epilogue scales them.
+    static cudaError_t reduce_dkv(const BwdParams& p, const bwd::WorkspaceLayout& ws, int splits, cudaStream_t stream) {
+        constexpr int kSmem = bwd::reduce_dkv_smem_bytes<SplitImpl>();
+        static std::atomic<uint64_t> smem_opted_in{0};
+        cudaError_t err = opt_in_dynamic_smem(bwd::reduce_dkv_kernel<SplitImpl>, kSmem, smem_opted_in);
+        if (err != cudaSuccess) return err;
+        bwd::ReduceDkvParams rp;
+        rp.dkv_part = reinterpret_cast<float const*>(static_cast<char*>(p.workspace) + ws.dkv_off);
+        rp.dk = p.dk;
+        rp.dv = p.dv;
+        rp.dk_row = p.dk_row_stride;
+        rp.dk_head = p.dk_head_stride;
+        rp.dk_batch = p.dk_batch_stride;
+        rp.dv_row = p.dv_row_stride;
+        rp.dv_head = p.dv_head_stride;
+        rp.dv_batch = p.dv_batch_stride;
+        rp.seqstart_k = p.seqstart_k;
+        rp.seqlen_k = p.seqlen_k;
+        rp.batch = p.batch;
+        rp.nhead_k = p.nhead_k;
+        rp.key_blocks = key_blocks(p);
+        rp.splits = splits;
+        rp.hdim = p.hdim_q;
+        rp.hdim_v = p.hdim_v;
+        rp.dk_scale = p.scale;
+        rp.dv_scale = kMods && p.mods.dropout.on ? p.mods.dropout.rp : 1.f;
+        bwd::reduce_dkv_kernel<SplitImpl>
+            <<<bwd::RowTileScheduler::grid(rp.key_blocks, p.nhead_k, p.batch), 256, kSmem, stream>>>(rp);
         return cudaGetLastError();
     }
 };

@@ -5,6 +5,8 @@
 //   convert:    dQ = scale · accumulator, from the main kernel's fragment order to the caller's dtype and strides.
 // With the score modifiers (the "_mods" instances): preprocess_mods_kernel also zeroes the dbias tiles of its rows
 // that the main kernel does not visit, and dsink_kernel sums d sink per query head over the workspace.
+// With the GQA split (bwd_gqa_split.h): reduce_dkv_kernel adds the split CTAs' dK / dV partial sums and writes dK, dV
+// (one CTA per (key block, kv head, batch), as the main kernel's unsplit grid).
 // One CTA of 256 threads per (query tile, query head, batch) for both; the tile height is the main kernel's BM. In
 // group mode (seqstart_q non-null) the tiles of a sequence start at its first packed row, and the CTAs of tiles past
 // the sequence's end (the grid is sized by max_seqlen_q) return at once: the main kernel never touches those tiles.
@@ -12,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,7 +25,7 @@
 #include "kernels/common/tile_scheduler.h"
 
 #include "fmha_bwd_hopper_common.hpp"
-#include "hopper_epilogue.hpp"  // StagedRows
+#include "hopper_epilogue.hpp"  // StagedRows, BwdEpilogue
 #include "hopper_types.hpp"     // detail::pack2, seq_rows
 
 namespace mhakit::hopper::bwd {
@@ -261,6 +264,98 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(ConvertParams const p) 
                   h * p.dq_head;
     const int rows = seq.len - m * BM < BM ? seq.len - m * BM : BM;
     tile.store(dq + int64_t(m * BM) * p.dq_row, p.dq_row, rows, p.hdim, tid, 256);
+}
+
+// ---- the GQA split's reduction -------------------------------------------------------------------------------
+
+struct ReduceDkvParams {
+    float const* dkv_part;  // the workspace's dkv region: [splits][b][hk][key_blocks] slots (dkv_slot)
+    void* dk;
+    void* dv;
+    int64_t dk_row, dk_head, dk_batch;
+    int64_t dv_row, dv_head, dv_batch;
+    const int32_t* seqstart_k;  // group mode, else nullptr
+    int seqlen_k;               // batch mode
+    int batch, nhead_k, key_blocks, splits;
+    int hdim, hdim_v;
+    float dk_scale, dv_scale;  // the main kernel's epilogue scales: the softmax scale; dropout's 1 / (1 - p) or 1
+};
+
+// dK (or dV) of one key block: the slots' fragments added in the order of the splits (so the sum is the same bits
+// on every run) into the accumulator the main kernel's epilogue would have held, then that epilogue (BwdEpilogue:
+// scale, round, StagedRows, the sequence's keys only). Impl: the main kernel (its TiledMmas give the fragments'
+// coordinates), kV: dV, at float offset `off` of each slot.
+template <class Impl, bool kV, class Element>
+CUTLASS_DEVICE void reduce_dkv_part(ReduceDkvParams const& p, float const* slot0, int64_t slot_stride, int off,
+                                    BwdEpilogue<Element, Impl::kBlockN> const& epi, Element* dst, int64_t row_stride,
+                                    int cols, float scale) {
+    using namespace cute;
+    constexpr int BN = Impl::kBlockN;
+    constexpr int D = kV ? Impl::kHdimV : Impl::kHdim;
+    const int tid = int(threadIdx.x);
+    auto fill_store = [&](auto const& mma, auto shape, auto transposed) {
+        auto thr = mma.get_thread_slice(tid);
+        Tensor acc = partition_fragment_C(mma, shape);
+        constexpr int F = decltype(size(acc))::value;
+        static_assert(F * 256 == BN * D && F % 4 == 0);
+        float4 const* src = reinterpret_cast<float4 const*>(slot0 + off) + tid;
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < F / 4; ++v) {
+            const float4 a = src[v * 256];
+            acc(4 * v) = a.x, acc(4 * v + 1) = a.y, acc(4 * v + 2) = a.z, acc(4 * v + 3) = a.w;
+        }
+        for (int sp = 1; sp < p.splits; ++sp) {
+            float4 const* s = reinterpret_cast<float4 const*>(slot0 + sp * slot_stride + off) + tid;
+            CUTLASS_PRAGMA_UNROLL
+            for (int v = 0; v < F / 4; ++v) {
+                const float4 a = s[v * 256];
+                acc(4 * v) += a.x, acc(4 * v + 1) += a.y, acc(4 * v + 2) += a.z, acc(4 * v + 3) += a.w;
+            }
+        }
+        if constexpr (decltype(transposed)::value)
+            epi.template store_t<D>(dst, row_stride, cols, scale, acc, thr);
+        else
+            epi.template store<D>(dst, row_stride, cols, scale, acc, thr);
+    };
+    if constexpr (Impl::kSwapKV) {
+        fill_store(typename Impl::TiledMmadKVt{}, Shape<Int<D>, Int<BN>>{}, std::true_type{});
+    } else if constexpr (kV) {
+        fill_store(typename Impl::TiledMmadV{}, Shape<Int<BN>, Int<D>>{}, std::false_type{});
+    } else {
+        fill_store(typename Impl::TiledMmadKV{}, Shape<Int<BN>, Int<D>>{}, std::false_type{});
+    }
+}
+
+// Shared memory of reduce_dkv_kernel: one StagedRows tile, dK's and then dV's (dynamic: above 48 KB for a query split
+// of 128 keys at head dim 192).
+template <class Impl>
+constexpr int reduce_dkv_smem_bytes() {
+    using Epi = BwdEpilogue<typename Impl::Element, Impl::kBlockN>;
+    constexpr int k = Epi::template kStageElems<Impl::kHdim>, v = Epi::template kStageElems<Impl::kHdimV>;
+    return (k > v ? k : v) * int(sizeof(typename Impl::Element));
+}
+
+// One CTA of 256 threads per (key block, kv head, batch); the key blocks past a sequence's keys return at once (group
+// mode: the grid is sized by max_seqlen_k, as the main kernel's).
+template <class Impl>
+__global__ void __launch_bounds__(256) reduce_dkv_kernel(ReduceDkvParams const p) {
+    using Element = typename Impl::Element;
+    constexpr int BN = Impl::kBlockN;
+    extern __shared__ __align__(16) char reduce_smem[];
+    const auto work = RowTileScheduler::work();
+    const int n = work.block, hk = work.head, b = work.batch;
+    const SeqRows seq = seq_rows(p.seqstart_k, b, p.seqlen_k);
+    if (n * BN >= seq.len) return;
+    float const* slot0 = dkv_slot<Impl::kSlotFloats>(const_cast<float*>(p.dkv_part), 0, b, hk, n, p.batch, p.nhead_k,
+                                                     p.key_blocks);
+    const int64_t slot_stride = int64_t(p.batch) * p.nhead_k * p.key_blocks * Impl::kSlotFloats;
+    const bool group = p.seqstart_k != nullptr;
+    const BwdEpilogue<Element, BN> epi{n * BN, seq.len, reinterpret_cast<Element*>(reduce_smem), int(threadIdx.x), 256,
+                                       /*bar_id=*/0};
+    Element* dk = static_cast<Element*>(p.dk) + (group ? seq.first * p.dk_row : b * p.dk_batch) + hk * p.dk_head;
+    Element* dv = static_cast<Element*>(p.dv) + (group ? seq.first * p.dv_row : b * p.dv_batch) + hk * p.dv_head;
+    reduce_dkv_part<Impl, false>(p, slot0, slot_stride, 0, epi, dk, p.dk_row, p.hdim, p.dk_scale);
+    reduce_dkv_part<Impl, true>(p, slot0, slot_stride, BN * Impl::kHdim, epi, dv, p.dv_row, p.hdim_v, p.dv_scale);
 }
 
 }  // namespace mhakit::hopper::bwd

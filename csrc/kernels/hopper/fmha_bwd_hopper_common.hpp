@@ -27,14 +27,19 @@ CUTLASS_HOST_DEVICE TileRange key_block_query_tiles(Geometry const& geom, int n)
 //   dq   [b][hq][m_tiles][BM * D]   fp32 dQ accumulator, each query tile in "fragment order" (see the main kernel)
 //   sem  [b][hq][m_tiles]           int32 turn counter of each dQ tile (deterministic mode: how many key blocks have
 //                                   added their part of the tile; zeroed by the preprocess kernel)
-// with sq_pad = m_tiles * BM. Every region starts on a 256-byte boundary.
+//   dkv  [splits][b][hk][key blocks][BN * (D + Dv)]
+//                                   the GQA split's fp32 dK / dV partial sums (dkv_slot; absent unsplit): written
+//                                   whole by the main kernel's split CTAs, read by reduce_dkv_kernel
+// with sq_pad = m_tiles * BM. Every region starts on a 256-byte boundary. dkv_floats: the last region's floats
+// (BwdKernel::layout: the slots of the largest split the call may take, bwd_gqa_split.h).
 struct WorkspaceLayout {
-    size_t lse_off, dsum_off, dq_off, sem_off, total;
+    size_t lse_off, dsum_off, dq_off, sem_off, dkv_off, total;
     int64_t sq_pad;
 
     CUTLASS_HOST_DEVICE static size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 
-    CUTLASS_HOST_DEVICE WorkspaceLayout(int batch, int nhead_q, int seqlen_q, int block_m, int hdim_bucket) {
+    CUTLASS_HOST_DEVICE WorkspaceLayout(int batch, int nhead_q, int seqlen_q, int block_m, int hdim_bucket,
+                                        size_t dkv_floats = 0) {
         const int64_t m_tiles = (int64_t(seqlen_q) + block_m - 1) / block_m;
         sq_pad = m_tiles * block_m;
         const size_t rows = size_t(batch) * size_t(nhead_q) * size_t(sq_pad);
@@ -42,8 +47,28 @@ struct WorkspaceLayout {
         dsum_off = align256(lse_off + rows * sizeof(float));
         dq_off = align256(dsum_off + rows * sizeof(float));
         sem_off = align256(dq_off + rows * size_t(hdim_bucket) * sizeof(float));
-        total = align256(sem_off + size_t(batch) * size_t(nhead_q) * size_t(m_tiles) * sizeof(int32_t));
+        dkv_off = align256(sem_off + size_t(batch) * size_t(nhead_q) * size_t(m_tiles) * sizeof(int32_t));
+        total = align256(dkv_off + dkv_floats * sizeof(float));
     }
+};
+
+// The GQA split's dK / dV slot of split sp's CTA of (key block n, kv head hk, batch b): kSlotFloats = BN * (D + Dv)
+// floats, dK's fragments then dV's, each thread's float4 v at v * 256 + thread (the main kernel's store_partial,
+// reduce_dkv_kernel's reads).
+template <int kSlotFloats>
+CUTLASS_HOST_DEVICE float* dkv_slot(float* base, int sp, int b, int hk, int n, int batch, int nhead_k, int key_blocks) {
+    return base + (((int64_t(sp) * batch + b) * nhead_k + hk) * key_blocks + n) * int64_t(kSlotFloats);
+}
+
+// The split kernels' parameters beyond the plain ones (the main kernel's Params derives from BwdSplitParams<kSplit>;
+// empty unsplit, so the unsplit kernels keep their parameter block).
+template <bool kSplit>
+struct BwdSplitParams {};
+template <>
+struct BwdSplitParams<true> {
+    int splits;       // CTAs per (key block, kv head, batch): the grid's heads are nhead_k x splits
+    int split_heads;  // query heads per CTA: group / splits
+    float* dkv_part;  // the workspace's dkv region (dkv_slot)
 };
 
 // ---- PTX: 1-D bulk copies ----------------------------------------------------------------------------------

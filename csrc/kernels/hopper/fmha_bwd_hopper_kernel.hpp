@@ -47,7 +47,11 @@
 // band's edges or the key tail (MaskGeometry::query_tiles / tile_full, kernels/common/mask_geometry.h). Rows past
 // seqlen_q carry LSE = +inf in the workspace, which makes their P (hence dS) exactly zero.
 // GQA: the CTA owns one kv head and loops over its query heads, accumulating dK/dV in registers (no atomics, no
-// extra workspace for dK/dV).
+// extra workspace for dK/dV). Where that grid leaves SMs idle (few kv heads, b = 1), the launcher runs the split
+// twin (kSplit, HopperBwdKernelSplitImpl; bwd_gqa_split.h): the grid's head is kv head x splits + sp, CTA sp takes
+// query heads [sp x split_heads, (sp + 1) x split_heads) of its group and stores its dK / dV unscaled to a workspace
+// slot (store_partial), which reduce_dkv_kernel adds in slot order. dQ, its turns and dbias are per query head, each
+// written by one CTA per key block as before.
 // Deterministic mode (params.deterministic, a run-time choice): dK and dV are deterministic anyway (one CTA writes
 // each); each dQ tile is added to by the key blocks whose query range holds it, one run [lo, hi] of key blocks, in
 // the fixed order hi, hi - 1, .., lo: key block n waits until the tile's turn counter (workspace) reads hi - n, adds,
@@ -147,7 +151,7 @@ CUTLASS_HOST_DEVICE int bwd_mod_variant(ScoreMods const& m, bool dbias) {
 }
 
 template <class Element_, int kHdim_, int kHdimV_, bool kGroup_, bool kMasked_, int kBlockM_, int kBlockN_,
-          bool kMods_, int kModVar_ = BwdModVar::kGeneric>
+          bool kMods_, int kModVar_ = BwdModVar::kGeneric, bool kSplit_ = false>
 struct HopperBwdKernelBody {
     using Element = Element_;
     static constexpr bool kGroup = kGroup_;
@@ -158,12 +162,16 @@ struct HopperBwdKernelBody {
     static constexpr int kBlockN = kBlockN_;
     static constexpr bool kMods = kMods_;
     static constexpr int kModVar = kModVar_;
+    // The GQA split's kernel (bwd_gqa_split.h): a CTA takes split_heads of its kv group's query heads and leaves its
+    // dK / dV partial sums in a workspace slot (store_partial) for reduce_dkv_kernel. The generic kernels only.
+    static constexpr bool kSplit = kSplit_;
     // A fixed variant (BwdModVar): its modifiers at compile time; kGenericMods: the per-tile dispatch
     static constexpr bool kFixedVar = (kModVar & BwdModVar::kFixed) != 0;
     static constexpr bool kGenericMods = kMods && !kFixedVar;
     static constexpr bool kVarCap = kFixedVar && (kModVar & BwdModVar::kCap) != 0;
     static constexpr int kVarBias = kFixedVar ? BwdModVar::bias_kind(kModVar) : 0;
     static_assert(kMods || kModVar == BwdModVar::kGeneric, "plain instances: no modifier variant");
+    static_assert(!kSplit || kModVar == BwdModVar::kGeneric, "the GQA split: generic kernels only");
     static_assert(kHdim % 32 == 0 && kHdim >= 64 && kHdim <= 256, "head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kHdimV % 32 == 0 && kHdimV >= 64 && kHdimV <= 256, "V head-dim buckets: multiples of 32 in [64, 256]");
     static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM: 64 or 128");
@@ -375,7 +383,8 @@ struct HopperBwdKernelBody {
     static constexpr uint32_t kBarDqAdded = 2;  // consumers arrive (their adds are issued), keeper syncs
     static_assert(kDqViaSmem || (kBarDqTurn != kBarDS && kBarDqAdded != kBarDS));
 
-    struct Params : BwdModParams<kMods> {  // kMods: the call's modifiers and dbias first; plain: nothing
+    // kMods: the call's modifiers and dbias first; kSplit: the split's fields (bwd::BwdSplitParams); plain: nothing
+    struct Params : BwdModParams<kMods>, bwd::BwdSplitParams<kSplit> {
         TmaQ tma_q;
         TmaDO tma_do;
         TmaK tma_k;
@@ -418,9 +427,12 @@ struct HopperBwdKernelBody {
     CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
         const auto work = params.det_group > 0
-                              ? Scheduler::work_interleaved(params.key_blocks, params.nhead_k, params.det_group)
+                              ? Scheduler::work_interleaved(params.key_blocks, grid_heads(params), params.det_group)
                               : Scheduler::work(/*reverse=*/params.deterministic);
-        const int n_block = work.block, hk = work.head, b = work.batch;
+        // the grid's head: the kv head, or at the split kv head x splits + the CTA's share (sp) of its query heads
+        const int n_block = work.block, b = work.batch;
+        const int hk = kSplit ? work.head / split_count(params) : work.head;
+        const int sp = kSplit ? work.head - hk * split_count(params) : 0;
         const Sequence seq = sequence(params, b);
         if (n_block * kBlockN >= seq.sk) return;  // group mode: past this sequence's last key (the whole CTA)
 
@@ -466,27 +478,30 @@ struct HopperBwdKernelBody {
         const Geometry geom = geometry(seq);
         const TileRange range = query_range(geom, n_block);
         const int n_m = range.empty() ? 0 : range.end - range.begin;
-        const int n_iters = n_m * params.group;
+        const int n_iters = n_m * cta_heads(params);
 
         if (wg_idx == 0) {
             cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
             if (warp_in_wg == 0) {
-                producer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters);
+                producer(params, st, pipe_q, pipe_do, seq, n_block, hk, sp, b, range.begin, n_m, n_iters);
             } else if (warp_in_wg == 1) {
                 if constexpr (kDqViaSmem) {
-                    dq_writer(params, st, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                    dq_writer(params, st, geom, n_block, hk, sp, b, range.begin, n_m, n_iters);
                 } else {
-                    if (params.deterministic) dq_turn_keeper(params, geom, n_block, hk, b, range.begin, n_m, n_iters);
+                    if (params.deterministic)
+                        dq_turn_keeper(params, geom, n_block, hk, sp, b, range.begin, n_m, n_iters);
                 }
             } else if (warp_in_wg == 2) {
-                if constexpr (kBiasStages > 0) bias_loader(params, st, seq, n_block, hk, b, range.begin, n_m, n_iters);
+                if constexpr (kBiasStages > 0)
+                    bias_loader(params, st, seq, n_block, hk, sp, b, range.begin, n_m, n_iters);
             }
         } else {
             cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
             if constexpr (kSwapKV) {
-                consumer_swapped(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
+                consumer_swapped(params, st, pipe_q, pipe_do, seq, n_block, hk, sp, b, range.begin, n_m, n_iters,
+                                 wg_idx - 1);
             } else {
-                consumer(params, st, pipe_q, pipe_do, seq, n_block, hk, b, range.begin, n_m, n_iters, wg_idx - 1);
+                consumer(params, st, pipe_q, pipe_do, seq, n_block, hk, sp, b, range.begin, n_m, n_iters, wg_idx - 1);
             }
         }
 #endif
@@ -495,6 +510,21 @@ struct HopperBwdKernelBody {
     // x, y clamped (x in [-sq, sk], y in [-sk, sq]): on the host in batch mode, in sequence() in group mode.
     CUTLASS_DEVICE static Geometry geometry(Sequence const& seq) {
         return Geometry::from_coord(seq.mask, seq.sq, seq.sk);
+    }
+
+    // The query heads of a CTA: its kv head's group (hk x group on), or at the split share sp of it (split_heads each).
+    // The split's fields are read only by the split kernel (kSplit), so the unsplit kernels' code stays as it was.
+    CUTLASS_DEVICE static int split_count(Params const& params) {
+        if constexpr (kSplit) return params.splits; else return 1;
+    }
+    CUTLASS_DEVICE static int cta_heads(Params const& params) {
+        if constexpr (kSplit) return params.split_heads; else return params.group;
+    }
+    CUTLASS_DEVICE static int first_head(Params const& params, int hk, int sp) {
+        if constexpr (kSplit) return hk * params.group + sp * params.split_heads; else return hk * params.group;
+    }
+    CUTLASS_DEVICE static int grid_heads(Params const& params) {  // the grid's heads (Scheduler's pairs)
+        if constexpr (kSplit) return params.nhead_k * params.splits; else return params.nhead_k;
     }
 
     // The query tiles that key block n (< the sequence's key blocks) visits.
@@ -527,7 +557,8 @@ struct HopperBwdKernelBody {
 
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void producer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
-                                 Sequence const& seq, int n_block, int hk, int b, int m_begin, int n_m, int n_iters) {
+                                 Sequence const& seq, int n_block, int hk, int sp, int b, int m_begin, int n_m,
+                                 int n_iters) {
         if (n_iters == 0) return;
         if (!cute::elect_one_sync()) return;
 
@@ -570,7 +601,7 @@ struct HopperBwdKernelBody {
         int m = m_begin;
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
-            const int h = hk * params.group + h_in;
+            const int h = first_head(params, hk, sp) + h_in;
             const int64_t row_ws = (int64_t(b) * params.nhead_q + h) * params.sq_pad + int64_t(m) * kBlockM;
             {
                 Tensor gQ = local_tile(mQ(_, _, h, tb), TileQD{}, make_coord(m, _0{}));
@@ -613,12 +644,12 @@ struct HopperBwdKernelBody {
     // The bias warp (warp 2 of the producer warpgroup): the bias tile (the query tile's rows x this key block) of
     // every iteration into the ring by TMA, in the producer's order (query heads of the kv group, their query tiles).
     CUTLASS_DEVICE void bias_loader(Params const& params, SharedStorage& st, Sequence const& seq, int n_block, int hk,
-                                    int b, int m_begin, int n_m, int n_iters) {
+                                    int sp, int b, int m_begin, int n_m, int n_iters) {
         if (!bias_staged(params)) return;
         int h_in = 0;
         int m = m_begin;
         for (int it = 0; it < n_iters; ++it) {
-            Bias::template load<kGroup>(st.bias, &params.bias_map, params.mods, b, hk * params.group + h_in, it,
+            Bias::template load<kGroup>(st.bias, &params.bias_map, params.mods, b, first_head(params, hk, sp) + h_in, it,
                                         m * kBlockM, n_block * kBlockN, seq.sq, seq.sk);
             if (++m == m_begin + n_m) {
                 m = m_begin;
@@ -629,7 +660,7 @@ struct HopperBwdKernelBody {
 
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void dq_writer(Params const& params, SharedStorage& st, Geometry const& geom, int n_block, int hk,
-                                  int b, int m_begin, int n_m, int n_iters) {
+                                  int sp, int b, int m_begin, int n_m, int n_iters) {
         using cutlass::arch::NamedBarrier;
         const bool leader = cute::elect_one_sync();
         constexpr uint32_t kWgBytes = uint32_t(kDqFrag) * 128u * 4u;
@@ -638,7 +669,7 @@ struct HopperBwdKernelBody {
         int m = m_begin;
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
-            const int h = hk * params.group + h_in;
+            const int h = first_head(params, hk, sp) + h_in;
             float* tile = params.dq_acc +
                           ((int64_t(b) * params.nhead_q + h) * params.m_tiles + m) * int64_t(kBlockM * kHdim);
             // deterministic: wait for this key block's turn while the consumers still compute the tile
@@ -682,7 +713,7 @@ struct HopperBwdKernelBody {
     // until the adds that the barrier ordered before it are performed: the consumers' reductions, as in the
     // bar.sync + one thread's release pattern of cooperative groups' grid sync). The consumers meanwhile compute the
     // next tile; they wait only when its turn has not come by the time its dQ is ready.
-    CUTLASS_DEVICE void dq_turn_keeper(Params const& params, Geometry const& geom, int n_block, int hk, int b,
+    CUTLASS_DEVICE void dq_turn_keeper(Params const& params, Geometry const& geom, int n_block, int hk, int sp, int b,
                                        int m_begin, int n_m, int n_iters) {
         using cutlass::arch::NamedBarrier;
         const bool leader = cute::elect_one_sync();
@@ -691,7 +722,7 @@ struct HopperBwdKernelBody {
         int m = m_begin;
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
-            int32_t* counter = turn_counter(params, b, hk * params.group + h_in, m);
+            int32_t* counter = turn_counter(params, b, first_head(params, hk, sp) + h_in, m);
             if (leader) bwd::turn_wait(counter, turns.turn(m));
             __syncwarp();
             NamedBarrier::arrive(NumMmaThreads + 32, kBarDqTurn);
@@ -784,8 +815,8 @@ struct HopperBwdKernelBody {
 
     // ------------------------------------------------------------------------------------------------------------
     CUTLASS_DEVICE void consumer(Params const& params, SharedStorage& st, PipelineQ& pipe_q, PipelineDO& pipe_do,
-                                 Sequence const& seq, int n_block, int hk, int b, int m_begin, int n_m, int n_iters,
-                                 int wg) {
+                                 Sequence const& seq, int n_block, int hk, int sp, int b, int m_begin, int n_m,
+                                 int n_iters, int wg) {
         using cutlass::arch::NamedBarrier;
         using namespace cutlass::fmha::collective;
 
@@ -877,11 +908,11 @@ struct HopperBwdKernelBody {
         int h_in = 0;
         int m = m_begin;
         int ds_stage = 0;
-        float alibi = kHoldSlope ? alibi_slope(params, b, hk * params.group) : 0.f;  // the query head's (kHoldSlope)
+        float alibi = kHoldSlope ? alibi_slope(params, b, first_head(params, hk, sp)) : 0.f;  // (kHoldSlope)
 
         CUTLASS_PRAGMA_NO_UNROLL
         for (int it = 0; it < n_iters; ++it) {
-            const int h = hk * params.group + h_in;
+            const int h = first_head(params, hk, sp) + h_in;
             const int r0 = m * kBlockM;
             // Rows past sq count as rows here: their LSE is +inf in the workspace, so their P is 0 anyway.
             const int n0 = key0();
@@ -1139,11 +1170,15 @@ struct HopperBwdKernelBody {
                 m = m_begin;
                 ++h_in;
                 if constexpr (kHoldSlope) {
-                    if (it + 1 < n_iters) alibi = alibi_slope(params, b, hk * params.group + h_in);
+                    if (it + 1 < n_iters) alibi = alibi_slope(params, b, first_head(params, hk, sp) + h_in);
                 }
             }
         }
 
+        if constexpr (kSplit) {  // the partial sums, unscaled, to this CTA's slot
+            store_partial(params, sp, hk, b, n_block, acc_dK, acc_dV, tid);
+            return;
+        }
         // ---- dK (scaled), dV: registers -> shared memory -> global ----
         // Every consumer is past its last product, so the Q and dO stages (adjacent) are free to stage them in.
         NamedBarrier::sync(NumMmaThreads, kBarDS);
@@ -1160,6 +1195,33 @@ struct HopperBwdKernelBody {
     }
 
     // ------------------------------------------------------------------------------------------------------------
+    // The split's epilogue (kSplit): a consumer thread's dK and dV accumulators (tid in [0, 256); every layout gives
+    // each thread kBlockN x head dim / 256 of them) as they are, fp32 and unscaled, into the CTA's slot (bwd::dkv_slot)
+    // in fragment order: float4 v of thread tid at v x 256 + tid, dK's then dV's, so that each store instruction
+    // writes 4 KB contiguous. No shared memory, no barrier. reduce_dkv_kernel adds the slots of the splits in order,
+    // scales and writes dK / dV through the same epilogue (BwdEpilogue) and partitions.
+    static constexpr int kSlotFloats = kBlockN * (kHdim + kHdimV);
+    template <class TensorK, class TensorV>
+    CUTLASS_DEVICE static void store_partial(Params const& params, int sp, int hk, int b, int n_block,
+                                             TensorK const& acc_dK, TensorV const& acc_dV, int tid) {
+        if constexpr (kSplit) {
+            constexpr int FK = decltype(size(acc_dK))::value, FV = decltype(size(acc_dV))::value;
+            static_assert(FK * NumMmaThreads == kBlockN * kHdim && FV * NumMmaThreads == kBlockN * kHdimV &&
+                          FK % 4 == 0 && FV % 4 == 0);
+            float4* dst = reinterpret_cast<float4*>(bwd::dkv_slot<kSlotFloats>(
+                              params.dkv_part, sp, b, hk, n_block, params.batch, params.nhead_k, params.key_blocks)) +
+                          tid;
+            CUTLASS_PRAGMA_UNROLL
+            for (int v = 0; v < FK / 4; ++v)
+                dst[v * NumMmaThreads] = make_float4(acc_dK(4 * v), acc_dK(4 * v + 1), acc_dK(4 * v + 2), acc_dK(4 * v + 3));
+            dst += FK / 4 * NumMmaThreads;
+            CUTLASS_PRAGMA_UNROLL
+            for (int v = 0; v < FV / 4; ++v)
+                dst[v * NumMmaThreads] = make_float4(acc_dV(4 * v), acc_dV(4 * v + 1), acc_dV(4 * v + 2), acc_dV(4 * v + 3));
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------------------------
     // The swapped key split (kSwapKV: BN = 96, BM = 64; FlashAttention-3's layout for head dim 192): per query tile
     //   S = Q·Kᵀ, dP = dO·Vᵀ      (64 queries x the warpgroup's 48 keys, SS, not transposed)
     //   P, dS = P ∘ (dP − D)      (LSE / D per row; the forward's element mask, ForwardMask::apply)
@@ -1171,8 +1233,8 @@ struct HopperBwdKernelBody {
     // dKᵀ / dVᵀ live in registers for the CTA's life and leave transposed (BwdEpilogue::store_t); dQ goes through the
     // shared fp32 tile and the dQ writer warp (deterministic turns included), as at the key split.
     CUTLASS_DEVICE void consumer_swapped(Params const& params, SharedStorage& st, PipelineQ& pipe_q,
-                                         PipelineDO& pipe_do, Sequence const& seq, int n_block, int hk, int b,
-                                         int m_begin, int n_m, int n_iters, int wg) {
+                                         PipelineDO& pipe_do, Sequence const& seq, int n_block, int hk, int sp,
+                                         int b, int m_begin, int n_m, int n_iters, int wg) {
         using cutlass::arch::NamedBarrier;
         using namespace cutlass::fmha::collective;
         static_assert(kSwapKV);
@@ -1317,6 +1379,10 @@ struct HopperBwdKernelBody {
             if (++m == m_begin + n_m) m = m_begin;
         }
 
+        if constexpr (kSplit) {  // the partial sums (dKᵀ / dVᵀ fragments), unscaled, to this CTA's slot
+            store_partial(params, sp, hk, b, n_block, acc_dK, acc_dV, tid);
+            return;
+        }
         // ---- dK (scaled), dV: transposed, registers -> shared memory -> global ----
         // Every consumer is past its last product, so the Q and dO stages (adjacent) are free to stage them in.
         NamedBarrier::sync(NumMmaThreads, kBarDS);
@@ -1337,5 +1403,10 @@ struct HopperBwdKernelImpl : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup,
 template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, int kModVar>
 struct HopperBwdKernelModsImpl
     : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, true, kModVar> {};
+// The GQA split's kernel (kSplit) of a plain or a modifier instance: the generic kernel's (bwd_gqa_split.h).
+template <class Element, int kHdim, int kHdimV, bool kGroup, bool kMasked, int kBlockM, int kBlockN, bool kMods>
+struct HopperBwdKernelSplitImpl
+    : HopperBwdKernelBody<Element, kHdim, kHdimV, kGroup, kMasked, kBlockM, kBlockN, kMods, BwdModVar::kGeneric,
+                          true> {};
 
 }  // namespace mhakit::hopper

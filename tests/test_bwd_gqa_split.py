@@ -1,0 +1,156 @@
+"""The Hopper backward's GQA split (csrc/kernels/hopper/bwd_gqa_split.h: how many CTAs share a kv group's query
+heads), compiled with the system C++ compiler and asked about grids of every size: the count divides the group, is 1
+without GQA or an SM count, keeps the split grid within kSplitWaves waves, never exceeds the workspace's bound on any
+device of up to kSplitMaxSms SMs (nor on a larger one, whose count the rule clamps), and where it splits the call is
+no longer in its time model than unsplit; the measured rows get their counts (H200, 132 SMs: b1 h16 h_k2 s4096 d128
+splits in 2, h_k1 in 4, b4 h32 h_k8 and MHA stay whole). The compile-marked test checks BwdKernel's use of it with
+nvcc (fmha_bwd_hopper.cuh): the workspace grows by the bound's slots only where a call may split, its split count is
+the rule's, and an MHA call's workspace is what it was."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from host_check import run_host_check
+
+REPO = Path(__file__).resolve().parents[1]
+
+PROGRAM = r'''
+#include <cstdio>
+#include <initializer_list>
+#include "kernels/hopper/bwd_gqa_split.h"
+using namespace mhakit::hopper::bwd;
+int main() {
+    for (int sms : {0, 1, 16, 78, 114, 132, 144})
+        for (long long ctas : {1LL, 2LL, 8LL, 16LL, 32LL, 33LL, 64LL, 65LL, 100LL, 128LL, 131LL, 132LL, 264LL, 1024LL})
+            for (int group : {1, 2, 3, 4, 6, 8, 12, 16, 64})
+                for (long long m : {1LL, 2LL, 8LL, 64LL})
+                    std::printf("%d %lld %d %lld %d %d\n", sms, ctas, group, m, gqa_splits(ctas, group, m, sms),
+                                gqa_split_bound(ctas, group));
+    return 0;
+}
+'''
+
+CTA_TILES, MAX_SMS, WAVES = 2, 132, 2  # bwd_gqa_split.h's constants
+
+
+def cost(ctas, group, m, s, sms):
+    slots = min(sms, MAX_SMS)
+    return -(-ctas * s // slots) * (group // s * m + CTA_TILES)
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    work = tmp_path_factory.mktemp("gqa_split")
+    (work / "main.cpp").write_text(PROGRAM)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(REPO / "csrc"), str(work / "main.cpp"), "-o",
+                    str(work / "main")], check=True)
+    out = subprocess.run([str(work / "main")], check=True, capture_output=True, text=True).stdout.splitlines()
+    return {tuple(int(x) for x in line.split()[:4]): tuple(int(x) for x in line.split()[4:]) for line in out}
+
+
+def test_split_divides_the_group_and_stays_within_the_bound(answers):
+    for (sms, ctas, group, m), (s, bound) in answers.items():
+        assert s >= 1 and group % s == 0, (sms, ctas, group, m, s)
+        assert s <= bound, (sms, ctas, group, m, s, bound)
+        if s > 1:
+            assert ctas * s <= WAVES * min(sms, MAX_SMS), (sms, ctas, group, m, s)
+        if group == 1 or sms == 0:
+            assert s == 1, (sms, ctas, group, m, s)
+        # the bound: the largest divisor whose grid fits the waves of the largest device
+        assert bound == max(d for d in range(1, group + 1) if group % d == 0 and (d == 1 or ctas * d <= WAVES * MAX_SMS))
+
+
+def test_split_is_the_least_time_in_the_model(answers):
+    for (sms, ctas, group, m), (s, _) in answers.items():
+        if sms == 0:
+            continue
+        cands = [d for d in range(1, group + 1) if group % d == 0 and (d == 1 or ctas * d <= WAVES * min(sms, MAX_SMS))]
+        best = min(cost(ctas, group, m, d, sms) for d in cands)
+        assert cost(ctas, group, m, s, sms) == best, (sms, ctas, group, m, s)
+        assert s == min(d for d in cands if cost(ctas, group, m, d, sms) == best)  # ties: fewer CTAs
+
+
+def test_measured_rows(answers):
+    # H200 (132 SMs), d128 b64x128 (32 key blocks at s_k = 4096, 64 query tiles): b1 h16 h_k2 -> 2, h_k1 -> 4,
+    # h_k4 (128 CTAs: one wave already) and MHA -> 1, b4 h32 h_k8 (1024 CTAs) -> 1
+    assert answers[(132, 64, 8, 64)][0] == 2
+    assert answers[(132, 32, 16, 64)][0] == 4
+    assert answers[(132, 128, 4, 64)][0] == 1
+    assert answers[(132, 1024, 4, 64)][0] == 1
+    assert answers[(132, 32, 1, 64)][0] == 1
+    # a larger device is clamped to the bound's 132 SMs
+    assert answers[(144, 64, 8, 64)][0] == answers[(132, 64, 8, 64)][0]
+
+
+HOST_PROGRAM = r"""
+#include <cstdio>
+#include "kernels/hopper/fmha_bwd_hopper.cuh"
+
+using namespace mhakit;
+using namespace mhakit::hopper;
+
+static int failures = 0, checked = 0;
+#define EXPECT(cond, ...)                                                                                      \
+    do {                                                                                                       \
+        ++checked;                                                                                             \
+        if (!(cond) && ++failures <= 10) {                                                                     \
+            std::printf(__VA_ARGS__);                                                                          \
+            std::printf("\n");                                                                                 \
+        }                                                                                                      \
+    } while (0)
+
+template <class K>
+void check(int b, int hq, int hk, int sq, int sk, int sms, int want_splits) {
+    BwdParams p{};
+    p.batch = b, p.nhead_q = hq, p.nhead_k = hk, p.hdim_q = K::Impl::kHdim, p.hdim_v = K::Impl::kHdimV;
+    p.seqlen_q = p.max_seqlen_q = sq, p.seqlen_k = p.max_seqlen_k = sk, p.num_sms = sms;
+    const int blocks = (sk + K::Impl::kBlockN - 1) / K::Impl::kBlockN;
+    const int m_tiles = (sq + K::Impl::kBlockM - 1) / K::Impl::kBlockM;
+    const long long ctas = (long long)blocks * hk * b;
+    const int s = K::splits(p), bound = K::split_bound(p);
+    EXPECT(s == bwd::gqa_splits(ctas, hq / hk, m_tiles, sms), "b%d h%d/%d s%d/%d: splits %d", b, hq, hk, sq, sk, s);
+    if (want_splits > 0) EXPECT(s == want_splits, "b%d h%d/%d s%d/%d: splits %d, want %d", b, hq, hk, sq, sk, s,
+                                want_splits);
+    EXPECT(s <= bound, "b%d h%d/%d: splits %d > bound %d", b, hq, hk, s, bound);
+    const bwd::WorkspaceLayout plain(b, hq, sq, K::Impl::kBlockM, K::Impl::kHdim);
+    const size_t slots = bound > 1 ? size_t(bound) * ctas * K::Impl::kSlotFloats * 4 : 0;
+    EXPECT(K::workspace_bytes(p) == bwd::WorkspaceLayout::align256(plain.total + slots),
+           "b%d h%d/%d s%d/%d: workspace %zu, unsplit %zu + slots %zu", b, hq, hk, sq, sk, K::workspace_bytes(p),
+           plain.total, slots);
+    EXPECT(K::layout(p).dkv_off == plain.total && K::layout(p).dkv_off + slots <= K::workspace_bytes(p),
+           "b%d h%d/%d: slots outside the workspace", b, hq, hk);
+    if (hq == hk) EXPECT(K::workspace_bytes(p) == plain.total, "MHA b%d h%d: workspace changed", b, hq);
+}
+
+int main() {
+    using D128 = BwdKernel<MHAKIT_DTYPE_BF16, 128, 128, false, true, 64, 128, false>;
+    using D128m = BwdKernel<MHAKIT_DTYPE_BF16, 128, 128, false, true, 64, 128, true>;
+    using D256 = BwdKernel<MHAKIT_DTYPE_BF16, 256, 256, false, true, 64, 64, false>;
+    using D192 = BwdKernel<MHAKIT_DTYPE_BF16, 192, 128, false, true, 64, 96, false>;
+    check<D128>(1, 16, 2, 4096, 4096, 132, 2);
+    check<D128>(1, 16, 1, 4096, 4096, 132, 4);
+    check<D128>(1, 16, 4, 4096, 4096, 132, 1);
+    check<D128>(1, 16, 16, 4096, 4096, 132, 1);
+    check<D128>(4, 32, 8, 4096, 4096, 132, 1);
+    check<D128>(1, 16, 2, 4096, 4096, 0, 1);  // no SM count: unsplit
+    check<D128m>(1, 8, 1, 300, 333, 132, 8);
+    check<D256>(1, 16, 1, 4096, 4096, 132, 2);
+    check<D256>(1, 16, 2, 4096, 4096, 132, 1);
+    check<D192>(1, 8, 1, 1000, 1000, 132, 8);
+    check<D192>(2, 12, 3, 777, 1500, 114, 0);
+    std::printf("checked %d failures %d\n", checked, failures);
+    return failures != 0;
+}
+"""
+
+
+@pytest.mark.compile
+def test_backward_kernel_uses_the_split_rule(tmp_path):
+    run_host_check(tmp_path, "bwd_gqa_split", HOST_PROGRAM, "sm_90a")
