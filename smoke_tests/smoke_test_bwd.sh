@@ -122,7 +122,9 @@ done
 
 # Score modifiers: aiter's bias grid with dbias for the elementwise kinds, ALiBi, soft-cap, sinks (d sink checked),
 # combinations, GQA, group mode, an odd head dim (generic) and a deterministic run; 64 / 128 run on the Hopper
-# "_mods" instances where the library has them.
+# "_mods" instances where the library has them. An odd s_k makes the elementwise bias's rows unaligned (the Hopper
+# backward reads it from global memory, not through its bias ring): the last two runs without dbias, over several
+# key blocks.
 want mods &&
 for prec in $PRECS; do
 for mode in 0 1; do
@@ -138,6 +140,8 @@ for hdim in ${MHA_MODS_HDIMS:-59 64 128}; do
     run "${p[@]}" -b=1 -h=4 -h_k=2 -s=259 -s_k=200 -sink=1
     run "${p[@]}" -b=1 -h=2 -s=130 -s_k=77 -mask=b:4,35 -sink=1 -logits_soft_cap=20 -bias=e:1 -dbias=1
     run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=2 -sink=1 -bias=e -dbias=1 -deterministic=1
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=517 -s_k=1023 -mask=t -bias=e
+    run "${p[@]}" -b=2 -h=2 -s=300 -s_k=301 -mask=b:64,0 -logits_soft_cap=20 -bias=e:2
 done
 done
 done
@@ -154,6 +158,7 @@ for dims in "-d=256" "-d=192 -d_v=128"; do
     run "${p[@]}" -b=1 -h=2 -s=130 -s_k=77 -mask=b:4,35 -sink=1 -logits_soft_cap=20 -bias=e:1 -dbias=1
     run "${p[@]}" -b=1 -h=4 -h_k=1 -s=200 -s_k=251 -mask=t:64,10 -bias=e:2 -dbias=1
     run "${p[@]}" -b=1 -h=2 -s=300 -s_k=158 -mask=2 -sink=1 -bias=e -dbias=1 -deterministic=1
+    run "${p[@]}" -b=1 -h=4 -h_k=2 -s=517 -s_k=1023 -mask=t -bias=e
 done
 done
 done

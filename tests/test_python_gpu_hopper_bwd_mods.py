@@ -67,17 +67,35 @@ def mod_grads(d_kw, shape, dbias_pitch=None):
     return grads
 
 
-def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text, deterministic=False, dbias_pitch=None):
+def pitched_bias(d_kw, pitch, offset=0):
+    """d_kw with its 16-bit bias moved into the [..., offset:offset + s_k] view of a buffer of rows `pitch` elements
+    long whose other elements are NaN: the bias rows' alignment set by the pitch and the offset, and any read outside
+    [0, s_k) of a row poisons the result."""
+    bias = d_kw["bias"]
+    sk = bias.shape[-1]
+    assert offset + sk <= pitch
+    nan = np.array(np.nan, dtype=np.float16) if bias.dtype == cp.float16 else np.uint16(0x7FC0)  # bf16 bits
+    buf = cp.full((*bias.shape[:-1], pitch), nan, dtype=bias.dtype)
+    buf[..., offset:offset + sk] = bias
+    return {**d_kw, "bias": buf[..., offset:offset + sk]}
+
+
+def run_batch(kind, mask, dtype, d, dv, b, h, hk, sq, sk, launched, seed_text, deterministic=False, dbias_pitch=None,
+              bias_pitch=None, bias_offset=0, dbias=True):
     rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
     q, qf = dev(rng.uniform(-1, 1, (b, h, sq, d)).astype(np.float32), dtype)
     k, kf = dev(rng.uniform(-1, 1, (b, hk, sk, d)).astype(np.float32), dtype)
     v, vf = dev(rng.uniform(-1, 1, (b, hk, sk, dv)).astype(np.float32), dtype)
     do, dof = dev(rng.uniform(-1, 1, (b, h, sq, dv)).astype(np.float32), dtype)
     d_kw, r_kw = make_mods(rng, kind, b, h, sq, sk, dtype)
+    if bias_pitch is not None:
+        d_kw = pitched_bias(d_kw, bias_pitch, bias_offset)
     mask_kw = {} if mask is None else {"mask": mask}
     mt, wl, wr = api._resolve_mask(False, mask, None)
     o, lse = mhakit.mha_fwd(q, k, v, layout="bhsd", return_lse=True, dtype=dtype, **mask_kw, **d_kw)
     grads = mod_grads(d_kw, (b, h, sq, sk), dbias_pitch)
+    if not dbias:
+        grads.pop("dbias", None)
     launched()
     dq, dk, dv_ = mhakit.mha_bwd(do, q, k, v, o, lse, layout="bhsd", dtype=dtype, deterministic=deterministic,
                                  **mask_kw, **d_kw, **grads)
@@ -130,6 +148,44 @@ def test_dbias_rows(sq, sk, pitch, mask, launched):
     seven = fill_value(7.0, grads["dbias"].dtype)
     pad = cp.asnumpy(grads["dbias"].base[..., sk:]) if pitch > sk else np.full(1, seven)
     assert (pad == seven).all(), "dbias written past s_k"
+
+
+# Unstaged 16-bit biases (rows not 16-byte aligned: the generic kernel reads them from global memory, load_bias16_t
+# in hopper_score_mod.hpp): (kind, s_k, row pitch, first element's offset), pitch and offset in elements. A contiguous
+# odd s_k (2-byte aligned rows every other row), an even one (4-byte aligned rows), an odd pitch under an even s_k,
+# and every row 2-byte aligned (an odd offset under an even pitch); [b, h, ...] and the [1, 1, ...] broadcast
+# (benchmark_mha_bwd's -bias=e:2 and -bias=e).
+UNSTAGED = [("bias16_1", 333, 333, 0), ("bias16", 330, 330, 0), ("bias16_1", 330, 337, 0), ("bias16", 330, 332, 1)]
+
+
+@pytest.mark.parametrize("mask", [None, "t", "b:64,0", "t:40,17", "g:90,33"])
+@pytest.mark.parametrize("kind, sk, pitch, offset", UNSTAGED)
+def test_unstaged_bias(kind, sk, pitch, offset, mask, launched):
+    """GQA 4/2, 200 queries (a partial query tile), with dbias; the padding around each row is NaN (pitched_bias), so a
+    read past s_k or before the row fails the call."""
+    run_batch(kind, mask, "bf16", 128, 128, 2, 4, 2, 200, sk, launched, f"bwd/unstaged/{kind}/{sk}/{pitch}/{mask}",
+              bias_pitch=pitch, bias_offset=offset)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("kind, mask, dbias", [("bias16_1", "b", False), ("cap+bias16_1", None, True),
+                                               ("cap+bias16+sink", "t:40,17", False), ("bias16", "t", True)])
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64), (256, 256)])
+def test_unstaged_bias_combined(d, dv, kind, mask, dbias, dtype, launched):
+    """With and without dbias, with a soft-cap, fp16 and bf16, head dims 64 / 128 / 256 (d256: no bias ring, every
+    bias unstaged); s_k = 261 (odd rows), s_q = 131."""
+    run_batch(kind, mask, dtype, d, dv, 2, 4, 2, 131, 261, launched, f"bwd/unstaged_c/{kind}/{mask}/{d}/{dtype}",
+              dbias=dbias)
+
+
+@pytest.mark.parametrize("d, dv", [(128, 128), (64, 64)])
+@pytest.mark.parametrize("mask", [None, "b", "t:30,5"])
+@pytest.mark.parametrize("kind", ["bias16", "cap+bias16+sink", "bias16_b"])
+def test_group_mode_unstaged_odd_rows(kind, mask, d, dv, launched):
+    """Group mode with an odd longest key length (301: 602-byte rows, every other row 2-byte aligned): every tile's bias
+    from global memory, per sequence ([i, :, :s_q_i, :s_k_i]), with dbias."""
+    run_group(kind, mask, d, dv, [37, 0, 190, 20, 5], [51, 20, 161, 0, 301], launched,
+              f"bwd/group_odd/{kind}/{mask}/{d}")
 
 
 @pytest.mark.parametrize("kind", ["cap+alibi+sink", "bias16"])

@@ -12,8 +12,9 @@
 // bias warp fills by TMA into 128-byte swizzled boxes (hopper_bias_stage.hpp; forward: apply_score_mods_staged, one
 // 4-byte shared load per pair; backward, on Sᵀ: apply_score_mods_t_staged, ldmatrix .trans; no predicates: the slot
 // holds zeros past the sequence, and group mode leaves a slot that would reach past it unstaged); any other bias, and
-// such a tile, is read from global memory by the consumer threads, in the loop that applies it (apply_score_mods,
-// apply_score_mods_t).
+// such a tile, is read from global memory by the consumer threads: the forward in the loop that applies it
+// (apply_score_mods), the backward's 16-bit one all loads of the part ahead of that loop (load_bias16_t; fp32: in the
+// loop, apply_score_mods_t).
 #pragma once
 
 #include <cstdint>
@@ -310,12 +311,73 @@ CUTLASS_DEVICE void apply_score_mods_staged(TensorS& s_mn, TensorC const& c_mn, 
 
 namespace detail {
 
+// The wgmma C fragment of an Sᵀ part (keys x queries, cS its coordinates) in CuTe's value order, which the readers of
+// a bias tile (ldmatrix .trans, load_bias16_t) assume: element i at key k_t + 8·((i / 2) % 2) and query
+// q_t + 8·(i / 4) + i % 2 (lane l: k_t = kw + l / 4, q_t = qw + 2·(l % 4)), i.e. over the modes (2, 2, N / 4):
+// query + 1, key + 8, query + 8. Checked at compile time.
+template <class TensorC>
+CUTLASS_DEVICE constexpr void assert_st_value_order() {
+    using L = decltype(std::declval<TensorC const&>().layout());
+    using S0 = std::decay_t<decltype(cute::stride<0>(L{}))>;
+    using Z0 = std::decay_t<decltype(cute::shape<0>(L{}))>;
+    static_assert(std::is_same_v<std::decay_t<decltype(cute::get<0>(S0{}))>, cute::ScaledBasis<cute::_1, 1>> &&
+                      std::is_same_v<std::decay_t<decltype(cute::get<1>(S0{}))>, cute::ScaledBasis<cute::_8, 0>> &&
+                      std::is_same_v<std::decay_t<decltype(cute::get<2>(S0{}))>, cute::ScaledBasis<cute::_8, 1>> &&
+                      decltype(cute::get<0>(Z0{}))::value == 2 && decltype(cute::get<1>(Z0{}))::value == 2 &&
+                      decltype(cute::size<0>(L{}))::value == decltype(cute::size(L{}))::value,
+                  "Sᵀ fragment: pairs of consecutive queries, then key + 8, then query + 8");
+}
+
+// A 16-bit global load into a 32-bit register (zero-extended), 0 where `in` is off: one predicated load (written as
+// C++ conditions, nvcc branched around each load).
+CUTLASS_DEVICE uint32_t ld_bias16_or_0(char const* a, bool in) {
+    uint32_t w;
+    asm("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n @p ld.global.u16 %0, [%1];\n}\n"
+        : "=r"(w)
+        : "l"(a), "r"(int(in)));
+    return w;
+}
+
+// The unstaged 16-bit bias of one Sᵀ part (kBias = 1 with a 16-bit BiasT: a bias the bias warp does not stage, or a
+// group-mode slot it leaves empty) from global memory: elems[i] the raw bits of element i's bias (assert_st_value_order),
+// 0 outside the sequence (rows >= sq, keys >= sk). bias: the element block (b, h, 0, 0) in bytes, rows row_bytes apart,
+// any 2-byte alignment (an odd row pitch included). Every load of the part is issued here, ahead of the modifier loop
+// that adds them, from one row pointer per query block (stepped by 8 rows: two 64-bit adds; the next query one pitch
+// on) at compile-time key offsets (key + 8: 16 bytes), each load predicated on its row and key: a warp's load reads
+// 4 rows x 16 contiguous bytes, as the per-element loads did, which made a 64-bit address per element and used each
+// load right after it (2-4 in flight: the tile waited on L2 about ten times). SASS, d128 bf16 batch mask generic
+// kernel, the bias tile's instructions per thread (no soft-cap / soft-cap): 481 / 589 -> 218 / 323, 32 loads either
+// way, about ten in flight; ptxas's spills unchanged (80 / 100 bytes).
+// Tried and not kept, for the spills of that kernel (ptxas, bytes of stores / loads): two keys of a query row per
+// 4-byte load where the rows are 4-byte aligned, transposed into the fragment's pairs by movmatrix .trans (as
+// store_dbias_pairs_t does for dbias; half the loads), 128-156 / 140-156; the loads in two halves of the part,
+// 156 / 348; an unpredicated copy of the loads for parts inside the sequence, 204 / 160.
+template <int N, class TensorC>
+CUTLASS_DEVICE void load_bias16_t(uint32_t (&elems)[N], TensorC const& cS, char const* bias, int64_t row_bytes, int sq,
+                                  int sk, int r0, int n0) {
+    assert_st_value_order<TensorC>();
+    static_assert(N == decltype(cute::size(cS))::value && N % 4 == 0, "whole query blocks of two key halves");
+    const int key = n0 + int(cute::get<0>(cS(0))), row = r0 + int(cute::get<1>(cS(0)));
+    const int64_t step = 8 * row_bytes;  // the next query block
+    char const* a = bias + int64_t(row) * row_bytes + int64_t(key) * 2;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < N / 4; ++j, a += step) {  // queries + 8j
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) {  // keys + 8h
+            const bool key_in = key + 8 * h < sk;
+            elems[4 * j + 2 * h] = ld_bias16_or_0(a + 16 * h, key_in && row + 8 * j < sq);
+            elems[4 * j + 2 * h + 1] = ld_bias16_or_0(a + row_bytes + 16 * h, key_in && row + 8 * j + 1 < sq);
+        }
+    }
+}
+
 // One tile of apply_score_mods_t for the variant <soft-cap, bias kind, BiasT>: the logit of score_mod.h (soft-cap with
 // approx_tanh, as the forward) with ALiBi's |i + s_k − s_q − j| made in fp32 from one value per tile and each
 // element's compile-time offset in the thread's fragment (one FADD and the FFMA, no integer-to-float conversion per
 // element). Every element gets its logit, also outside the sequence, where its P is 0 anyway (a key past s_k:
 // recompute_pt masks it, the tile not being full; a row past s_q: LSE = +inf); only the bias is read inside it alone.
-// kBias = 3: a 16-bit bias staged in shared memory (Stage: hopper_bias_stage.hpp's BiasStage of one 64-row slot, 128-
+// kBias = 1: an elementwise bias from global memory, 16-bit all at once ahead of the loop (load_bias16_t), fp32 a
+// load per element in it. kBias = 3: a 16-bit bias staged in shared memory (Stage: hopper_bias_stage.hpp's BiasStage of one 64-row slot, 128-
 // byte swizzled boxes of 64 keys, zero outside the sequence), read with ldmatrix .trans. The wgmma C fragment of
 // Sᵀ (keys x queries) gives lane l the key k_t = kw + l / 4 (kw: its warp's first key) and the queries
 // q_t = qw + 2·(l % 4) (+1) (qw: its warpgroup's first query), then (CuTe's value order, static_assert below) its
@@ -339,16 +401,7 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
     if constexpr (kBias == 3) {
         static_assert(N % (2 * kLdX) == 0, "whole ldmatrix loads");
         static_assert(Stage::kSlots == 1, "one 64-row slot (kBlockM = 64)");
-        // the fragment's value order assumed above: (query + 1, key + 8, query + 8) over the modes (2, 2, N / 4)
-        using L = decltype(cS.layout());
-        using S0 = std::decay_t<decltype(cute::stride<0>(L{}))>;
-        using Z0 = std::decay_t<decltype(cute::shape<0>(L{}))>;
-        static_assert(std::is_same_v<std::decay_t<decltype(cute::get<0>(S0{}))>, cute::ScaledBasis<cute::_1, 1>> &&
-                          std::is_same_v<std::decay_t<decltype(cute::get<1>(S0{}))>, cute::ScaledBasis<cute::_8, 0>> &&
-                          std::is_same_v<std::decay_t<decltype(cute::get<2>(S0{}))>, cute::ScaledBasis<cute::_8, 1>> &&
-                          decltype(cute::get<0>(Z0{}))::value == 2 && decltype(cute::get<1>(Z0{}))::value == 2 &&
-                          decltype(cute::size<0>(L{}))::value == N,
-                      "Sᵀ fragment: pairs of consecutive queries, then key + 8, then query + 8");
+        assert_st_value_order<TensorC>();  // the fragment's value order assumed above
         const int lane = int(threadIdx.x % 32);
         const int key = k00 - lane / 4 + 8 * ((lane / 8) % 2);
         const int row = q00 - 2 * (lane % 4) + 8 * ((lane / 8) % kLdX / 2) + lane % 8;
@@ -356,6 +409,10 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
                  16 * (((key / 8) % 8) ^ (row % 8));
     }
     [[maybe_unused]] uint32_t bias_pairs[kLdX];
+    // kBias = 1, a 16-bit bias: the part's elements from global memory, every load issued before the loop
+    constexpr bool kGlobal16 = kBias == 1 && sizeof(BiasT) == 2;
+    [[maybe_unused]] uint32_t global_elems[kGlobal16 ? N : 1];
+    if constexpr (kGlobal16) load_bias16_t(global_elems, cS, r.bias, r.bias_row_bytes, r.seqlen_q, r.seqlen_k, r0, n0);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N; i += 2) {
         if constexpr (kBias == 3) {
@@ -380,11 +437,12 @@ CUTLASS_DEVICE void score_mods_tile_t(TensorS& acc_S, TensorC const& cS, RowMods
             float l = modified_logit_t<kCap, 0, decltype(unused16), /*kApproxTanh=*/true>(
                 r, acc_S(i + e), 0, 0, unused16, kCap ? &d[e] : nullptr);
             if constexpr (kBias == 2) l = fmaf(-r.slope, fabsf(dist0 + float((qq - q00) - (kk - k00))), l);
-            if constexpr (kBias == 1) {
+            if constexpr (kBias == 1 && !kGlobal16) {  // fp32: a load per element
                 const int key = n0 + kk, row = r0 + qq;
                 if (row < r.seqlen_q && key < r.seqlen_k)
                     l += float(reinterpret_cast<BiasT const*>(r.bias + int64_t(row) * r.bias_row_bytes)[key]);
             }
+            if constexpr (kGlobal16) l += float(BiasT::bitcast(uint16_t(global_elems[i + e])));
             if constexpr (kBias == 3) {
                 const uint32_t w = bias_pairs[(i / 2) % kLdX];
                 l += float(BiasT::bitcast(uint16_t(e == 0 ? w & 0xffffu : w >> 16)));
