@@ -271,33 +271,16 @@ struct BwdKernel {
     }
 
     // f(KernelTag<K>{}) with K the main kernel of the call's modifier variant (bwd_mod_variant), or the generic one
-    // where this instance builds no such variant.
-    template <class K>
-    struct KernelTag {
-        using type = K;
-    };
-    template <int kVar, class F>
-    static bool run_variant(int var, F& f, cudaError_t& err) {
-        if constexpr (builds(kVar)) {
-            if (var != kVar) return false;
-            err = f(KernelTag<ImplOf<kVar>>{});
-            return true;
-        } else {
-            return false;
-        }
-    }
-    template <class F, int... kVars>
-    static cudaError_t with_main_kernel(int var, F&& f, std::integer_sequence<int, kVars...>) {
-        cudaError_t err = cudaSuccess;
-        if (!(run_variant<kVars>(var, f, err) || ...)) err = f(KernelTag<Impl>{});
-        return err;
+    // where this instance builds no such variant (hopper::with_main_kernel).
+    template <class F>
+    static cudaError_t with_main_kernel(int var, F&& f) {
+        return hopper::with_main_kernel<BwdKernel>(var, f, FixedVariants{});
     }
 
     static cudaError_t run(const BwdParams& p, cudaStream_t stream) {
         if (const int s = splits(p); s > 1) return run_with<SplitImpl>(p, stream, s);
         const int var = kMods ? bwd_mod_variant(p.mods, p.dbias != nullptr) : BwdModVar::kGeneric;
-        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream, 1); },
-                                FixedVariants{});
+        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream, 1); });
     }
 
     template <class K>  // K: the main kernel; splits: the GQA split's (1: unsplit, K is not SplitImpl)

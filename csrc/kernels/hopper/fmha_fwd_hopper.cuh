@@ -286,26 +286,10 @@ struct FwdKernel {
     }
 
     // f(KernelTag<K>{}) with K the main kernel of the call's modifier variant (fwd_mod_variant), or the generic one
-    // where this instance builds no such variant: the one place that picks it.
-    template <class K>
-    struct KernelTag {
-        using type = K;
-    };
-    template <int kVar, class F>
-    static bool run_variant(int var, F& f, cudaError_t& err) {
-        if constexpr (builds(kVar)) {
-            if (var != kVar) return false;
-            err = f(KernelTag<ImplOf<kVar>>{});
-            return true;
-        } else {
-            return false;
-        }
-    }
-    template <class F, int... kVars>
-    static cudaError_t with_main_kernel(int var, F&& f, std::integer_sequence<int, kVars...>) {
-        cudaError_t err = cudaSuccess;
-        if (!(run_variant<kVars>(var, f, err) || ...)) err = f(KernelTag<Impl>{});
-        return err;
+    // where this instance builds no such variant (hopper::with_main_kernel).
+    template <class F>
+    static cudaError_t with_main_kernel(int var, F&& f) {
+        return hopper::with_main_kernel<FwdKernel>(var, f, FixedVariants{});
     }
     // The variant that run() launches for p (FwdModVar::kGeneric: the generic or plain kernel), for tests.
     static int main_kernel_variant(const FwdParams& p) {
@@ -315,7 +299,7 @@ struct FwdKernel {
             using K = typename decltype(tag)::type;
             got = std::is_same_v<K, Impl> ? FwdModVar::kGeneric : var;
             return cudaSuccess;
-        }, FixedVariants{});
+        });
         return got;
     }
 
@@ -338,8 +322,7 @@ struct FwdKernel {
             }
         }
         const int var = kMods ? fwd_mod_variant(p.mods) : FwdModVar::kGeneric;
-        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream); },
-                                FixedVariants{});
+        return with_main_kernel(var, [&](auto tag) { return run_with<typename decltype(tag)::type>(p, stream); });
     }
 
     template <class K>  // K: the main kernel
