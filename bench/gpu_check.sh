@@ -4,8 +4,11 @@
 # representative subset, and the peer benchmarks. Logs go to $OUT (or ./gpu_check_logs); the last lines printed are
 # the summary.
 #
-#   bash bench/gpu_check.sh [all|build|tests|smoke|sanitizer|bench]...     (default: all)
+#   bash bench/gpu_check.sh [all|build|build_fwd|build_bwd|tests|smoke|sanitizer|bench]...     (default: all)
 #
+# build is build_fwd then build_bwd, each the library, its benchmark and its JIT prebuild. On the H200 machine the
+# default profile's build_fwd takes about 5 minutes and build_bwd about 4-5 (2026-11-25): together they no longer fit
+# one 10-minute device call, so give them a call each (on the same machine: the second keeps the first's outputs).
 # MHAKIT_GPU_PROFILE picks the build profile (default: all). Without the build step, the libraries and benchmarks
 # must already be in $MHAKIT_GPU_WORK/lib (e.g. `compile.py --benchmark` run on another machine of the same nvcc):
 # the later steps use what is there.
@@ -30,9 +33,9 @@ mkdir -p "$work/objects"
 
 # The JIT libraries of the profile (every one a Python call could need), into $work/jit_cache, from the build step's
 # objects where it ran; entries already in the cache are kept.
-prebuild() {
+prebuild() {  # prebuild API...
     local api start
-    for api in fwd bwd; do
+    for api in "$@"; do
         start=$(date +%s)
         MHAKIT_CACHE_DIR="$work/jit_cache" python3 -m mhakit prebuild --api $api --profile "$profile" -j "$(nproc)" \
             --build-dir "$work/objects" >"$logs/prebuild_$api.log" 2>&1
@@ -40,8 +43,8 @@ prebuild() {
     done
 }
 
-if want build; then
-    for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
+for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
+    if want build || want "build_$api"; then
         start=$(date +%s)
         (cd "$work/lib" && python3 "$repo/compile.py" --api $api --profile "$profile" --benchmark -j "$(nproc)" \
             --build-dir "$work/objects") >"$logs/build_$api.log" 2>&1
@@ -49,13 +52,14 @@ if want build; then
         count=$(python3 compile.py --api $api --list --arch sm_90a --profile "$profile" | tail -1)
         note "build $profile $api: rc=$rc, $(( $(date +%s) - start )) s on $(nproc) cores ($count)"
         tail -2 "$logs/build_$api.log"
-    done
-    # The tests' JIT libraries, linked from these objects in the build's own device call (40 + 38 s on the H200).
-    # In a later call (the machine copies the tree afresh for each) the prebuild compiled every instance again
-    # (227 + 138 s), even with the sources dated back to match the objects (tried in the fifth session; cause not
-    # found); so the build step makes them, and the tests step's prebuild finds every library in the cache.
-    prebuild
-fi
+        # The tests' JIT libraries of this API, linked from these objects in the build's own device call (40 + 38 s
+        # on the H200). In a later call (the machine copies the tree afresh for each) the prebuild compiled every
+        # instance again (227 + 138 s), and so did a second build call (2026-11-25: all of fwd once more), even with
+        # the sources dated back to match the objects (tried in the fifth session; cause not found); so each build
+        # step makes them, and the tests step's prebuild finds every library in the cache.
+        prebuild "$api"
+    fi
+done
 lib_dir="$work/lib"
 
 # gpu_test_files LABEL WHAT FILE...: `pytest -m gpu` on each file, cut into MHAKIT_GPU_TEST_SHARDS (3) shards of its
@@ -82,7 +86,7 @@ gpu_test_files() {
 if want tests; then
     # The Python tests' kernels, compiled up front with every core (on first use they would build one entry at a
     # time): every library a call could need within the profile (already in the cache when the build step ran).
-    prebuild
+    prebuild fwd bwd
     # Each file with GPU tests in shards of pytest processes (gpu_test_files): in one process the suites take about
     # 25 minutes on the H200 machine, most of it the NumPy references on one CPU core. A log per shard under
     # $logs/<label>/, its summary line in $logs/<label>.log, the totals in the summary.
