@@ -1,5 +1,6 @@
 """Check programs over the kernel headers (which include CuTe and CUTLASS): compiled by nvcc with the library's flags
-for an arch, run on the CPU, their last line "checked N failures M"."""
+for an arch, run on the CPU, their last line "checked N failures M". Each program gets PRELUDE in front: the counters
+`checked` / `failures` and EXPECT(cond, printf-format, ...), which counts a check and prints the first 10 failures."""
 from __future__ import annotations
 
 import subprocess
@@ -8,12 +9,26 @@ from pathlib import Path
 from codegen import catalogue, toolchain
 
 
+PRELUDE = r"""#include <cstdio>
+
+static int failures = 0, checked = 0;
+#define EXPECT(cond, ...)                                                                                      \
+    do {                                                                                                       \
+        ++checked;                                                                                             \
+        if (!(cond) && ++failures <= 10) {                                                                     \
+            std::printf(__VA_ARGS__);                                                                          \
+            std::printf("\n");                                                                                 \
+        }                                                                                                      \
+    } while (0)
+"""
+
+
 def run_host_check(tmp_path: Path, name: str, program: str, arch: str = "sm_90a") -> str:
-    """Compile `program` as <tmp_path>/<name>.cu, run it, assert it compiled, exited 0 and counted no failure; its
-    output."""
+    """Compile PRELUDE + `program` as <tmp_path>/<name>.cu, run it, assert it compiled, exited 0 and counted no
+    failure; its output."""
     nvcc = toolchain.make_toolchain(arch, catalogue.load().arch(arch).gencode)
     src, exe = tmp_path / f"{name}.cu", tmp_path / name
-    src.write_text(program)
+    src.write_text(PRELUDE + program)
     done = subprocess.run([nvcc.path, *nvcc.compile_flags(), str(src), "-o", str(exe)], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -96,16 +96,6 @@ HOST_PROGRAM = r"""
 using namespace mhakit;
 using namespace mhakit::hopper;
 
-static int failures = 0, checked = 0;
-#define EXPECT(cond, ...)                                                                                      \
-    do {                                                                                                       \
-        ++checked;                                                                                             \
-        if (!(cond) && ++failures <= 10) {                                                                     \
-            std::printf(__VA_ARGS__);                                                                          \
-            std::printf("\n");                                                                                 \
-        }                                                                                                      \
-    } while (0)
-
 template <class K>
 void check(int b, int hq, int hk, int sq, int sk, int sms, int want_splits) {
     BwdParams p{};

@@ -21,16 +21,6 @@ PROGRAM = r"""
 using namespace mhakit;
 using namespace mhakit::hopper;
 
-static int failures = 0, checked = 0;
-#define EXPECT(cond, ...)                                                                                      \
-    do {                                                                                                       \
-        ++checked;                                                                                             \
-        if (!(cond) && ++failures <= 10) {                                                                     \
-            std::printf(__VA_ARGS__);                                                                          \
-            std::printf("\n");                                                                                 \
-        }                                                                                                      \
-    } while (0)
-
 alignas(16) static unsigned short bias_data[64];
 
 int expected(float cap, int bias_type, bool fp32, bool aligned, bool dropout, bool dbias) {

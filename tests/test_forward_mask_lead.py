@@ -20,9 +20,6 @@ PROGRAM = r"""
 using namespace mhakit;
 using namespace mhakit::hopper;
 
-static int failures = 0, checked = 0;
-#define EXPECT(cond, ...) do { ++checked; if (!(cond)) { if (++failures <= 10) { std::printf(__VA_ARGS__); std::printf("\n"); } } } while (0)
-
 template <bool kMasked, int kBM, int kBN, bool kPartialFirst>
 void check(int type, int left, int right, int sq, int sk) {
     const MaskCoord c = make_clamped_mask_coord(kMasked ? type : 0, left, right, sq, sk);
