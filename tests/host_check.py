@@ -3,8 +3,11 @@ for an arch, run on the CPU, their last line "checked N failures M". Each progra
 `checked` / `failures` and EXPECT(cond, printf-format, ...), which counts a check and prints the first 10 failures."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from codegen import catalogue, toolchain
 
@@ -21,6 +24,20 @@ static int failures = 0, checked = 0;
         }                                                                                                      \
     } while (0)
 """
+
+
+def build_cpp(work: Path, name: str, program: str, *flags: str) -> Path:
+    """Compile `program` (no CUDA) with the host C++ compiler, -std=c++17 -O1 and the repository's csrc and
+    csrc/include on the include path, plus `flags`, as <work>/<name>; the executable. Skips the test without a
+    compiler (g++ or c++)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src, exe = work / f"{name}.cpp", work / name
+    src.write_text(program)
+    subprocess.run([cxx, "-std=c++17", "-O1", *flags, "-I", str(toolchain.CSRC), "-I", str(toolchain.CSRC / "include"),
+                    str(src), "-o", str(exe)], check=True)
+    return exe
 
 
 def run_host_check(tmp_path: Path, name: str, program: str, arch: str = "sm_90a") -> str:

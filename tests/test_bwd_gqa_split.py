@@ -8,15 +8,12 @@ nvcc (fmha_bwd_hopper.cuh): the workspace grows by the bound's slots only where 
 the rule's, and an MHA call's workspace is what it was."""
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from host_check import run_host_check
+from host_check import build_cpp, run_host_check
 
-REPO = Path(__file__).resolve().parents[1]
 
 PROGRAM = r'''
 #include <cstdio>
@@ -44,14 +41,8 @@ def cost(ctas, group, m, s, sms):
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    work = tmp_path_factory.mktemp("gqa_split")
-    (work / "main.cpp").write_text(PROGRAM)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(REPO / "csrc"), str(work / "main.cpp"), "-o",
-                    str(work / "main")], check=True)
-    out = subprocess.run([str(work / "main")], check=True, capture_output=True, text=True).stdout.splitlines()
+    exe = build_cpp(tmp_path_factory.mktemp("gqa_split"), "main", PROGRAM)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
     return {tuple(int(x) for x in line.split()[:4]): tuple(int(x) for x in line.split()[4:]) for line in out}
 
 

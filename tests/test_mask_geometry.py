@@ -4,12 +4,9 @@ pair, the tiles it leaves unmasked are exactly those whose every pair is visible
 widths. Host C++ only (the header is __host__ __device__): needs a C++ compiler, not nvcc."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 
-import pytest
-
-from codegen.toolchain import CSRC
+from host_check import build_cpp
 
 PROGRAM = r"""
 #include <cstdio>
@@ -95,12 +92,7 @@ int main() {
 
 
 def test_tile_ranges_match_brute_force(tmp_path):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler (c++)")
-    src, exe = tmp_path / "geometry.cpp", tmp_path / "geometry"
-    src.write_text(PROGRAM)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(CSRC), str(src), "-o", str(exe)], check=True)
+    exe = build_cpp(tmp_path, "geometry", PROGRAM, "-Wall", "-Werror")
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
     assert "failures 0" in out.stdout and "checked " in out.stdout

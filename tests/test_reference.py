@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from host_check import build_cpp
 from mhakit import reference as ref
 from mhakit.reference import (MASK_BOTTOM_RIGHT, MASK_GENERIC, MASK_NONE, MASK_TOP_LEFT, attention_fwd,
                               attention_varlen_fwd, check_close, flops_fwd, mask_coord, parse_mask, visible_mask)
@@ -562,15 +563,7 @@ int main(int argc, char** argv) {
 def test_cpp_host_fp8_codec_and_reference_match_numpy(tmp_path):
     """The benchmark's host side (csrc/reference/host_attention.hpp): the same e4m3 decode and encode as NumPy's, and
     an fp8 forward reference equal to attention_fwd_fp8."""
-    import shutil
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    repo = Path(__file__).resolve().parents[1]
-    src, exe = tmp_path / "h.cpp", tmp_path / "h"
-    src.write_text(_FP8_HARNESS)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-I", str(repo / "csrc"), "-I",
-                    str(repo / "csrc" / "include"), str(src), "-o", str(exe), "-pthread"], check=True)
+    exe = build_cpp(tmp_path, "h", _FP8_HARNESS, "-Wall", "-Wextra", "-pthread")
     rng = np.random.default_rng(5)
     x = np.concatenate([rng.uniform(-500, 500, 2000), rng.uniform(-0.02, 0.02, 2000),
                         ref.e4m3_to_float(np.arange(256, dtype=np.uint8))[np.arange(256) % 128 != 127],

@@ -4,19 +4,17 @@ the float64 forward (attention_fwd / attention_varlen_fwd) on small random probl
 mode."""
 
 import math
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from host_check import build_cpp
 from mhakit.reference import (MASK_BOTTOM_RIGHT, MASK_GENERIC, MASK_NONE, MASK_TOP_LEFT, attention_bwd,
                               attention_fwd, attention_varlen_bwd, attention_varlen_fwd, check_close, flops_bwd,
                               flops_fwd, tolerances_bwd, visible_mask)
 
 F64 = dict(compute_dtype=np.float64, out_dtype=np.float64)
-REPO = Path(__file__).resolve().parents[1]
 
 
 def rand(rng, *shape):
@@ -371,16 +369,7 @@ CPP_CASES = [
 
 @pytest.fixture(scope="module")
 def cpp_harness(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    work = tmp_path_factory.mktemp("host_bwd")
-    src = work / "harness.cpp"
-    src.write_text(_HARNESS)
-    exe = work / "harness"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-I", str(REPO / "csrc"), "-I",
-                    str(REPO / "csrc" / "include"), str(src), "-o", str(exe), "-pthread"], check=True)
-    return exe
+    return build_cpp(tmp_path_factory.mktemp("host_bwd"), "harness", _HARNESS, "-Wall", "-Wextra", "-pthread")
 
 
 @pytest.mark.parametrize("case", CPP_CASES, ids=[f"case{i}" for i in range(len(CPP_CASES))])

@@ -7,13 +7,12 @@ counts measured best on the H200 (TMA ring, one CTA per SM: b=1 32/8 s_k=32k 16 
 s_k=8k unsplit; generic kernel, three per SM: 512 CTAs in 396 slots, 3)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from host_check import build_cpp
+
 
 PROGRAM = r'''
 #include <cstdio>
@@ -34,14 +33,8 @@ int main() {
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    work = tmp_path_factory.mktemp("heuristic")
-    (work / "main.cpp").write_text(PROGRAM)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(REPO / "csrc"), "-I", str(REPO / "csrc" / "include"),
-                    str(work / "main.cpp"), "-o", str(work / "main")], check=True)
-    out = subprocess.run([str(work / "main")], check=True, capture_output=True, text=True).stdout.splitlines()
+    exe = build_cpp(tmp_path_factory.mktemp("heuristic"), "main", PROGRAM)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
     rows = [tuple(int(x) for x in line.split()) for line in out if not line.startswith("nosm")]
     nosm = int(next(line for line in out if line.startswith("nosm")).split()[1])
     return rows, nosm
