@@ -197,8 +197,14 @@ def test_fp16(kind, launched):
 def test_deterministic_mode_repeats_bit_for_bit(kind, launched):
     """Deterministic mode keeps working with the modifiers: the same call twice gives identical dQ, dK, dV, dbias and
     d sink."""
-    first = run_batch(kind, "b", "bf16", 128, 128, 1, 4, 2, 300, 400, launched, f"det/{kind}", deterministic=True)
-    second = run_batch(kind, "b", "bf16", 128, 128, 1, 4, 2, 300, 400, launched, f"det/{kind}", deterministic=True)
+    assert_repeats_bit_for_bit(kind, 4, 2, 300, 400, launched, f"det/{kind}")
+
+
+def assert_repeats_bit_for_bit(kind, h, hk, sq, sk, launched, seed_text):
+    """The same deterministic call (bf16, d128, b = 1, bottom-right causal) twice: identical dQ, dK, dV and modifier
+    gradients."""
+    first = run_batch(kind, "b", "bf16", 128, 128, 1, h, hk, sq, sk, launched, seed_text, deterministic=True)
+    second = run_batch(kind, "b", "bf16", 128, 128, 1, h, hk, sq, sk, launched, seed_text, deterministic=True)
     for a, b in zip(first[:3], second[:3]):
         assert np.array_equal(host(a, "bf16"), host(b, "bf16"))
     for name in first[3]:
@@ -220,12 +226,7 @@ def test_gqa_split(kind, mask, d, dv, launched):
 def test_gqa_split_deterministic(kind, launched):
     """The split with dbias in deterministic mode: dQ's turns per query head, dK / dV's slots added in a fixed order,
     so the same call twice gives identical dQ, dK, dV, dbias and d sink."""
-    first = run_batch(kind, "b", "bf16", 128, 128, 1, 8, 1, 700, 900, launched, f"split/det/{kind}", deterministic=True)
-    second = run_batch(kind, "b", "bf16", 128, 128, 1, 8, 1, 700, 900, launched, f"split/det/{kind}", deterministic=True)
-    for a, b in zip(first[:3], second[:3]):
-        assert np.array_equal(host(a, "bf16"), host(b, "bf16"))
-    for name in first[3]:
-        assert np.array_equal(cp.asnumpy(first[3][name]), cp.asnumpy(second[3][name])), name
+    assert_repeats_bit_for_bit(kind, 8, 1, 700, 900, launched, f"split/det/{kind}")
 
 
 @pytest.mark.parametrize("kind", ["sink", "cap+sink", "bias32+sink"])
