@@ -8,7 +8,9 @@ built on first use), in b.h.s.d layout. The shape is issue 12's: hd 128, s = 409
 batch 4, 16 heads), bf16, no mask and causal. The elementwise bias is [1, 1, s, s] (broadcast over batch and heads)
 in the inputs' dtype; the dbias rows give a [b, h, s, s] bias (dbias has the bias's shape). Timing as
 bench_fwd.py's: median of --repeat launches between CUDA events after --warmup, the GPU kept busy while the host
-enqueues. "cost" is time / plain time - 1 of the same implementation and mask.
+enqueues. "cost" is time / plain time - 1 of the same implementation and mask. The "bias+dbias traffic" row is a
+floor, not a call: one device copy of the [b, h, s, s] bias into dbias (the bytes a backward with dbias must read and
+write beyond the plain call's), its cost that copy's time over the plain backward's.
 
 Before timing, each mhakit modifier call's O (forward) or dQ (backward) is compared with SDPA on the same inputs,
 the modifier written out in PyTorch (math backend, fp32), with the forward's tolerance of the dtype.
@@ -145,6 +147,12 @@ def run(opts) -> list[dict]:
                     base[key] = ms
                 rows.append({"direction": direction, "causal": causal, "modifier": name, "impl": "mhakit",
                              "ms": ms, "cost": ms / base[key] - 1.0, "max_abs_err": err})
+                if "dbias" in extra and direction == "bwd":
+                    # The least memory traffic dbias adds: the bias read and dbias written once, as one device copy
+                    # (what any backward with dbias pays on top of the plain call, whatever its kernel does).
+                    ms = time_launches(lambda: extra["dbias"].copy_(kw["bias"]), opts.warmup, opts.repeat)
+                    rows.append({"direction": direction, "causal": causal, "modifier": "bias+dbias traffic",
+                                 "impl": "floor", "ms": ms, "cost": ms / base[key]})
         rows += cudnn_rows(q, k, v, do, causal, scale, opts, gen)
     return rows
 
@@ -188,7 +196,7 @@ def table(rows: list[dict], opts) -> str:
              "| direction | causal | modifier | mhakit ms | cost | cuDNN ms | cuDNN cost |", "|---|---|---|---|---|---|---|"]
     peers = {(r["direction"], r["causal"], r["modifier"]): r for r in rows if r["impl"] == "cudnn"}
     for r in rows:
-        if r["impl"] != "mhakit":
+        if r["impl"] not in ("mhakit", "floor"):
             continue
         p = peers.get((r["direction"], r["causal"], r["modifier"]), {})
         plain = r["modifier"] == "plain"
