@@ -9,12 +9,18 @@
 //
 // The model (as the decode family's, kernels/decode/split_heuristic.h): the main kernel's CTAs need one SM each
 // (240-register consumers), so `sms` CTAs run at a time, in waves; a CTA's time is its query heads x the query tiles
-// of a head (m_tiles, the unmasked count: under a causal mask the longest CTA still visits them all) plus a fixed cost
-// (its start, K and V, the epilogue or the partial sums' write and their reduction) of kSplitCtaTiles tiles. The call
-// takes waves(s) x (group / s x m_tiles + kSplitCtaTiles); s is the divisor of the group of least time among those
-// whose grid fits kSplitWaves waves, ties going to fewer CTAs (s = 1 keeps today's kernel). So a grid of a wave or
-// more stays whole (b4 h32 h_k8 s4096: 1024 CTAs), b1 h16 h_k2 s4096 (64 CTAs) takes s = 2 (128 CTAs, one wave of
-// four heads each: 258 against 514), b1 h16 h_k1 s = 4.
+// its key block visits plus a fixed cost (its start, K and V, the epilogue or the partial sums' write and their
+// reduction) of kSplitCtaTiles tiles. s is the divisor of the group of least time among those whose grid fits
+// kSplitWaves waves, ties going to fewer CTAs (s = 1 keeps today's kernel).
+// - Every key block visiting every query tile (no mask, or a mask that cuts no key block short): the call takes
+//   waves(s) x (group / s x m_tiles + kSplitCtaTiles). So a grid of a wave or more stays whole (b4 h32 h_k8 s4096:
+//   1024 CTAs), b1 h16 h_k2 s4096 (64 CTAs) takes s = 2 (128 CTAs, one wave of four heads each: 258 against 514),
+//   b1 h16 h_k1 s = 4.
+// - A mask that leaves key blocks fewer tiles (causal: key block n of a square call visits m_tiles - n): CTAs of
+//   unequal length, which fill each other's gaps, so the call takes the larger of its longest CTA and its total work
+//   over the SMs (the greedy schedule's bound; the longest key blocks come first in the grid). b1 h16 h_k2 s4096
+//   causal: s = 2 is bound by its longest CTA (8 heads x 32 tiles: 258), s = 4 by the total (about 132), so it takes
+//   4 where the unmasked call takes 2.
 //
 // The workspace holds the slots of the largest candidate on the largest device (gqa_split_bound: at most
 // kSplitWaves x kSplitMaxSms CTAs' partial sums, 34 MB at d128), which bounds the split of every device (the launch
@@ -37,16 +43,26 @@ inline int gqa_split_cap(long long ctas, int group, int sms) {
 }
 
 // The split count: ctas = key blocks x kv heads x batch (the unsplit grid), group = query heads per kv head,
-// m_tiles = query tiles per head, sms = the device's multiprocessors (<= 0: unknown, no split).
-inline int gqa_splits(long long ctas, int group, long long m_tiles, int sms) {
+// m_tiles = the query tiles of a head that the longest key block visits, sms = the device's multiprocessors (<= 0:
+// unknown, no split); blocks = key blocks per (kv head, batch) and visits = the query tiles they visit together
+// (0, 0, or blocks x m_tiles: every key block visits m_tiles).
+inline int gqa_splits(long long ctas, int group, long long m_tiles, int sms, long long blocks = 0,
+                      long long visits = 0) {
     if (m_tiles < 1 || sms < 1) return 1;
     const int slots = sms < kSplitMaxSms ? sms : kSplitMaxSms;
     const int cap = gqa_split_cap(ctas, group, slots);
+    const bool uneven = blocks > 0 && visits < blocks * m_tiles;
     int best = 1;
     long long best_cost = 0;
     for (int s = 1; s <= cap; ++s) {
         if (group % s != 0) continue;
-        const long long cost = (ctas * s + slots - 1) / slots * ((group / s) * m_tiles + kSplitCtaTiles);
+        const long long longest = (group / s) * m_tiles + kSplitCtaTiles;
+        long long cost = (ctas * s + slots - 1) / slots * longest;
+        if (uneven) {  // (ctas / blocks) pairs, each s CTAs per key block: group x visits + s x blocks fixed costs
+            const long long total = ctas / blocks * (group * visits + s * blocks * kSplitCtaTiles);
+            const long long spread = (total + slots - 1) / slots;
+            cost = longest > spread ? longest : spread;
+        }
         if (s == 1 || cost < best_cost) best = s, best_cost = cost;
     }
     return best;

@@ -151,7 +151,20 @@ struct BwdKernel {
     static int64_t unsplit_ctas(const BwdParams& p) { return int64_t(key_blocks(p)) * p.nhead_k * p.batch; }
     static int group_of(const BwdParams& p) { return p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 1; }
     static int splits(const BwdParams& p) {
-        return bwd::gqa_splits(unsplit_ctas(p), group_of(p), (int64_t(rows_q(p)) + kBlockM - 1) / kBlockM, p.num_sms);
+        const int64_t m_tiles = (int64_t(rows_q(p)) + kBlockM - 1) / kBlockM;
+        if (!kMasked || p.mask_type == 0 || bwd::gqa_split_cap(unsplit_ctas(p), group_of(p), p.num_sms) < 2)
+            return bwd::gqa_splits(unsplit_ctas(p), group_of(p), m_tiles, p.num_sms);
+        // A masked call that may split: the query tiles each key block visits (the main loop's rule), on the
+        // largest sequence of the call (batch mode: every one). At most 2 x 132 key blocks here (the cap).
+        const int sq = rows_q(p), sk = kGroup ? p.max_seqlen_k : p.seqlen_k;
+        const auto geom = MaskGeometry<true, int>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
+        int64_t longest = 0, visits = 0;
+        for (int n = 0; n < key_blocks(p); ++n) {
+            const TileRange r = bwd::key_block_query_tiles<kBlockM, kBlockN>(geom, n);
+            const int64_t tiles = r.empty() ? 0 : r.end - r.begin;
+            visits += tiles, longest = tiles > longest ? tiles : longest;
+        }
+        return bwd::gqa_splits(unsplit_ctas(p), group_of(p), longest, p.num_sms, key_blocks(p), visits);
     }
     static int split_bound(const BwdParams& p) { return bwd::gqa_split_bound(unsplit_ctas(p), group_of(p)); }
 
