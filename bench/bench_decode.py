@@ -261,7 +261,12 @@ def run_row(opts, b, hq, hk, sk, sq, gen) -> dict:
     row["mhakit_tbs"] = tbs(time_launches(ours, opts.warmup, opts.repeat))
     for name, fn in peer_runs.items():
         row[f"{name}_tbs"] = tbs(time_launches(fn, opts.warmup, opts.repeat))
-    ceiling = read_ceiling(kc, vc, opts.warmup, opts.repeat) if opts.read_ceiling else None
+    ceiling = None
+    if opts.read_ceiling:
+        try:
+            ceiling = read_ceiling(kc, vc, opts.warmup, opts.repeat)
+        except Exception as e:  # noqa: BLE001  (a reference column: its failure must not cost the row)
+            row["notes"].append(f"read ceiling: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
     if ceiling is not None:
         row["read_ceiling_tbs"], row["read_ceiling_config"] = tbs(ceiling[0]), ceiling[1]
     if opts.page and sk % opts.page == 0:

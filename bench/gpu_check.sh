@@ -93,6 +93,9 @@ if want tests; then
     export MHAKIT_TEST_PROFILE=$profile MHAKIT_TEST_LIB_DIR="$lib_dir" MHAKIT_TEST_BUILD_DIR="$work" \
         MHAKIT_TEST_CACHE_DIR="$work/jit_cache" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
     gpu_test_files pytest_gpu "the C call path" $(grep -l -E "pytest\.mark\.gpu|pytestmark = .*gpu" tests/test_*.py)
+    # mhakit.torch's plumbing on the CPU (torch is on this machine, not on CI's): the NumPy reference behind its calls.
+    python3 -m pytest -q -p no:cacheprovider tests/test_torch_plumbing.py >"$logs/torch_plumbing.log" 2>&1
+    note "mhakit.torch plumbing (CPU, NumPy reference behind the calls): $(tail -1 "$logs/torch_plumbing.log")"
     # The same Python GPU tests through the pure-Python call path (the C path above is the default).
     MHAKIT_NO_EXT=1 gpu_test_files pytest_gpu_python_path "the pure-Python call path" tests/test_python_gpu.py \
         tests/test_python_gpu_bwd.py tests/test_python_gpu_kvcache.py
@@ -209,7 +212,17 @@ if want bench; then
             done
         done
     done | tee "$logs/mods_cost.txt"
-    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, bench_mods.md, bench_fp8.md, mods_cost.txt, plots/"
+    # The backward's GQA split at b = 1 (bwd_gqa_split.h): MHA, h_k 2 and 1, unmasked and causal, hd 128 (64, 256:
+    # MQA), s = 4096, bf16; the instance and split count named.
+    for mask in 0 t; do
+        for shape in "128 16" "128 2" "128 1" "64 1" "256 1"; do
+            read -r d hk <<<"$shape"
+            "$lib_dir/benchmark_mha_bwd" -prec=bf16 -b=1 -h=16 -h_k="$hk" -s=4096 -d="$d" -mask=$mask -v=0 \
+                -warmup=10 -repeat=30 -kname=1 2>&1 | grep -o -e "mha_bwd -> [^ ]*" -e '[0-9.]* ms' | tr '\n' ' '
+            echo " (d$d h16/$hk mask=$mask)"
+        done
+    done | tee "$logs/gqa_split.txt"
+    note "bench: see bench_fwd.md, bench_bwd.md, bench_varlen.md, bench_overhead.md, bench_decode.md, bench_mods.md, bench_fp8.md, mods_cost.txt, gqa_split.txt, plots/"
 fi
 
 echo

@@ -110,7 +110,8 @@ def _backward(do, q, k, v, o, lse, varlen, mask, scale, layout, deterministic, b
     if dbias is not None:
         broadcast = [axis for axis in (0, 1) if bias.shape[axis] == 1 and dbias.shape[axis] != 1]
         if broadcast:
-            dbias = dbias.sum(dim=broadcast, keepdim=True, dtype=torch.float32).to(bias.dtype)
+            acc = torch.float32 if bias.dtype in (torch.float16, torch.bfloat16) else bias.dtype
+            dbias = dbias.sum(dim=broadcast, keepdim=True, dtype=acc).to(bias.dtype)
     return tuple(_tensor(g) for g in grads) + (dbias, dsink)
 
 
