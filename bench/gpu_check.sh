@@ -9,6 +9,9 @@
 # build is build_fwd then build_bwd, each the library, its benchmark and its JIT prebuild. On the H200 machine the
 # default profile's build_fwd takes about 5 minutes and build_bwd about 4-5 (2026-11-25): together they no longer fit
 # one 10-minute device call, so give them a call each (on the same machine: the second keeps the first's outputs).
+# On the lent GPU machine the pinned CUTLASS wheel travels as a carried wheel: install it once per machine, not in
+# every call (`[ -d /tmp/site/cutlass_library ] || python3 -m pip install ... --target /tmp/site .whl/*.whl`), since
+# a reinstall rewrites every CUTLASS header and ninja then recompiles every instance in the next call.
 # MHAKIT_GPU_PROFILE picks the build profile (default: all). Without the build step, the libraries and benchmarks
 # must already be in $MHAKIT_GPU_WORK/lib (e.g. `compile.py --benchmark` run on another machine of the same nvcc):
 # the later steps use what is there.
@@ -55,8 +58,11 @@ for api in fwd bwd; do  # fwd first: benchmark_mha_bwd links libmha_fwd.so
         # The tests' JIT libraries of this API, linked from these objects in the build's own device call (40 + 38 s
         # on the H200). In a later call (the machine copies the tree afresh for each) the prebuild compiled every
         # instance again (227 + 138 s), and so did a second build call (2026-11-25: all of fwd once more), even with
-        # the sources dated back to match the objects (tried in the fifth session; cause not found); so each build
-        # step makes them, and the tests step's prebuild finds every library in the cache.
+        # the sources dated back to match the objects (tried in the fifth session). Likely cause (not yet confirmed
+        # on the GPU machine): each call began by reinstalling the CUTLASS wheel (`pip install --upgrade --target`),
+        # which gives every CUTLASS header a new mtime, and every instance includes them; install it once per
+        # machine instead (the header above). Each build step still makes the JIT libraries, so that the tests
+        # step's prebuild finds every library in the cache either way.
         prebuild "$api"
     fi
 done
