@@ -16,11 +16,12 @@
 //   waves(s) x (group / s x m_tiles + kSplitCtaTiles). So a grid of a wave or more stays whole (b4 h32 h_k8 s4096:
 //   1024 CTAs), b1 h16 h_k2 s4096 (64 CTAs) takes s = 2 (128 CTAs, one wave of four heads each: 258 against 514),
 //   b1 h16 h_k1 s = 4.
-// - A mask that leaves key blocks fewer tiles (causal: key block n of a square call visits m_tiles - n): CTAs of
-//   unequal length, which fill each other's gaps, so the call takes the larger of its longest CTA and its total work
-//   over the SMs (the greedy schedule's bound; the longest key blocks come first in the grid). b1 h16 h_k2 s4096
-//   causal: s = 2 is bound by its longest CTA (8 heads x 32 tiles: 258), s = 4 by the total (about 132), so it takes
-//   4 where the unmasked call takes 2.
+// - A mask that leaves key blocks fewer tiles (causal: key block n of a square call visits m_tiles - n x BN / BM):
+//   CTAs of unequal length, where the SMs that finish short ones start the rest, so the call takes the larger of its
+//   longest CTA and its total work over the SMs (a greedy schedule's lower bound; a non-deterministic grid launches
+//   key block 0, a causal call's longest, first). d128 (64 x 128 tiles) b1 h16 h_k2 s4096 causal: s = 2 is bound
+//   by its longest CTA (4 heads x 64 tiles + 2: 258), s = 4 by the total (about 132), so it takes 4 where the
+//   unmasked call takes 2.
 //
 // The workspace holds the slots of the largest candidate on the largest device (gqa_split_bound: at most
 // kSplitWaves x kSplitMaxSms CTAs' partial sums, 34 MB at d128), which bounds the split of every device (the launch
