@@ -108,7 +108,8 @@ extern "C" __global__ void read_two(const uint4* __restrict__ a, unsigned long l
                                     const uint4* __restrict__ b, unsigned long long nb, unsigned int* sink) {
     const unsigned long long n = na + nb, stride = (unsigned long long)gridDim.x * blockDim.x;
     unsigned int acc = 0;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += UNROLL * stride) {
+    const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (unsigned long long i = first; i < n; i += UNROLL * stride) {
         uint4 v[UNROLL];
 #pragma unroll
         for (int j = 0; j < UNROLL; ++j) {
@@ -319,7 +320,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"# b={b} h={hq}/{hk} s_q={sq} s_k={sk}: mhakit {fmt(row['mhakit_tbs'])} paged "
                   f"{fmt(row.get('mhakit_paged_tbs'))} cuDNN {fmt(row.get('cudnn_tbs'))} FA2 {fmt(row.get('fa2_tbs'))}"
-                  f" read ceiling {fmt(row.get('read_ceiling_tbs'))} ({row.get('read_ceiling_config', '-')}) TB/s; check {row['verified']} ({row.get('reference', '-')}, max abs err "
+                  f" read ceiling {fmt(row.get('read_ceiling_tbs'))} ({row.get('read_ceiling_config', '-')})"
+                  f" TB/s; check {row['verified']} ({row.get('reference', '-')}, max abs err "
                   f"{fmt(row.get('max_abs_err'), '.2e')})" + "".join(f"; {n}" for n in row["notes"]),
                   file=sys.stderr, flush=True)
     print()

@@ -89,7 +89,8 @@ def test_split_divides_the_group_and_stays_within_the_bound(answers):
         if group == 1 or sms == 0:
             assert s == 1, (sms, ctas, group, m, s)
         # the bound: the largest divisor whose grid fits the waves of the largest device
-        assert bound == max(d for d in range(1, group + 1) if group % d == 0 and (d == 1 or ctas * d <= WAVES * MAX_SMS))
+        assert bound == max(d for d in range(1, group + 1)
+                            if group % d == 0 and (d == 1 or ctas * d <= WAVES * MAX_SMS))
 
 
 def test_split_is_the_least_time_in_the_model(answers):

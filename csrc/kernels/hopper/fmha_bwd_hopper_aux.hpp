@@ -349,7 +349,8 @@ __global__ void __launch_bounds__(256) reduce_dkv_kernel(ReduceDkvParams const p
     float* const part = const_cast<float*>(p.dkv_part);
     float const* slot0 = dkv_slot<Impl::kSlotFloats>(part, 0, b, hk, n, p.batch, p.nhead_k, p.key_blocks);
     // From one split's slot to the next: read off dkv_slot, the layout's one statement.
-    const int64_t slot_stride = dkv_slot<Impl::kSlotFloats>(part, 1, b, hk, n, p.batch, p.nhead_k, p.key_blocks) - slot0;
+    const int64_t slot_stride =
+        dkv_slot<Impl::kSlotFloats>(part, 1, b, hk, n, p.batch, p.nhead_k, p.key_blocks) - slot0;
     const bool group = p.seqstart_k != nullptr;
     const BwdEpilogue<Element, BN> epi{n * BN, seq.len, reinterpret_cast<Element*>(reduce_smem), int(threadIdx.x), 256,
                                        /*bar_id=*/0};
