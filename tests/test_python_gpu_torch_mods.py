@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 from test_python_gpu_callpath import close, kernel_cache, rand  # noqa: E402,F401  (autouse fixture)
 
 import mhakit.torch as mt  # noqa: E402
+from torch_attention_ref import attention_ref  # noqa: E402
 
 SLOPES = [2.0 ** (-8.0 * (i + 1) / 4) for i in range(4)]
 
@@ -26,34 +27,6 @@ def keep_mask(seed: int, offset: int, b: int, h: int, sq: int, sk: int, p: float
     """The kept scores of a batch-mode call, [b, h, sq, sk] bool, from the reference's Philox."""
     bytes_ = npref.dropout_randval(seed, offset, b, h, sq, sk)
     return torch.from_numpy(bytes_ <= npref.dropout_keep_max(p)).cuda()
-
-
-def attention_ref(q, k, v, *, causal=False, softcap=None, alibi=None, bias=None, sink=None, keep=None, p=0.0):
-    """fp32 attention on bshd tensors (GQA by repeating kv heads), modifiers in mhakit's order: soft-cap, ALiBi
-    (-slope·|i + s_k - s_q - j|), bias, mask (bottom-right), sink, dropout (keep / (1 - p))."""
-    q, k, v = (t.float().transpose(1, 2) for t in (q, k, v))
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    sq, sk = q.shape[2], k.shape[2]
-    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(sq, device="cuda").view(-1, 1)
-    j = torch.arange(sk, device="cuda").view(1, -1)
-    if alibi is not None:
-        s = s - alibi.float().view(1, -1, 1, 1) * (i + sk - sq - j).abs().float()
-    if bias is not None:
-        s = s + bias.float()
-    if causal:
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    if sink is not None:
-        col = sink.float().view(1, -1, 1, 1).expand(s.shape[0], -1, sq, 1)
-        prob = torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :-1]
-    else:
-        prob = torch.softmax(s, dim=-1)
-    if keep is not None:
-        prob = prob * keep.float() / (1.0 - p)
-    return (prob @ v).transpose(1, 2)
 
 
 def close_rel(got, want, tol):

@@ -15,6 +15,8 @@ from mhakit import reference
 torch = pytest.importorskip("torch")
 mt = pytest.importorskip("mhakit.torch")
 
+from torch_attention_ref import attention_ref  # noqa: E402
+
 _UINT64 = 1 << 64
 
 
@@ -117,32 +119,6 @@ def cpu_ops():
 
 def rand(*shape, requires_grad=True, gen=None):
     return torch.randn(*shape, dtype=torch.float64, generator=gen).requires_grad_(requires_grad)
-
-
-def attention_ref(q, k, v, *, causal=False, softcap=None, alibi=None, bias=None, sink=None, keep=None, p=0.0):
-    """fp64 attention on bshd tensors, modifiers in mhakit's order (as the GPU test's reference)."""
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    sq, sk = q.shape[2], k.shape[2]
-    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    i, j = torch.arange(sq).view(-1, 1), torch.arange(sk).view(1, -1)
-    if alibi is not None:
-        s = s - alibi.view(1, -1, 1, 1) * (i + sk - sq - j).abs()
-    if bias is not None:
-        s = s + bias
-    if causal:
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    if sink is not None:
-        col = sink.view(1, -1, 1, 1).expand(s.shape[0], -1, sq, 1)
-        prob = torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :-1]
-    else:
-        prob = torch.softmax(s, dim=-1)
-    if keep is not None:
-        prob = prob * keep / (1.0 - p)
-    return (prob @ v).transpose(1, 2)
 
 
 def keep_of(seed, offset, b, h, sq, sk, p):
