@@ -155,7 +155,8 @@ struct BwdKernel {
         if (!kMasked || p.mask_type == 0 || bwd::gqa_split_cap(unsplit_ctas(p), group_of(p), p.num_sms) < 2)
             return bwd::gqa_splits(unsplit_ctas(p), group_of(p), m_tiles, p.num_sms);
         // A masked call that may split: the query tiles each key block visits (the main loop's rule), on the
-        // largest sequence of the call (batch mode: every one). At most 2 x 132 key blocks here (the cap).
+        // largest sequence of the call (batch mode: every one). At most one key block per SM here (a split of 2
+        // must fit two waves).
         const int sq = rows_q(p), sk = kGroup ? p.max_seqlen_k : p.seqlen_k;
         const auto geom = MaskGeometry<true, int>::make(p.mask_type, p.window_left, p.window_right, sq, sk);
         int64_t longest = 0, visits = 0;
