@@ -653,16 +653,21 @@ def _modifier_kinds(fields: dict) -> int:
             (bits["dropout"] if fields.get("p_drop", 0.0) > 0 else 0))
 
 
+def _dropout_probability(dropout_p: Any) -> float:
+    """dropout_p as a float in [0, 1) (None: 0, no dropout), or ValueError."""
+    p = 0.0 if dropout_p is None else dropout_p
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= float(p) < 1.0):
+        raise ValueError(f"dropout_p must be a number in [0, 1) (got {dropout_p!r}; 0 turns dropout off)")
+    return float(p)
+
+
 def _dropout(call: "_Call", fields: dict, views: list, dropout_p: Any, seed: Any, offset: Any, randval: Any,
              randval_shape: Optional[tuple]) -> None:
     """Dropout's fields into `fields`: dropout_p in [0, 1) (0: off); seed / offset: ints (the Philox key and stream
     offset, 0 <= value < 2**64) or both device arrays of one uint64 / int64 element (read when the kernels run:
     CUDA-graph friendly); randval (forward only): a uint8 array of randval_shape ([b, h_q, s_q, s_k], varlen
     [h_q, total_q, max_seqlen_k]; key dimension contiguous) that receives the random bytes of the visited scores."""
-    p = 0.0 if dropout_p is None else dropout_p
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= float(p) < 1.0):
-        raise ValueError(f"dropout_p must be a number in [0, 1) (got {dropout_p!r}; 0 turns dropout off)")
-    p = float(p)
+    p = _dropout_probability(dropout_p)
     if p == 0.0:
         if randval is not None:
             raise ValueError("randval is given but dropout_p is 0: there is no dropout to record")

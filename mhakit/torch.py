@@ -131,10 +131,8 @@ def _dropout_state(q: Tensor, dropout_p: Any, seed: Any, offset: Any, generator:
     """(dropout_p, seed, offset) of a call: seed / offset as given (ints or one-element device tensors), else drawn
     from the generator (eager), or both None under torch.compile, where the forward operator draws them when it
     runs. (0.0, None, None) without dropout."""
-    p = 0.0 if dropout_p is None else dropout_p
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
-        raise ValueError(f"dropout_p must be a number in [0, 1) (got {dropout_p!r}; 0 turns dropout off)")
-    if float(p) == 0.0:
+    p = api._dropout_probability(dropout_p)
+    if p == 0.0:
         if seed is not None or offset is not None or generator is not None:
             raise ValueError("seed, offset and generator are dropout's: give them with dropout_p > 0")
         return 0.0, None, None
@@ -145,13 +143,13 @@ def _dropout_state(q: Tensor, dropout_p: Any, seed: Any, offset: Any, generator:
             raise ValueError("give either seed and offset or generator, not both")
         if isinstance(seed, Tensor) != isinstance(offset, Tensor):
             raise ValueError("seed and offset must both be ints or both be one-element device tensors")
-        return float(p), seed, offset
+        return p, seed, offset
     if torch.compiler.is_compiling():
         if generator is not None:
             raise ValueError("under torch.compile, dropout draws from the default CUDA generator: pass seed= and "
                              "offset= instead of generator=")
-        return float(p), None, None
-    return (float(p),) + _draw(q, generator)
+        return p, None, None
+    return (p,) + _draw(q, generator)
 
 
 def _signed(x: int) -> int:

@@ -55,6 +55,11 @@ def cost(ctas, group, m, s, sms):
     return -(-ctas * s // slots) * (group // s * m + CTA_TILES)
 
 
+def candidates(ctas, group, sms):
+    """The splits the rule may take: divisors of the group whose grid fits the waves (1 always)."""
+    return [d for d in range(1, group + 1) if group % d == 0 and (d == 1 or ctas * d <= WAVES * min(sms, MAX_SMS))]
+
+
 def cost_uneven(pairs, blocks, group, longest, visits, s, sms):
     """Unequal CTAs: the larger of the longest CTA and the total work spread over the SMs."""
     slots = min(sms, MAX_SMS)
@@ -97,7 +102,7 @@ def test_split_is_the_least_time_in_the_model(answers):
     for (sms, ctas, group, m), (s, _) in answers.items():
         if sms == 0:
             continue
-        cands = [d for d in range(1, group + 1) if group % d == 0 and (d == 1 or ctas * d <= WAVES * min(sms, MAX_SMS))]
+        cands = candidates(ctas, group, sms)
         best = min(cost(ctas, group, m, d, sms) for d in cands)
         assert cost(ctas, group, m, s, sms) == best, (sms, ctas, group, m, s)
         assert s == min(d for d in cands if cost(ctas, group, m, d, sms) == best)  # ties: fewer CTAs
@@ -113,7 +118,7 @@ def test_uneven_key_blocks_take_the_least_time_of_their_model(uneven_answers):
         if sms == 0 or group == 1:
             assert s == 1
             continue
-        cands = [d for d in range(1, group + 1) if group % d == 0 and (d == 1 or ctas * d <= WAVES * min(sms, MAX_SMS))]
+        cands = candidates(ctas, group, sms)
         if visits == blocks * longest:  # every block visits the same tiles: the wave model
             costs = {d: cost(ctas, group, longest, d, sms) for d in cands}
         else:
